@@ -1,0 +1,146 @@
+"""The agent pool: which models the conductor may delegate to, read from a TOML file.
+
+A pool file names API keys only by the environment variable that holds them, so a pool file
+can be committed and shared, and no key ever reaches a log line or a workflow history.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local"]
+
+
+class PoolError(ValueError):
+    """A pool file that cannot be used; the message says which file and what to fix."""
+
+
+class GenerationParams(BaseModel):
+    """Sampling settings passed to the provider for every call to this agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int = Field(default=1024, gt=0)
+
+
+class AgentSpec(BaseModel):
+    """One model in the pool (or the conductor itself)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    provider: ProviderName
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    api_key_env: str | None = Field(
+        default=None, description="NAME of the environment variable holding the key, never a key"
+    )
+    description: str = ""
+    params: GenerationParams = Field(default_factory=GenerationParams)
+    price_input_per_mtok: float = Field(default=0.0, ge=0)
+    price_output_per_mtok: float = Field(default=0.0, ge=0)
+    timeout_s: float = Field(default=120.0, gt=0, description="one attempt (start-to-close)")
+    structured_output: bool = Field(
+        default=True,
+        description="ask for the plan as constrained JSON where the backend supports it",
+    )
+
+    @model_validator(mode="after")
+    def _key_is_a_name(self) -> AgentSpec:
+        env = self.api_key_env
+        if env is not None and not env.replace("_", "").isalnum():
+            raise ValueError(
+                f"api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), "
+                f"got something else for agent {self.id!r}; never put a key in a pool file"
+            )
+        return self
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (
+            input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok
+        ) / 1_000_000
+
+    def is_configured(self, env: Mapping[str, str] | None = None) -> bool:
+        """True when the agent can be called here: local agents always, others with a key set
+        (or with a base URL, for servers such as vLLM that need none)."""
+        env = os.environ if env is None else env
+        if self.provider == "local":
+            return True
+        if self.api_key_env:
+            return bool(env.get(self.api_key_env))
+        return self.base_url is not None
+
+
+class Pool(BaseModel):
+    """The conductor and the agents it may delegate to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conductor: AgentSpec
+    agents: list[AgentSpec] = Field(min_length=1)
+    offer_conductor_as_agent: bool = Field(
+        default=True, description="list the conductor itself in the pool (self-calls)"
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Pool:
+        ids = [a.id for a in self.agents]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"agent ids must be unique; repeated: {', '.join(dupes)}")
+        if self.conductor.id in ids:
+            raise ValueError(
+                f"the conductor id {self.conductor.id!r} is also an agent id; the conductor is "
+                f"offered to itself through offer_conductor_as_agent"
+            )
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Pool:
+        """Read and validate a pool file; None loads the shipped default pool."""
+        if path is None:
+            text = resources.files("engine.pools").joinpath("default.toml").read_text()
+            where = "the default pool"
+        else:
+            p = Path(path)
+            if not p.is_file():
+                raise PoolError(f"pool file {p} does not exist; pass an existing TOML file")
+            text, where = p.read_text(), str(p)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise PoolError(f"pool file {where} is not valid TOML: {e}") from e
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"])
+            raise PoolError(
+                f"pool file {where} is invalid at {loc or 'top level'}: {first['msg']} "
+                f"({e.error_count()} problem(s) in all)"
+            ) from e
+
+    def available(self, env: Mapping[str, str] | None = None) -> list[AgentSpec]:
+        """The agents offered to the conductor: those configured here, plus the conductor."""
+        out = [a for a in self.agents if a.is_configured(env)]
+        if self.offer_conductor_as_agent:
+            out.append(self.conductor)
+        return out
+
+    def get(self, agent_id: str) -> AgentSpec:
+        if agent_id == self.conductor.id:
+            return self.conductor
+        for a in self.agents:
+            if a.id == agent_id:
+                return a
+        known = ", ".join([a.id for a in self.agents] + [self.conductor.id])
+        raise PoolError(f"unknown agent {agent_id!r}; the pool has: {known}")

@@ -1,0 +1,91 @@
+"""What every provider takes and returns, and the one error type they raise.
+
+Providers never retry: Temporal owns retries. A provider only classifies each failure as
+retryable or not (and how long to wait), and the activity turns that into an ApplicationError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class CompletionRequest(BaseModel):
+    """One chat completion. `json_schema`, when set, asks the backend to constrain the output to
+    that schema (structured outputs); backends that cannot do so ignore it."""
+
+    messages: list[Message]
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int = 1024
+    json_schema: dict[str, Any] | None = None
+    schema_name: str = "plan"
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class Completion(BaseModel):
+    text: str
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    model: str = ""
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class AgentCallError(Exception):
+    """A failed call to an agent.
+
+    `retryable` says whether Temporal should try again (429, 408, 409, 5xx, timeouts, connection
+    errors); `retry_after` is the server's Retry-After in seconds when it sent one. The message
+    names the agent and, for errors a person must fix, says what to do.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+        kind: str = "AgentCallError",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+        self.kind = kind
+
+
+RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in RETRYABLE_STATUS
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the delta-seconds form; an HTTP date is ignored)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
