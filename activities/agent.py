@@ -1,0 +1,63 @@
+"""The agent activity: one call of one agent on one step, through its provider."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import to_application_error
+from engine.pool import Pool, PoolError
+from engine.prompts import agent_messages
+from engine.providers import AgentCallError, CompletionRequest, complete
+from engine.records import AgentReply
+from engine.task import VisibleStep
+
+
+class AgentCallInput(BaseModel):
+    agent: str
+    question: str
+    subtask: str
+    visible: list[VisibleStep] = Field(default_factory=list)
+    round: int = 0
+    index: int = 0
+
+
+class AgentActivities:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    @activity.defn(name="call_agent")
+    async def call_agent(self, req: AgentCallInput) -> AgentReply:
+        info = activity.info()
+        log = structlog.get_logger().bind(
+            workflow_id=info.workflow_id, run_id=info.workflow_run_id,
+            step=req.index, round=req.round, agent=req.agent, attempt=info.attempt,
+        )
+        try:
+            spec = self.pool.get(req.agent)
+        except PoolError as e:  # the worker's pool no longer has this agent
+            raise ApplicationError(
+                f"{e}; add it to the worker's pool file", type="UnknownAgent", non_retryable=True
+            ) from e
+        request = CompletionRequest(
+            messages=agent_messages(req.question, req.subtask, req.visible),
+            temperature=spec.params.temperature,
+            top_p=spec.params.top_p,
+            max_tokens=spec.params.max_tokens,
+        )
+        started = time.monotonic()
+        try:
+            completion = await complete(spec, request)
+        except AgentCallError as e:
+            log.warning("agent call failed", error=e.message, retryable=e.retryable)
+            raise to_application_error(e) from e
+        seconds = time.monotonic() - started
+        log.info("agent answered", seconds=round(seconds, 3), tokens=completion.usage.output_tokens)
+        return AgentReply(
+            output=completion.text, usage=completion.usage, cost_usd=completion.cost_usd,
+            model=completion.model or spec.model, seconds=seconds, attempt=info.attempt,
+        )

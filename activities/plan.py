@@ -1,0 +1,95 @@
+"""The plan activity: ask the conductor for a plan, then parse and validate it.
+
+Parsing happens here, not in the workflow, so that improving the parser never breaks the replay
+of running workflows; the activity returns the raw text with the plan or the parse error.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from activities.errors import to_application_error
+from engine.plan import Plan, PlanError, parse_plan, plan_json_schema
+from engine.pool import Pool
+from engine.prompts import conductor_messages
+from engine.providers import AgentCallError, CompletionRequest, complete
+from engine.records import PlanAttempt
+from engine.task import Task
+
+# Backends that can constrain decoding to a JSON schema (Anthropic's API cannot, here).
+JSON_SCHEMA_PROVIDERS = frozenset({"openai", "openai-compatible", "google", "local"})
+SUBTASK_MAX_CHARS = 400
+
+
+class PreviousRound(BaseModel):
+    plan: Plan
+    answer: str
+
+
+class PlanRequest(BaseModel):
+    task: Task
+    round: int = 0
+    attempt: int = 1
+    previous: list[PreviousRound] = Field(default_factory=list)
+    last_error: str | None = None
+
+    @property
+    def allow_empty(self) -> bool:
+        return bool(self.previous)  # in a refinement round, an empty plan keeps the answer
+
+
+class PlanActivities:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    @activity.defn(name="write_plan")
+    async def write_plan(self, req: PlanRequest) -> PlanAttempt:
+        info = activity.info()
+        log = structlog.get_logger().bind(
+            workflow_id=info.workflow_id, run_id=info.workflow_run_id,
+            agent=self.pool.conductor.id, round=req.round, plan_attempt=req.attempt,
+        )
+        conductor, agents = self.pool.conductor, self.pool.available()
+        ids = [a.id for a in agents]
+        opts = req.task.options
+        json_mode = conductor.structured_output and conductor.provider in JSON_SCHEMA_PROVIDERS
+        request = CompletionRequest(
+            messages=conductor_messages(
+                req.task.question, agents, max_steps=opts.max_steps, json_mode=json_mode,
+                context=req.task.context, previous=[(p.plan, p.answer) for p in req.previous],
+                last_error=req.last_error,
+            ),
+            temperature=opts.temperature,
+            top_p=conductor.params.top_p,
+            max_tokens=conductor.params.max_tokens,
+            json_schema=plan_json_schema(
+                ids, opts.max_steps, allow_empty=req.allow_empty,
+                subtask_max_chars=SUBTASK_MAX_CHARS,
+            ) if json_mode else None,
+        )
+        started = time.monotonic()
+        try:
+            completion = await complete(conductor, request)
+        except AgentCallError as e:
+            log.warning("conductor call failed", error=e.message, retryable=e.retryable)
+            raise to_application_error(e) from e
+        out = PlanAttempt(
+            attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
+            cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
+            conductor_id=conductor.id, token_ids=completion.token_ids,
+            logprobs=completion.logprobs,
+            agent_timeouts={a.id: a.timeout_s for a in agents},
+        )
+        try:
+            out.plan = parse_plan(
+                completion.text, ids, max_steps=opts.max_steps, allow_empty=req.allow_empty
+            )
+            log.info("plan written", steps=len(out.plan))
+        except PlanError as e:
+            out.error = str(e)
+            log.warning("plan rejected", error=out.error)
+        return out

@@ -1,0 +1,157 @@
+"""The Python API for submitting runs and reading their results; the CLI is built on it.
+
+    async with await ConductorClient.connect() as conductor:   # or: conductor = await ...
+        workflow_id = await conductor.submit(Task(question="..."))
+        result = await conductor.result(workflow_id)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+
+from temporalio.client import (
+    Client,
+    TLSConfig,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+
+from engine.embedded import EmbeddedTemporal
+from engine.records import RunResult
+from engine.settings import Settings
+from engine.task import Task
+
+WORKFLOW_NAME = "ConductWorkflow"
+
+
+class ConnectError(RuntimeError):
+    """Temporal cannot be reached; the message says where we looked and what to do."""
+
+
+class RunFailed(RuntimeError):
+    """A run ended in failure (for example a step that exhausted its retries)."""
+
+    def __init__(self, workflow_id: str, message: str) -> None:
+        super().__init__(f"run {workflow_id} failed: {message}")
+        self.workflow_id = workflow_id
+        self.reason = message
+
+
+@dataclass
+class RunStatus:
+    workflow_id: str
+    run_id: str | None
+    status: str
+    progress: RunResult | None
+
+
+def workflow_id_for(task: Task) -> str:
+    return f"conduct-{task.id}"
+
+
+def _tls(settings: Settings) -> TLSConfig | bool:
+    if settings.temporal_tls_cert and settings.temporal_tls_key:
+        return TLSConfig(
+            client_cert=settings.temporal_tls_cert.read_bytes(),
+            client_private_key=settings.temporal_tls_key.read_bytes(),
+        )
+    return settings.temporal_tls
+
+
+async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -> Client:
+    """Connect to the configured Temporal, starting the embedded dev server if none is set."""
+    if settings.embedded and start_embedded:
+        EmbeddedTemporal(
+            settings.data_dir, settings.embedded_port, settings.embedded_ui_port
+        ).start(detached=True)
+    api_key = os.environ.get(settings.temporal_api_key_env) or None
+    try:
+        return await Client.connect(
+            settings.address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+            tls=_tls(settings) if not api_key else True,
+            api_key=api_key,
+        )
+    except RuntimeError as e:
+        hint = (
+            "start it with `conductor up`"
+            if settings.embedded
+            else "check CONDUCTOR_TEMPORAL_ADDRESS, the namespace and TLS settings"
+        )
+        raise ConnectError(f"cannot reach Temporal at {settings.address}: {hint} ({e})") from e
+
+
+class ConductorClient:
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.client, self.settings = client, settings
+
+    @classmethod
+    async def connect(
+        cls, settings: Settings | None = None, *, start_embedded: bool = True
+    ) -> ConductorClient:
+        settings = settings or Settings()
+        return cls(await connect_temporal(settings, start_embedded=start_embedded), settings)
+
+    async def __aenter__(self) -> ConductorClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def submit(self, task: Task, *, workflow_id: str | None = None) -> str:
+        """Start a run and return its workflow id at once."""
+        wid = workflow_id or workflow_id_for(task)
+        await self.client.start_workflow(
+            WORKFLOW_NAME, task, id=wid, task_queue=self.settings.task_queue,
+            static_summary=" ".join(task.question.split())[:200],
+        )
+        return wid
+
+    async def result(self, workflow_id: str) -> RunResult:
+        """Wait for a run and return its result; raises RunFailed with the reason."""
+        handle = self.client.get_workflow_handle(workflow_id, result_type=RunResult)
+        try:
+            return await handle.result()
+        except WorkflowFailureError as e:
+            cause = e.cause
+            while getattr(cause, "cause", None) is not None and not getattr(cause, "message", ""):
+                cause = cause.cause  # type: ignore[union-attr]
+            raise RunFailed(workflow_id, getattr(cause, "message", None) or str(e)) from e
+
+    async def run(self, task: Task) -> RunResult:
+        return await self.result(await self.submit(task))
+
+    async def status(self, workflow_id: str) -> RunStatus:
+        handle = self.client.get_workflow_handle(workflow_id, result_type=RunResult)
+        try:
+            desc = await handle.describe()
+        except RPCError as e:
+            raise LookupError(f"no run {workflow_id!r} in namespace "
+                              f"{self.settings.temporal_namespace}: {e.message}") from e
+        progress = None
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            try:
+                progress = await handle.query("progress", result_type=RunResult,
+                                              rpc_timeout=timedelta(seconds=5))
+            except RPCError:
+                progress = None  # no worker polling right now; the status alone still helps
+        elif desc.status == WorkflowExecutionStatus.COMPLETED:
+            progress = await handle.result()
+        name = desc.status.name.lower() if desc.status else "unknown"
+        return RunStatus(workflow_id, desc.run_id, name, progress)
+
+
+async def submit(task: Task, settings: Settings | None = None) -> str:
+    return await (await ConductorClient.connect(settings)).submit(task)
+
+
+async def result(workflow_id: str, settings: Settings | None = None) -> RunResult:
+    return await (await ConductorClient.connect(settings)).result(workflow_id)

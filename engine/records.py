@@ -1,0 +1,99 @@
+"""What a run returns: plan attempts, step records, rounds and totals.
+
+These are the workflow's result (and, later, the raw material of a trace), so they are plain
+pydantic models that pass through Temporal's data converter unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from engine.plan import Access, Plan
+from engine.providers.base import Usage
+
+
+class PlanAttempt(BaseModel):
+    """One call of the conductor for a plan: its raw text and either the plan or the error."""
+
+    attempt: int
+    raw_text: str
+    plan: Plan | None = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    conductor_id: str = ""
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    agent_timeouts: dict[str, float] = Field(
+        default_factory=dict, description="start-to-close of each agent, from the worker's pool"
+    )
+
+
+class AgentReply(BaseModel):
+    """What one agent call returned (the activity's result)."""
+
+    output: str
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    model: str = ""
+    seconds: float = 0.0
+    attempt: int = 1
+
+
+class StepRecord(BaseModel):
+    round: int
+    index: int
+    agent: str
+    subtask: str
+    access: Access
+    saw: list[int] = Field(default_factory=list)
+    status: Literal["pending", "running", "done", "failed"] = "pending"
+    output: str = ""
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    attempts: int = 0
+    error: str | None = None
+    child_workflow_id: str | None = None
+
+
+class RoundRecord(BaseModel):
+    index: int
+    attempts: list[PlanAttempt] = Field(default_factory=list)
+    plan: Plan | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    answer: str | None = None
+
+
+class Totals(BaseModel):
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    agent_calls: int = 0
+    plan_calls: int = 0
+    seconds: float = 0.0
+
+
+RunStatus = Literal["completed", "invalid_plan"]
+
+
+class RunResult(BaseModel):
+    task_id: str
+    workflow_id: str = ""
+    run_id: str = ""
+    status: RunStatus = "completed"
+    answer: str | None = None
+    error: str | None = None
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    totals: Totals = Field(default_factory=Totals)
+
+    @property
+    def plans(self) -> list[Plan]:
+        return [r.plan for r in self.rounds if r.plan is not None]
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [s for r in self.rounds for s in r.steps]

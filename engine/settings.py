@@ -1,0 +1,74 @@
+"""Settings: a TOML file (`conductor.toml`, or the path in CONDUCTOR_CONFIG) under
+`CONDUCTOR_*` environment variables, under command-line flags.
+
+With no `temporal_address` the engine starts its embedded Temporal dev server.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+
+    temporal_address: str | None = Field(
+        default=None, description="host:port of a Temporal frontend; unset = embedded dev server"
+    )
+    temporal_namespace: str = "default"
+    temporal_tls: bool = False
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_api_key_env: str = Field(
+        default="TEMPORAL_API_KEY", description="NAME of the env var with a Temporal Cloud API key"
+    )
+    task_queue: str = "conductor"
+    data_dir: Path = Path(".conductor")
+    pool_file: Path | None = None
+    embedded_port: int = 7233
+    embedded_ui_port: int = 8233
+    ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
+    log_format: str = Field(default="auto", description="auto, json or console")
+    log_level: str = "warning"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("CONDUCTOR_CONFIG", "conductor.toml"))
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+    @property
+    def embedded(self) -> bool:
+        return self.temporal_address is None
+
+    @property
+    def address(self) -> str:
+        return self.temporal_address or f"127.0.0.1:{self.embedded_port}"
+
+    def ui_base(self) -> str:
+        if self.ui_url:
+            return self.ui_url.rstrip("/")
+        if self.embedded:
+            return f"http://localhost:{self.embedded_ui_port}"
+        return "http://localhost:8080"
+
+    def workflow_url(self, workflow_id: str, run_id: str | None = None) -> str:
+        from urllib.parse import quote
+
+        url = f"{self.ui_base()}/namespaces/{self.temporal_namespace}/workflows/{quote(workflow_id, safe='')}"
+        return f"{url}/{run_id}/history" if run_id else url

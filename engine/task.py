@@ -1,0 +1,45 @@
+"""A task as a user submits it, and the options of one conductor run."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, Field
+
+from engine.plan import DEFAULT_MAX_STEPS
+
+
+class RunOptions(BaseModel):
+    """How one run is conducted. Defaults follow the paper (5 steps, temperature 1.0)."""
+
+    max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=20)
+    refinement_rounds: int = Field(default=0, ge=0, le=5)
+    self_call_depth: int = Field(default=2, ge=0, le=5)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    max_plan_attempts: int = Field(default=3, ge=1, le=20)
+    max_step_attempts: int = Field(default=5, ge=1, le=100)
+    step_deadline_s: float = Field(
+        default=900.0, gt=0, description="all attempts of one step (schedule-to-close)"
+    )
+    plan_timeout_s: float = Field(default=300.0, gt=0, description="one plan attempt")
+
+
+class VisibleStep(BaseModel):
+    """An earlier step as another step (or a self-call's sub-plan) gets to see it."""
+
+    index: int
+    agent: str
+    subtask: str
+    output: str
+
+
+class Task(BaseModel):
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    question: str = Field(min_length=1)
+    reference: str | None = None
+    verifier: str | None = None
+    options: RunOptions = Field(default_factory=RunOptions)
+    context: list[VisibleStep] = Field(
+        default_factory=list, description="what a self-call's parent step could see"
+    )
+    depth: int = Field(default=0, ge=0, description="0 for a user's task, +1 per self-call")

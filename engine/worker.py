@@ -1,0 +1,27 @@
+"""Worker assembly: the workflows and activities one Temporal worker process serves."""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.agent import AgentActivities
+from activities.plan import PlanActivities
+from engine.pool import Pool
+from engine.settings import Settings
+from workflows.conduct import ConductWorkflow
+
+
+def build_worker(
+    client: Client, settings: Settings, pool: Pool, *, max_concurrent_activities: int = 200
+) -> Worker:
+    """A worker on the settings' task queue. Agent calls are I/O bound (the local model runs in
+    a thread and serialises itself), so many concurrent activities cost little."""
+    plans, agents = PlanActivities(pool), AgentActivities(pool)
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[ConductWorkflow],
+        activities=[plans.write_plan, agents.call_agent],
+        max_concurrent_activities=max_concurrent_activities,
+    )

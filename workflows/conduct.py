@@ -1,0 +1,272 @@
+"""ConductWorkflow: one conductor run, durable.
+
+    plan (retried on parse failure) ─▶ steps as a DAG of agent activities ─▶ answer
+       └─ refinement rounds: the conductor sees its last plan and answer, may plan again
+
+Deterministic orchestration only: every model call is an activity (retried by Temporal), every
+clock is workflow.time(), and a step given to the conductor itself runs as a child workflow.
+How a step is retried is decided here, in `_agent_retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    TimeoutError,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from activities.agent import AgentCallInput
+    from activities.plan import PlanRequest, PreviousRound
+    from engine.records import AgentReply, PlanAttempt, RoundRecord, RunResult, StepRecord
+    from engine.task import Task, VisibleStep
+
+DEFAULT_AGENT_TIMEOUT_S = 120.0
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost readable reason of an activity or child-workflow failure."""
+    while isinstance(error, FailureError) and error.cause is not None:
+        if isinstance(error, TimeoutError):
+            break
+        error = error.cause
+    if isinstance(error, TimeoutError):
+        return f"timed out ({error.type.name.lower().replace('_', '-') if error.type else 'timeout'})"
+    return getattr(error, "message", None) or str(error)
+
+
+@workflow.defn
+class ConductWorkflow:
+    def __init__(self) -> None:
+        self._result = RunResult(task_id="")
+
+    @workflow.query
+    def progress(self) -> RunResult:
+        """The run so far: plans, step records and totals (for `conductor status`)."""
+        return self._result
+
+    @workflow.run
+    async def run(self, task: Task) -> RunResult:
+        info = workflow.info()
+        result = self._result = RunResult(
+            task_id=task.id, workflow_id=info.workflow_id, run_id=info.run_id
+        )
+        started = workflow.time()
+        previous: list[PreviousRound] = []
+        for r in range(task.options.refinement_rounds + 1):
+            rnd = RoundRecord(index=r)
+            result.rounds.append(rnd)
+            attempt = await self._plan(task, rnd, previous)
+            if rnd.plan is None:
+                if r == 0:  # nothing to fall back on: a zero-reward rollout, not a crash
+                    result.status = "invalid_plan"
+                    result.error = (
+                        f"no valid plan after {len(rnd.attempts)} attempt(s); "
+                        f"last error: {attempt.error}"
+                    )
+                break  # a failed refinement round keeps the previous answer
+            if not rnd.plan.steps:
+                break  # an empty refinement plan keeps the previous answer
+            await self._execute(task, rnd, attempt)
+            rnd.answer = rnd.steps[-1].output
+            result.answer = rnd.answer
+            previous.append(PreviousRound(plan=rnd.plan, answer=rnd.answer))
+        self._tally(workflow.time() - started)
+        return result
+
+    # --- planning --------------------------------------------------------------------------
+
+    async def _plan(
+        self, task: Task, rnd: RoundRecord, previous: list[PreviousRound]
+    ) -> PlanAttempt:
+        """Ask for a plan until one parses, recording every attempt with its raw text."""
+        opts, last_error = task.options, None
+        attempt = PlanAttempt(attempt=0, raw_text="")
+        for n in range(1, opts.max_plan_attempts + 1):
+            self._details(f"planning · round {rnd.index + 1} · attempt {n}")
+            attempt = await workflow.execute_activity(
+                "write_plan",
+                PlanRequest(
+                    task=task, round=rnd.index, attempt=n, previous=previous,
+                    last_error=last_error,
+                ),
+                result_type=PlanAttempt,
+                start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
+                schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
+                retry_policy=self._agent_retry(task),
+                summary=f"plan · round {rnd.index + 1} · attempt {n} · {_short(task.question)}",
+            )
+            rnd.attempts.append(attempt)
+            if attempt.plan is not None:
+                rnd.plan = attempt.plan
+                break
+            last_error = attempt.error
+        return attempt
+
+    # --- executing -------------------------------------------------------------------------
+
+    async def _execute(self, task: Task, rnd: RoundRecord, attempt: PlanAttempt) -> None:
+        """Run the steps as a DAG: each step waits only for the steps it may read."""
+        assert rnd.plan is not None
+        for i, step in enumerate(rnd.plan.steps):
+            rnd.steps.append(
+                StepRecord(
+                    round=rnd.index, index=i, agent=step.agent, subtask=step.subtask,
+                    access=step.access, saw=step.sees(i),
+                )
+            )
+        tasks: list[asyncio.Task[None]] = []
+        for i in range(len(rnd.steps)):
+            tasks.append(asyncio.create_task(self._step(task, rnd, i, tasks, attempt)))
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            raise
+        finally:
+            self._details()
+
+    async def _step(
+        self,
+        task: Task,
+        rnd: RoundRecord,
+        i: int,
+        tasks: list[asyncio.Task[None]],
+        attempt: PlanAttempt,
+    ) -> None:
+        rec = rnd.steps[i]
+        if rec.saw:
+            await asyncio.gather(*(tasks[j] for j in rec.saw))
+        visible = [
+            VisibleStep(index=j, agent=rnd.steps[j].agent, subtask=rnd.steps[j].subtask,
+                        output=rnd.steps[j].output)
+            for j in rec.saw
+        ]
+        rec.status = "running"
+        self._details()
+        started = workflow.time()
+        label = f"step {i + 1}/{len(rnd.steps)}"
+        try:
+            self_call = rec.agent == attempt.conductor_id
+            if self_call and task.depth < task.options.self_call_depth:
+                await self._self_call(task, rec, visible, attempt)
+            else:
+                await self._call_agent(task, rec, visible, attempt, label)
+        except (ActivityError, ChildWorkflowError) as e:
+            rec.status, rec.error = "failed", _cause(e)
+            self._details()
+            raise ApplicationError(
+                f"{label} ({rec.agent}) failed: {rec.error}", type="StepFailed", non_retryable=True
+            ) from e
+        rec.seconds = workflow.time() - started
+        rec.status = "done"
+        self._details()
+
+    async def _call_agent(
+        self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt,
+        label: str,
+    ) -> None:
+        timeout = attempt.agent_timeouts.get(rec.agent, DEFAULT_AGENT_TIMEOUT_S)
+        reply = await workflow.execute_activity(
+            "call_agent",
+            AgentCallInput(
+                agent=rec.agent, question=task.question, subtask=rec.subtask, visible=visible,
+                round=rec.round, index=rec.index,
+            ),
+            result_type=AgentReply,
+            start_to_close_timeout=timedelta(seconds=timeout),
+            schedule_to_close_timeout=timedelta(seconds=task.options.step_deadline_s),
+            retry_policy=self._agent_retry(task),
+            summary=f"{label} · {rec.agent} · {_short(rec.subtask)}",
+        )
+        rec.output, rec.usage, rec.cost_usd = reply.output, reply.usage, reply.cost_usd
+        rec.model, rec.attempts = reply.model, reply.attempt
+
+    async def _self_call(
+        self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt
+    ) -> None:
+        """The conductor gave a step to itself: plan and run it as a child workflow."""
+        child_id = f"{workflow.info().workflow_id}/r{rec.round}s{rec.index}"
+        child = Task(
+            id=f"{task.id}/r{rec.round}s{rec.index}", question=rec.subtask, context=visible,
+            depth=task.depth + 1,
+            options=task.options.model_copy(update={"refinement_rounds": 0}),
+        )
+        rec.child_workflow_id = child_id
+        res = await workflow.execute_child_workflow(
+            ConductWorkflow.run, child, id=child_id, result_type=RunResult,
+            static_summary=f"self-call · depth {child.depth} · {_short(rec.subtask, 120)}",
+        )
+        if res.status != "completed" or res.answer is None:
+            # The sub-plan never parsed: let the conductor model answer the subtask directly.
+            await self._call_agent(task, rec, visible, attempt, f"step {rec.index + 1}")
+            rec.usage = rec.usage + res.totals.usage
+            rec.cost_usd += res.totals.cost_usd
+            return
+        rec.output, rec.usage, rec.cost_usd = res.answer, res.totals.usage, res.totals.cost_usd
+        rec.model, rec.attempts = "self-call", 1
+
+    # --- bookkeeping -----------------------------------------------------------------------
+
+    @staticmethod
+    def _agent_retry(task: Task) -> RetryPolicy:
+        """Model calls: quick first retry, exponential back-off, bounded attempts.
+        Errors the provider marks non-retryable (401, 400, refusals) fail at once, and a
+        Retry-After from the server overrides the back-off for that attempt."""
+        return RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=60),
+            maximum_attempts=task.options.max_step_attempts,
+        )
+
+    def _tally(self, seconds: float) -> None:
+        totals = self._result.totals
+        totals.seconds = seconds
+        for rnd in self._result.rounds:
+            for a in rnd.attempts:
+                totals.usage = totals.usage + a.usage
+                totals.cost_usd += a.cost_usd
+                totals.plan_calls += 1
+            for s in rnd.steps:
+                totals.usage = totals.usage + s.usage
+                totals.cost_usd += s.cost_usd
+                totals.agent_calls += 1
+        self._details()
+
+    def _details(self, headline: str | None = None) -> None:
+        """The UI's 'current details': a Markdown table of the plan and its progress."""
+        lines = [headline or f"**{self._result.status}** · {self._result.task_id}"]
+        for rnd in self._result.rounds:
+            if not rnd.steps:
+                continue
+            lines += [
+                "",
+                f"Round {rnd.index + 1}",
+                "",
+                "| step | agent | subtask | sees | status | tokens in/out | s |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for s in rnd.steps:
+                sees = "all" if s.access == "all" else (
+                    ",".join(str(j + 1) for j in s.saw) or "none")
+                lines.append(
+                    f"| {s.index + 1} | {s.agent} | {_short(s.subtask, 50).replace('|', '/')} "
+                    f"| {sees} | {s.status} | {s.usage.input_tokens}/{s.usage.output_tokens} "
+                    f"| {s.seconds:.1f} |"
+                )
+        workflow.set_current_details("\n".join(lines))
