@@ -8,6 +8,7 @@ from temporalio.worker import Worker
 from activities.agent import AgentActivities
 from activities.plan import PlanActivities
 from engine.pool import Pool
+from engine.providers import preload
 from engine.settings import Settings
 from workflows.conduct import ConductWorkflow
 
@@ -17,6 +18,7 @@ def build_worker(
 ) -> Worker:
     """A worker on the settings' task queue. Agent calls are I/O bound (the local model runs in
     a thread and serialises itself), so many concurrent activities cost little."""
+    preload([pool.conductor, *pool.agents])
     plans, agents = PlanActivities(pool), AgentActivities(pool)
     return Worker(
         client,

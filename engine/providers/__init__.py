@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterable
+from types import ModuleType
+
 from engine.pool import AgentSpec
 from engine.providers.base import (
     AgentCallError,
@@ -11,24 +15,34 @@ from engine.providers.base import (
     Usage,
 )
 
-__all__ = ["AgentCallError", "Completion", "CompletionRequest", "Message", "Usage", "complete"]
+__all__ = ["AgentCallError", "Completion", "CompletionRequest", "Message", "Usage", "complete", "preload"]
+
+
+_MODULES = {
+    "openai": "engine.providers.openai_provider",
+    "openai-compatible": "engine.providers.openai_provider",
+    "anthropic": "engine.providers.anthropic_provider",
+    "google": "engine.providers.google_provider",
+    "local": "engine.providers.local",
+}
+
+
+def provider_module(provider: str) -> ModuleType:
+    """The module for a provider, imported on first use: a process that only parses plans, or
+    a worker without the local extra, never pays for SDKs it does not use."""
+    return importlib.import_module(_MODULES[provider])
+
+
+def preload(specs: Iterable[AgentSpec]) -> None:
+    """Import the SDKs a pool needs now (a worker's start), not inside the first activity,
+    where a second-long import would stall the event loop and every call sharing it."""
+    for provider in {s.provider for s in specs}:
+        provider_module(provider)
 
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """Call one agent once. Raises AgentCallError; never retries (Temporal does)."""
-    # Imported lazily so that a worker without the local extra, or a process that only
-    # parses plans, never pays for SDKs it does not use.
-    if spec.provider in ("openai", "openai-compatible"):
-        from engine.providers import openai_provider as mod
-    elif spec.provider == "anthropic":
-        from engine.providers import anthropic_provider as mod  # type: ignore[no-redef]
-    elif spec.provider == "google":
-        from engine.providers import google_provider as mod  # type: ignore[no-redef]
-    elif spec.provider == "local":
-        from engine.providers import local as mod  # type: ignore[no-redef]
-    else:  # pragma: no cover - the pool model rejects other names
-        raise AgentCallError(f"agent {spec.id}: unknown provider {spec.provider}", retryable=False)
-    completion = await mod.complete(spec, request)
+    completion = await provider_module(spec.provider).complete(spec, request)
     completion.cost_usd = spec.cost_usd(
         completion.usage.input_tokens, completion.usage.output_tokens
     )

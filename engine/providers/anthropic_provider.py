@@ -1,0 +1,125 @@
+"""Anthropic's Messages API, through the official `anthropic` SDK.
+
+The SDK's own retries are off (`max_retries=0`): Temporal retries. System messages travel in
+the separate `system` field, as the Messages API wants. `json_schema` is ignored: not every
+Claude model offers constrained JSON output, and the plan parser reads free text anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from typing import Any
+
+import anthropic
+
+from engine.pool import AgentSpec
+from engine.providers import errors
+from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+
+# Anthropic's stop reasons in the vocabulary the rest of the engine uses (OpenAI's).
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+}
+
+# One client per event loop and settings: building one costs tens of milliseconds (TLS).
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], anthropic.AsyncAnthropic]
+] = weakref.WeakKeyDictionary()
+
+
+def _client(spec: AgentSpec, key: str) -> anthropic.AsyncAnthropic:
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    cache_key = (spec.base_url, key, spec.timeout_s)
+    client = per_loop.get(cache_key)
+    if client is None:
+        # An explicit timeout also stops the SDK refusing large non-streaming max_tokens
+        # ("streaming is required ..."), a guess that only applies to its default timeout.
+        client = anthropic.AsyncAnthropic(
+            api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
+        )
+        per_loop[cache_key] = client
+    return client
+
+
+def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
+    """messages.create arguments: system text split out, sampling from request or pool."""
+    system = "\n\n".join(m.content for m in request.messages if m.role == "system")
+    args: dict[str, Any] = {
+        "model": spec.model,
+        "max_tokens": request.max_tokens,
+        "messages": [
+            {"role": m.role, "content": m.content} for m in request.messages if m.role != "system"
+        ],
+    }
+    if system:
+        args["system"] = system
+    temperature = (
+        request.temperature if request.temperature is not None else spec.params.temperature
+    )
+    top_p = request.top_p if request.top_p is not None else spec.params.top_p
+    # This SDK version no longer lists the sampling fields, so they go in the body directly.
+    # Newer Claude models reject temperature and top_p together; temperature wins.
+    sampling: dict[str, float] = {}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    elif top_p is not None:
+        sampling["top_p"] = top_p
+    if sampling:
+        args["extra_body"] = sampling
+    return args
+
+
+def _completion(spec: AgentSpec, message: Any) -> Completion:
+    """Read the answer out of a Message; raise if the body lacks what the API promises."""
+    blocks = getattr(message, "content", None)
+    stop_reason = getattr(message, "stop_reason", None)
+    if stop_reason == "refusal":
+        details = getattr(message, "stop_details", None)
+        why = getattr(details, "explanation", None) or getattr(details, "category", None)
+        raise errors.refusal(spec, f"stop_reason refusal: {why}" if why else "stop_reason refusal")
+    if blocks is None or getattr(message, "usage", None) is None:
+        raise errors.malformed_response(spec, "the message has no content or no usage")
+    text = "".join(
+        str(getattr(b, "text", "")) for b in blocks if getattr(b, "type", None) == "text"
+    )
+    usage = message.usage
+    return Completion(
+        text=text,
+        usage=Usage(
+            input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
+            output_tokens=int(getattr(usage, "output_tokens", 0) or 0),
+        ),
+        model=str(getattr(message, "model", None) or spec.model),
+        finish_reason=_FINISH_REASONS.get(str(stop_reason), stop_reason),
+    )
+
+
+async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
+    """One Messages call, no retries; every failure becomes an AgentCallError."""
+    key = errors.require_api_key(spec)
+    client = _client(spec, key)
+    try:
+        message = await client.messages.create(**_arguments(spec, request))
+    except anthropic.APITimeoutError as e:
+        raise errors.timeout_error(spec) from e
+    except anthropic.APIConnectionError as e:
+        raise errors.connection_error(spec, str(e.__cause__ or e)) from e
+    except anthropic.APIStatusError as e:
+        message_text = errors.server_message(e.body, e.message)
+        raise errors.status_error(
+            spec, e.status_code, message_text, e.response.headers, secret=key
+        ) from None  # the SDK's error quotes the server verbatim, which may echo the key
+    except (anthropic.APIResponseValidationError, json.JSONDecodeError) as e:
+        raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
+    try:
+        return _completion(spec, message)
+    except AgentCallError:
+        raise
+    except (AttributeError, TypeError, ValueError) as e:
+        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e

@@ -1,0 +1,179 @@
+"""Google's Gemini API, through the official `google-genai` SDK.
+
+Retries are off in two places, because the SDK retries in two places: `HttpRetryOptions
+(attempts=1)` stops its tenacity loop, and *setting* retry options at all also stops its
+separate, implicit retry of connection errors on the aiohttp transport. Automatic continuation
+is off too, so one `complete()` is exactly one HTTP request and Temporal sees every failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from typing import Any
+
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+
+from engine.pool import AgentSpec
+from engine.providers import errors
+from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+
+
+def _transport_exceptions() -> tuple[
+    tuple[type[BaseException], ...], tuple[type[BaseException], ...]
+]:
+    """(timeout, other transport) exception classes of whichever httpx flavours are installed.
+
+    google-genai sends through httpx or its fork httpx2, whichever is present, and does not
+    wrap their exceptions as the OpenAI and Anthropic SDKs do.
+    """
+    timeouts: list[type[BaseException]] = [TimeoutError]
+    transport: list[type[BaseException]] = [ConnectionError]
+    for name in ("httpx", "httpx2"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        timeouts.append(module.TimeoutException)
+        transport.append(module.TransportError)
+    return tuple(timeouts), tuple(transport)
+
+
+_TIMEOUTS, _TRANSPORT_ERRORS = _transport_exceptions()
+
+# Finish reasons that mean "the safety filter stopped the answer": not worth a retry.
+_REFUSALS = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
+_FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
+
+# One client per event loop and settings: building one costs tens of milliseconds (TLS).
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], genai.Client]
+] = weakref.WeakKeyDictionary()
+
+
+def _client(spec: AgentSpec, key: str) -> genai.Client:
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    cache_key = (spec.base_url, key, spec.timeout_s)
+    client = per_loop.get(cache_key)
+    if client is None:
+        client = genai.Client(
+            # Explicit, so GOOGLE_GENAI_USE_VERTEXAI in the environment cannot redirect calls.
+            vertexai=False,
+            api_key=key,
+            http_options=types.HttpOptions(
+                base_url=spec.base_url,
+                timeout=max(1, round(spec.timeout_s * 1000)),  # milliseconds
+                retry_options=types.HttpRetryOptions(attempts=1),
+            ),
+        )
+        per_loop[cache_key] = client
+    return client
+
+
+def _config(spec: AgentSpec, request: CompletionRequest) -> types.GenerateContentConfig:
+    """Generation settings: system text split out, sampling from request or pool, JSON schema."""
+    system = "\n\n".join(m.content for m in request.messages if m.role == "system")
+    temperature = (
+        request.temperature if request.temperature is not None else spec.params.temperature
+    )
+    top_p = request.top_p if request.top_p is not None else spec.params.top_p
+    config = types.GenerateContentConfig(
+        system_instruction=system or None,
+        temperature=temperature,
+        top_p=top_p,
+        max_output_tokens=request.max_tokens,
+        automatic_continuation=False,
+    )
+    if request.json_schema is not None and spec.structured_output:
+        # `response_json_schema` takes plain JSON Schema; `response_schema` would need
+        # Google's OpenAPI subset.
+        config.response_mime_type = "application/json"
+        config.response_json_schema = request.json_schema
+    return config
+
+
+def _contents(request: CompletionRequest) -> list[types.Content]:
+    """The conversation without system messages; Gemini calls the assistant "model"."""
+    return [
+        types.Content(
+            role="model" if m.role == "assistant" else "user",
+            parts=[types.Part(text=m.content)],
+        )
+        for m in request.messages
+        if m.role != "system"
+    ]
+
+
+def _reason(value: Any) -> str | None:
+    """An enum member or a plain string, as its upper-case name."""
+    if value is None:
+        return None
+    return str(getattr(value, "value", value)).upper()
+
+
+def _completion(spec: AgentSpec, response: Any) -> Completion:
+    """Read the answer; blocked prompts and safety stops are refusals, an empty body malformed."""
+    feedback = getattr(response, "prompt_feedback", None)
+    blocked = _reason(getattr(feedback, "block_reason", None))
+    if blocked and blocked != "BLOCKED_REASON_UNSPECIFIED":
+        detail = getattr(feedback, "block_reason_message", None) or blocked
+        raise errors.refusal(spec, f"prompt blocked: {detail}")
+    candidates = getattr(response, "candidates", None)
+    if not candidates:
+        raise errors.malformed_response(spec, "no candidates in the response")
+    candidate = candidates[0]
+    finish = _reason(getattr(candidate, "finish_reason", None))
+    if finish in _REFUSALS:
+        raise errors.refusal(spec, f"finish_reason {finish}")
+    parts = getattr(getattr(candidate, "content", None), "parts", None) or []
+    # Thought summaries are not the answer.
+    text = "".join(p.text for p in parts if getattr(p, "text", None) and not p.thought)
+    if not text and finish is None:
+        raise errors.malformed_response(spec, "a candidate with no text and no finish_reason")
+    meta = getattr(response, "usage_metadata", None)
+    return Completion(
+        text=text,
+        usage=Usage(
+            input_tokens=int(getattr(meta, "prompt_token_count", 0) or 0),
+            # Thinking tokens are billed as output, so they count as output here too.
+            output_tokens=int(getattr(meta, "candidates_token_count", 0) or 0)
+            + int(getattr(meta, "thoughts_token_count", 0) or 0),
+        ),
+        model=str(getattr(response, "model_version", None) or spec.model),
+        finish_reason=_FINISH_REASONS.get(finish, finish.lower()) if finish else None,
+    )
+
+
+def _status_error(spec: AgentSpec, e: genai_errors.APIError, key: str) -> AgentCallError:
+    response = getattr(e, "response", None)
+    headers = getattr(response, "headers", None)
+    message = e.message if isinstance(e.message, str) else errors.server_message(e.details)
+    return errors.status_error(spec, int(e.code or 0), message, headers, secret=key)
+
+
+async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
+    """One generateContent call, no retries; every failure becomes an AgentCallError."""
+    key = errors.require_api_key(spec)
+    client = _client(spec, key)
+    try:
+        response = await client.aio.models.generate_content(
+            model=spec.model, contents=_contents(request), config=_config(spec, request)
+        )
+    except genai_errors.APIError as e:
+        # Not chained: the SDK's error quotes the server verbatim, which may echo the key.
+        raise _status_error(spec, e, key) from None
+    except _TIMEOUTS as e:
+        raise errors.timeout_error(spec) from e
+    except _TRANSPORT_ERRORS as e:
+        raise errors.connection_error(spec, f"{type(e).__name__}: {e}") from e
+    except (genai_errors.UnknownApiResponseError, json.JSONDecodeError) as e:
+        raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
+    try:
+        return _completion(spec, response)
+    except AgentCallError:
+        raise
+    except (AttributeError, TypeError, ValueError) as e:
+        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e

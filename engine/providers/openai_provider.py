@@ -1,0 +1,171 @@
+"""OpenAI and OpenAI-compatible servers (vLLM and the like), through the official `openai` SDK.
+
+The SDK's own retries are off (`max_retries=0`): Temporal retries, and a hidden SDK retry would
+multiply attempts and hide the Retry-After the workflow should honour.
+
+For `openai-compatible` agents (our served conductor on vLLM) the provider also asks for
+per-token logprobs and token ids, which the GRPO trainer needs; a server that does not return
+them just leaves those fields empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from typing import Any
+
+import openai
+
+from engine.pool import AgentSpec
+from engine.providers import errors
+from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+
+# vLLM writes each logprob token as "token_id:<id>" when asked with this extra body field,
+# which is the only way to get exact ids back through the chat API on older vLLM versions.
+_VLLM_TOKEN_ID_PREFIX = "token_id:"
+
+# Building a client costs tens of milliseconds (TLS context); keep one per event loop and
+# settings, so hundreds of parallel steps do not stall the loop. The key is part of the cache
+# key only so that a changed environment variable takes effect on the next call.
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], openai.AsyncOpenAI]
+] = weakref.WeakKeyDictionary()
+
+
+def _client(spec: AgentSpec, key: str) -> openai.AsyncOpenAI:
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    cache_key = (spec.base_url, key, spec.timeout_s)
+    client = per_loop.get(cache_key)
+    if client is None:
+        client = openai.AsyncOpenAI(
+            api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
+        )
+        per_loop[cache_key] = client
+    return client
+
+
+def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
+    """The chat.completions.create arguments; unset sampling values fall back to the pool's."""
+    args: dict[str, Any] = {
+        "model": spec.model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+    }
+    temperature = (
+        request.temperature if request.temperature is not None else spec.params.temperature
+    )
+    top_p = request.top_p if request.top_p is not None else spec.params.top_p
+    if temperature is not None:
+        args["temperature"] = temperature
+    if top_p is not None:
+        args["top_p"] = top_p
+    if spec.provider == "openai":
+        # OpenAI's reasoning models (gpt-5, o-series) reject `max_tokens`.
+        args["max_completion_tokens"] = request.max_tokens
+    else:
+        # Older OpenAI-compatible servers know only `max_tokens`.
+        args["max_tokens"] = request.max_tokens
+        args["logprobs"] = True
+        args["extra_body"] = {"return_tokens_as_token_ids": True}
+    if request.json_schema is not None and spec.structured_output:
+        args["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": request.schema_name,
+                "schema": request.json_schema,
+                # Non-strict: OpenAI's strict mode demands every property be required and
+                # additionalProperties false, which our plan schema need not satisfy.
+                "strict": False,
+            },
+        }
+    return args
+
+
+def _token_data(choice: Any) -> tuple[list[int] | None, list[float] | None]:
+    """Token ids and logprobs of the sampled tokens, when the server sent them.
+
+    vLLM's newer `token_ids` field is used when present; otherwise ids are read from
+    "token_id:<id>" logprob tokens. Anything unexpected yields None rather than an error: the
+    text is still a valid answer, only unusable for training.
+    """
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    logprobs = [float(t.logprob) for t in content] if content else None
+    direct = getattr(choice, "token_ids", None)
+    if isinstance(direct, list) and all(isinstance(i, int) for i in direct):
+        return direct, logprobs
+    if not content:
+        return None, logprobs
+    ids: list[int] = []
+    for item in content:
+        token = getattr(item, "token", "")
+        if not isinstance(token, str) or not token.startswith(_VLLM_TOKEN_ID_PREFIX):
+            return None, logprobs
+        try:
+            ids.append(int(token[len(_VLLM_TOKEN_ID_PREFIX) :]))
+        except ValueError:
+            return None, logprobs
+    return ids, logprobs
+
+
+def _completion(spec: AgentSpec, response: Any) -> Completion:
+    """Read the answer out of a ChatCompletion; raise if the body lacks what the API promises.
+
+    The SDK builds response objects without validation, so a body missing `choices` arrives
+    as an object whose fields are None: check rather than trust.
+    """
+    choices = getattr(response, "choices", None)
+    if not choices:
+        raise errors.malformed_response(spec, "no choices in the chat completion")
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise errors.malformed_response(spec, "the first choice has no message")
+    refused = getattr(message, "refusal", None)
+    if refused:
+        raise errors.refusal(spec, str(refused))
+    content = getattr(message, "content", None)
+    finish_reason = getattr(choice, "finish_reason", None)
+    if finish_reason == "content_filter" and not content:
+        raise errors.refusal(spec, "the output was withheld by the content filter")
+    if content is not None and not isinstance(content, str):
+        raise errors.malformed_response(spec, "message content is not text")
+    usage = getattr(response, "usage", None)
+    token_ids, logprobs = (
+        _token_data(choice) if spec.provider == "openai-compatible" else (None, None)
+    )
+    return Completion(
+        text=content or "",
+        usage=Usage(
+            input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        ),
+        model=str(getattr(response, "model", None) or spec.model),
+        finish_reason=finish_reason,
+        token_ids=token_ids,
+        logprobs=logprobs,
+    )
+
+
+async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
+    """One chat completion, no retries; every failure becomes an AgentCallError."""
+    key = errors.require_api_key(spec)
+    client = _client(spec, key)
+    try:
+        response = await client.chat.completions.create(**_arguments(spec, request))
+    except openai.APITimeoutError as e:
+        raise errors.timeout_error(spec) from e
+    except openai.APIConnectionError as e:
+        raise errors.connection_error(spec, str(e.__cause__ or e)) from e
+    except openai.APIStatusError as e:
+        message = errors.server_message(e.body, e.message)
+        raise errors.status_error(
+            spec, e.status_code, message, e.response.headers, secret=key
+        ) from None  # the SDK's error quotes the server verbatim, which may echo the key
+    except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
+        raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
+    try:
+        return _completion(spec, response)
+    except AgentCallError:
+        raise
+    except (AttributeError, TypeError, ValueError, IndexError) as e:
+        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e

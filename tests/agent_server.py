@@ -1,0 +1,596 @@
+"""One scripted agent server for tests and benchmarks, speaking all three wire formats.
+
+A real local HTTP server (stdlib, in a daemon thread) so the providers are tested through the
+real SDKs, over real sockets: URL building, headers, timeouts, error classes and body parsing
+are the SDKs' own. The three API families differ only in how a request is decoded and a reply
+encoded; scripting, counting and recording are shared.
+
+    with start_agent_server() as server:
+        server.script("gpt-x", [Reply.error(429, retry_after=1), Reply.ok("42")])
+        spec = server.spec("openai", "gpt-x", api_key_env="OPENAI_API_KEY")
+        ...
+        assert server.calls("gpt-x") == 2
+
+Routes (what the SDKs request when given the base URLs below):
+    OpenAI     POST /v1/chat/completions             base_url = server.openai_base_url (".../v1")
+    Anthropic  POST /v1/messages                     base_url = server.anthropic_base_url
+    Gemini     POST /{v1,v1beta}/models/{m}:generateContent
+                                                     base_url = server.gemini_base_url
+(google-genai 3.x calls /v1/...; older releases called /v1beta/...; both are served.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal, NamedTuple
+
+import pytest
+
+from engine.pool import AgentSpec
+
+Api = Literal["openai", "anthropic", "gemini"]
+FinishReason = Literal["stop", "length", "refusal"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer. Use the constructors: `Reply.ok`, `Reply.error`, `Reply.malformed`,
+    `Reply.refusal`; `.after(seconds)` delays any of them.
+
+    `text` is the answer, or the error message when `status` is not 200. `body`, when set, is
+    sent verbatim instead of an encoded reply. Token counts default to word counts.
+    """
+
+    text: str = "ok"
+    status: int = 200
+    body: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: FinishReason = "stop"
+    token_ids: Sequence[int] | None = None  # OpenAI format only, vLLM style, when logprobs asked
+    logprobs: Sequence[float] | None = None
+
+    @classmethod
+    def ok(
+        cls,
+        text: str,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        finish_reason: FinishReason = "stop",
+        token_ids: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None = None,
+    ) -> Reply:
+        return cls(
+            text=text,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            finish_reason=finish_reason,
+            token_ids=token_ids,
+            logprobs=logprobs,
+        )
+
+    @classmethod
+    def error(
+        cls,
+        status: int,
+        message: str = "scripted error",
+        *,
+        retry_after: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """An HTTP error in the API family's own error envelope."""
+        all_headers = dict(headers or {})
+        if retry_after is not None:
+            all_headers["Retry-After"] = f"{retry_after:g}"
+        return cls(text=message, status=status, headers=all_headers)
+
+    @classmethod
+    def malformed(cls, kind: Literal["json", "fields"] = "json") -> Reply:
+        """A 200 whose body is cut-off JSON ("json") or valid JSON lacking every field."""
+        body = b'{"id": "cut-off", "choices": [' if kind == "json" else b'{"unexpected": true}'
+        return cls(body=body)
+
+    @classmethod
+    def refusal(cls, text: str = "I can't help with that.") -> Reply:
+        return cls(text=text, finish_reason="refusal")
+
+    def after(self, seconds: float) -> Reply:
+        """The same reply, sent only after `seconds` (a slow or hung agent)."""
+        return replace(self, delay_s=seconds)
+
+
+@dataclass
+class AgentRequest:
+    """A request as the server decoded it, the same shape whatever the API family.
+
+    `messages` are plain text, system text first under role "system" (Anthropic and Gemini
+    carry it outside the message list; here it is folded back in so tests compare alike).
+    """
+
+    api: Api
+    model: str
+    messages: list[dict[str, str]]
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    json_schema: dict[str, Any] | None = None
+    wants_json: bool = False
+    logprobs: bool = False
+    api_key: str | None = None
+    path: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """Every message's text, one per line: what a responder reads."""
+        return "\n".join(m["content"] for m in self.messages)
+
+    @property
+    def system(self) -> str:
+        return "\n".join(m["content"] for m in self.messages if m["role"] == "system")
+
+
+Responder = Callable[[str], "str | Reply"]
+
+
+def _echo_ok(_: str) -> str:
+    return "ok"
+
+
+# ---------------------------------------------------------------- decoding: wire -> AgentRequest
+
+
+def _plain(content: Any) -> str:
+    """Text of a content field: a string, or a list of text parts/blocks (any family)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    if isinstance(content, dict):  # a Gemini Content: {"parts": [...]}
+        return _plain(content.get("parts", []))
+    return ""
+
+
+def _decode_openai(body: dict[str, Any], model: str) -> AgentRequest:
+    fmt = body.get("response_format") or {}
+    schema = (
+        (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else None
+    )
+    return AgentRequest(
+        api="openai",
+        model=str(body.get("model", model)),
+        messages=[
+            {"role": str(m.get("role")), "content": _plain(m.get("content"))}
+            for m in body.get("messages", [])
+        ],
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+        json_schema=schema,
+        wants_json=fmt.get("type") in ("json_schema", "json_object"),
+        logprobs=bool(body.get("logprobs")),
+    )
+
+
+def _decode_anthropic(body: dict[str, Any], model: str) -> AgentRequest:
+    system = _plain(body.get("system", ""))
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [
+        {"role": str(m.get("role")), "content": _plain(m.get("content"))}
+        for m in body.get("messages", [])
+    ]
+    fmt = (body.get("output_config") or {}).get("format") or {}
+    return AgentRequest(
+        api="anthropic",
+        model=str(body.get("model", model)),
+        messages=messages,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        max_tokens=body.get("max_tokens"),
+        json_schema=fmt.get("schema"),
+        wants_json=bool(fmt),
+    )
+
+
+def _decode_gemini(body: dict[str, Any], model: str) -> AgentRequest:
+    def pick(d: dict[str, Any], camel: str, snake: str) -> Any:
+        return d.get(camel, d.get(snake))
+
+    system = _plain(pick(body, "systemInstruction", "system_instruction") or "")
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [
+        {
+            "role": "assistant" if c.get("role") == "model" else "user",
+            "content": _plain(c.get("parts", [])),
+        }
+        for c in body.get("contents", [])
+    ]
+    gen = pick(body, "generationConfig", "generation_config") or {}
+    schema = pick(gen, "responseJsonSchema", "response_json_schema") or pick(
+        gen, "responseSchema", "response_schema"
+    )
+    return AgentRequest(
+        api="gemini",
+        model=model,
+        messages=messages,
+        temperature=gen.get("temperature"),
+        top_p=pick(gen, "topP", "top_p"),
+        max_tokens=pick(gen, "maxOutputTokens", "max_output_tokens"),
+        json_schema=schema,
+        wants_json=pick(gen, "responseMimeType", "response_mime_type") == "application/json",
+    )
+
+
+# ---------------------------------------------------------------- encoding: Reply -> wire
+
+
+def _usage(reply: Reply, request: AgentRequest) -> tuple[int, int]:
+    inp = reply.input_tokens if reply.input_tokens is not None else len(request.text.split())
+    out = reply.output_tokens if reply.output_tokens is not None else len(reply.text.split())
+    return inp, out
+
+
+def _encode_openai(reply: Reply, request: AgentRequest) -> dict[str, Any]:
+    inp, out = _usage(reply, request)
+    refused = reply.finish_reason == "refusal"
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": None if refused else reply.text,
+            "refusal": reply.text if refused else None,
+        },
+        "finish_reason": "length" if reply.finish_reason == "length" else "stop",
+        "logprobs": None,
+    }
+    if request.logprobs and reply.token_ids is not None:
+        lps = list(reply.logprobs) if reply.logprobs is not None else [-0.5] * len(reply.token_ids)
+        choice["logprobs"] = {
+            "content": [
+                {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(reply.token_ids, lps, strict=True)
+            ]
+        }
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out},
+    }
+
+
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "refusal": "refusal"}
+
+
+def _encode_anthropic(reply: Reply, request: AgentRequest) -> dict[str, Any]:
+    inp, out = _usage(reply, request)
+    refused = reply.finish_reason == "refusal"
+    return {
+        "id": "msg_scripted",
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": [] if refused else [{"type": "text", "text": reply.text}],
+        "stop_reason": _ANTHROPIC_STOP[reply.finish_reason],
+        "stop_sequence": None,
+        "usage": {"input_tokens": inp, "output_tokens": out},
+    }
+
+
+_GEMINI_FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "refusal": "SAFETY"}
+
+
+def _encode_gemini(reply: Reply, request: AgentRequest) -> dict[str, Any]:
+    inp, out = _usage(reply, request)
+    candidate: dict[str, Any] = {"finishReason": _GEMINI_FINISH[reply.finish_reason], "index": 0}
+    if reply.finish_reason != "refusal":
+        candidate["content"] = {"role": "model", "parts": [{"text": reply.text}]}
+    return {
+        "candidates": [candidate],
+        "usageMetadata": {
+            "promptTokenCount": inp,
+            "candidatesTokenCount": out,
+            "totalTokenCount": inp + out,
+        },
+        "modelVersion": request.model,
+    }
+
+
+_ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+_GEMINI_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def _error_openai(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "scripted_error", "param": None, "code": None}}
+
+
+def _error_anthropic(status: int, message: str) -> dict[str, Any]:
+    kind = _ANTHROPIC_ERRORS.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _error_gemini(status: int, message: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "code": status,
+            "message": message,
+            "status": _GEMINI_STATUS.get(status, "UNKNOWN"),
+        }
+    }
+
+
+class _Codec(NamedTuple):
+    decode: Callable[[dict[str, Any], str], AgentRequest]
+    encode: Callable[[Reply, AgentRequest], dict[str, Any]]
+    error: Callable[[int, str], dict[str, Any]]
+
+
+_CODECS: dict[Api, _Codec] = {
+    "openai": _Codec(_decode_openai, _encode_openai, _error_openai),
+    "anthropic": _Codec(_decode_anthropic, _encode_anthropic, _error_anthropic),
+    "gemini": _Codec(_decode_gemini, _encode_gemini, _error_gemini),
+}
+_GEMINI_PATH = re.compile(r"^/v1(?:beta|alpha)?/models/(?P<model>[^/:]+):generateContent$")
+
+
+def _route(path: str) -> tuple[Api, str] | None:
+    """(API family, model from the path or "") for a request path, None if not served."""
+    if path == "/v1/chat/completions":
+        return "openai", ""
+    if path == "/v1/messages":
+        return "anthropic", ""
+    match = _GEMINI_PATH.match(path)
+    if match:
+        return "gemini", match["model"]
+    return None
+
+
+def _api_key(headers: Mapping[str, str], query: str) -> str | None:
+    auth = headers.get("authorization") or ""
+    if auth.lower().startswith("bearer "):
+        return auth[7:]
+    found = headers.get("x-api-key") or headers.get("x-goog-api-key")
+    if found:
+        return found
+    match = re.search(r"(?:^|&)key=([^&]+)", query)
+    return match[1] if match else None
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass
+class _Script:
+    queue: deque[Reply] = field(default_factory=deque)
+    last: Reply | None = None
+    then: Responder | None = None
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    agents: AgentServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the SDKs' connection pools expect
+    server: _HttpServer
+
+    def do_POST(self) -> None:
+        self.server.agents._handle(self)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: the tests' output is for the tests."""
+
+
+class AgentServer:
+    """The scripted server. Thread-safe: the SDKs may call it from many steps at once."""
+
+    def __init__(self, default_reply: Responder = _echo_ok) -> None:
+        self.default_reply = default_reply
+        self._lock = threading.Lock()
+        self._scripts: dict[str, _Script] = {}
+        self._requests: list[AgentRequest] = []
+        self._closing = threading.Event()
+        self._http = _HttpServer(("127.0.0.1", 0), _Handler)
+        self._http.agents = self
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, name="agent-server", daemon=True
+        )
+
+    # -- lifecycle
+
+    def start(self) -> AgentServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving; delayed replies still waiting are cut short."""
+        self._closing.set()
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self) -> AgentServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- addresses
+
+    @property
+    def url(self) -> str:
+        host, port = self._http.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.url
+
+    @property
+    def gemini_base_url(self) -> str:
+        return self.url
+
+    def base_url_for(self, provider: str) -> str:
+        """The base URL an AgentSpec of this provider should use to reach this server."""
+        if provider in ("openai", "openai-compatible"):
+            return self.openai_base_url
+        if provider == "anthropic":
+            return self.anthropic_base_url
+        if provider == "google":
+            return self.gemini_base_url
+        raise ValueError(f"the agent server does not speak provider {provider!r}")
+
+    def spec(self, provider: str, model: str, **fields: Any) -> AgentSpec:
+        """An AgentSpec aimed at this server; `fields` override anything (id, timeout_s, ...)."""
+        values: dict[str, Any] = {
+            "id": f"{provider}-{model}",
+            "provider": provider,
+            "model": model,
+            "base_url": self.base_url_for(provider),
+        }
+        values.update(fields)
+        return AgentSpec.model_validate(values)
+
+    # -- scripting
+
+    def script(
+        self, model: str, replies: Sequence[Reply | str], *, then: Responder | None = None
+    ) -> None:
+        """Answer the next calls for `model` with `replies` in order; afterwards call `then`
+        with the request text if given, else repeat the last reply. Replaces any earlier script.
+        """
+        queue = deque(r if isinstance(r, Reply) else Reply.ok(r) for r in replies)
+        with self._lock:
+            self._scripts[model] = _Script(queue=queue, then=then)
+
+    def set_responder(self, model: str, fn: Responder) -> None:
+        """Answer every call for `model` with fn(request_text): a str, or a Reply."""
+        self.script(model, [], then=fn)
+
+    def calls(self, model: str | None = None) -> int:
+        """Requests received for `model` (all models if None), counted on arrival."""
+        with self._lock:
+            return sum(1 for r in self._requests if model is None or r.model == model)
+
+    def requests(self, model: str | None = None) -> list[AgentRequest]:
+        with self._lock:
+            return [r for r in self._requests if model is None or r.model == model]
+
+    def reset(self) -> None:
+        """Forget every script, responder and recorded request."""
+        with self._lock:
+            self._scripts.clear()
+            self._requests.clear()
+
+    def _next_reply(self, request: AgentRequest) -> Reply:
+        """Record the request and choose its reply (responders run outside the lock)."""
+        with self._lock:
+            self._requests.append(request)
+            script = self._scripts.get(request.model)
+            if script is not None and script.queue:
+                script.last = script.queue.popleft()
+                return script.last
+            if script is not None and script.then is None and script.last is not None:
+                return script.last
+            fn = script.then if script is not None and script.then else self.default_reply
+        answer = fn(request.text)
+        return answer if isinstance(answer, Reply) else Reply.ok(answer)
+
+    # -- HTTP
+
+    def _handle(self, h: _Handler) -> None:
+        path, _, query = h.path.partition("?")
+        length = int(h.headers.get("content-length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        route = _route(path)
+        if route is None:
+            self._send(h, 404, {"error": {"message": f"no route for POST {path}"}}, {})
+            return
+        api, path_model = route
+        codec = _CODECS[api]
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            self._send(h, 400, codec.error(400, "request body is not JSON"), {})
+            return
+        request = codec.decode(body, path_model)
+        request.api_key = _api_key({k.lower(): v for k, v in h.headers.items()}, query)
+        request.path, request.body = path, body
+        reply = self._next_reply(request)
+        if reply.delay_s > 0 and self._closing.wait(reply.delay_s):
+            return
+        if reply.body is not None:
+            payload: bytes | dict[str, Any] = reply.body
+        elif reply.status != 200:
+            payload = codec.error(reply.status, reply.text)
+        else:
+            payload = codec.encode(reply, request)
+        self._send(h, reply.status, payload, reply.headers)
+
+    @staticmethod
+    def _send(
+        h: _Handler, status: int, payload: bytes | dict[str, Any], headers: Mapping[str, str]
+    ) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            for name, value in headers.items():
+                h.send_header(name, value)
+            h.end_headers()
+            h.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (its timeout passed while this reply was delayed).
+            h.close_connection = True
+
+
+@contextmanager
+def start_agent_server(default_reply: Responder = _echo_ok) -> Iterator[AgentServer]:
+    """A started server for the length of a `with` block (benchmarks, scripts)."""
+    server = AgentServer(default_reply).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def agent_server() -> Iterator[AgentServer]:
+    """One server for the whole session; each test calls `agent_server.reset()` as it needs."""
+    with start_agent_server() as server:
+        yield server

