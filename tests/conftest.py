@@ -105,3 +105,11 @@ def repo_root() -> Path:
 def fresh_agent_server(agent_server: Any) -> None:  # noqa: F811
     """Every test starts with no scripts and zero call counts."""
     agent_server.reset()
+
+
+def write_pool(pool: Pool, path: Path) -> Path:
+    """Write a pool as the TOML file a user would keep (for worker subprocesses and the CLI)."""
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(pool.model_dump(exclude_none=True)))
+    return path

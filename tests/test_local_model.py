@@ -44,7 +44,11 @@ PLAN_SCHEMA: dict[str, Any] = {
                     "access": {
                         "anyOf": [
                             {"const": "all"},
-                            {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 3},
+                            {
+                                "type": "array",
+                                "items": {"type": "integer", "minimum": 0},
+                                "maxItems": 3,
+                            },
                         ]
                     },
                 },
@@ -184,7 +188,12 @@ def test_second_start_loads_the_converted_cache(
         local.WHEEL_ENV: str(data_dir / "no-such-wheel.whl"),  # the wheel must not be needed
     }
     run = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     second = json.loads(run.stdout.strip().splitlines()[-1])
@@ -224,4 +233,6 @@ def test_missing_libraries_name_the_install_command(monkeypatch: pytest.MonkeyPa
     with pytest.raises(AgentCallError) as info:
         local._require_modules(SPEC, ["torch", "transformers"])
     assert info.value.retryable is False
-    assert "agent smollm2" in info.value.message and "pip install -e '.[local]'" in info.value.message
+    assert (
+        "agent smollm2" in info.value.message and "pip install -e '.[local]'" in info.value.message
+    )

@@ -1,0 +1,5 @@
+"""`python -m engine` is the `conductor` command."""
+
+from engine.cli import app
+
+app()

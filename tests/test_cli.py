@@ -1,0 +1,118 @@
+"""The `conductor` command as a person uses it: the embedded stack end to end, and one-line
+errors for the mistakes people make."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine.settings import Settings
+from tests.agent_server import Reply
+from tests.conftest import free_port, make_pool, write_pool
+from tests.test_conduct_workflow import plan_json
+
+
+def conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args], capture_output=True, text=True, input=stdin,
+        env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout,
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    return lines[0]
+
+
+def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
+    agent_server, tmp_path: Path
+) -> None:
+    agent_server.script("conductor", [Reply.ok(plan_json(
+        ("gpt", "Compute 2^10 and 10^3.", []), ("claude", "Say which is larger.", "all")))])
+    agent_server.script("gpt", [Reply.ok("1024 and 1000")])
+    agent_server.script("claude", [Reply.ok("2^10 = 1024 is larger than 10^3 = 1000.")])
+    pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    port, ui_port = free_port(), free_port()
+    env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "CONDUCTOR_EMBEDDED_PORT": str(port),
+           "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port), "CONDUCTOR_POOL_FILE": str(pool)}
+    try:
+        proc = conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "2^10 = 1024 is larger" in proc.stdout
+        assert "Compute 2^10 and 10^3." in proc.stdout and "claude" in proc.stdout
+        assert f"http://localhost:{ui_port}/namespaces/default/workflows/conduct-cli-1" in (
+            proc.stdout)
+        assert (tmp_path / "data" / "temporal.db").is_file()
+        # the server was left running so the link works: the UI answers
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/", timeout=10) as r:
+            assert r.status == 200
+        # and the run can be read back by id
+        res = conductor("result", "conduct-cli-1", "--json", env=env)
+        assert json.loads(res.stdout)["answer"].startswith("2^10 = 1024")
+        st = conductor("status", "conduct-cli-1", env=env)
+        assert "completed" in st.stdout
+    finally:
+        down = conductor("down", env=env)
+    assert down.stdout.strip() == "stopped"
+
+
+def test_a_malformed_pool_file_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.toml"
+    bad.write_text('[conductor]\nid = "c"\nprovider = "nope"\nmodel = "m"\n')
+    line = one_line_error(conductor("pool", "show", "--pool", str(bad)))
+    assert "pool file" in line and "conductor.provider" in line
+    bad.write_text("this is = = not toml")
+    assert "is not valid TOML" in one_line_error(conductor("pool", "show", "--pool", str(bad)))
+
+
+def test_a_key_in_a_pool_file_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.toml"
+    bad.write_text('[conductor]\nid = "c"\nprovider = "openai"\nmodel = "m"\n'
+                   'api_key_env = "sk-live-123"\n[[agents]]\nid="a"\nprovider="local"\nmodel="m"\n')
+    assert "NAME of an environment variable" in one_line_error(
+        conductor("pool", "show", "--pool", str(bad)))
+
+
+def test_an_unreachable_temporal_is_a_one_line_error() -> None:
+    env = {"CONDUCTOR_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
+    line = one_line_error(conductor("submit", "hello", env=env, timeout=60))
+    assert "cannot reach Temporal at 127.0.0.1" in line
+
+
+def test_plan_check_prints_the_plan_or_the_reason(tmp_path: Path) -> None:
+    good = 'model_id = [0, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]'
+    proc = conductor("plan", "check", "--pool-size", "2", stdin=good)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["steps"][1] == {"agent": "1", "subtask": "b", "access": "all"}
+    bad = 'model_id = ["gpt-4"]\nsubtasks = ["a"]\naccess_list = [[]]'
+    line = one_line_error(conductor("plan", "check", "-", stdin=bad))
+    assert "unknown agent 'gpt-4'" in line
+
+
+def test_pool_show_lists_agents_and_which_are_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    proc = subprocess.run([sys.executable, "-m", "engine", "pool", "show"], capture_output=True,
+                          text=True, env={**env, "COLUMNS": "250"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "gpt-5" in proc.stdout and "no (key not set)" in proc.stdout
+    assert "OPENAI_API_KEY" in proc.stdout
+
+
+def test_settings_come_from_a_file_under_environment_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "conductor.toml"
+    cfg.write_text('task_queue = "from-file"\ntemporal_namespace = "ns-file"\n')
+    monkeypatch.setenv("CONDUCTOR_CONFIG", str(cfg))
+    monkeypatch.setenv("CONDUCTOR_TEMPORAL_NAMESPACE", "ns-env")
+    s = Settings()
+    assert s.task_queue == "from-file" and s.temporal_namespace == "ns-env"
