@@ -134,7 +134,8 @@ def run(
         async with _in_process_worker(conductor, agents, in_process):
             workflow_id = await conductor.submit(task)
             if not as_json:
-                err.print(f"run [bold]{workflow_id}[/] · {settings.workflow_url(workflow_id)}")
+                err.print(f"run [bold]{workflow_id}[/] · {settings.workflow_url(workflow_id)}",
+                          soft_wrap=True)
             with err.status("conducting…", spinner="dots"):
                 return await conductor.result(workflow_id)
 
@@ -177,7 +178,8 @@ def status(workflow_id: str) -> None:
         return await (await ConductorClient.connect(settings)).status(workflow_id)
 
     st = _run(go())
-    out.print(f"{st.workflow_id}: [bold]{st.status}[/] · {settings.workflow_url(st.workflow_id)}")
+    out.print(f"{st.workflow_id}: [bold]{st.status}[/] · {settings.workflow_url(st.workflow_id)}",
+              soft_wrap=True)
     if st.progress is not None:
         out.print(_steps_table(st.progress))
 
@@ -230,7 +232,8 @@ def _print_result(res: RunResult, settings: Settings) -> None:
         f"{t.usage.input_tokens}/{t.usage.output_tokens} · cost: ${t.cost_usd:.4f} · "
         f"{t.seconds:.1f}s"
     )
-    out.print(f"Temporal UI: {settings.workflow_url(res.workflow_id, res.run_id)}")
+    out.print(f"Temporal UI: {settings.workflow_url(res.workflow_id, res.run_id)}",
+              soft_wrap=True)
 
 
 # --- worker, up, down ----------------------------------------------------------------------

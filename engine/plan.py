@@ -268,12 +268,34 @@ def plan_json_schema(
 ) -> dict[str, Any]:
     """JSON schema of the JSON form, for backends that constrain decoding to a schema.
 
-    A schema cannot say "only earlier steps", so indices are bounded by max_steps here and the
-    parser still checks order.
+    Steps are listed position by position (`prefixItems`) so that step i's access list can
+    only name steps 0..i-1: under constrained decoding every plan is then valid by
+    construction, not only well-formed.
     """
-    subtask: dict[str, Any] = {"type": "string", "minLength": 1}
+    subtask: dict[str, Any] = {"type": "string", "minLength": 8}  # a real instruction
     if subtask_max_chars:
         subtask["maxLength"] = subtask_max_chars
+
+    def step(i: int) -> dict[str, Any]:
+        earlier: dict[str, Any] = {"type": "array", "maxItems": 0}
+        if i:
+            earlier = {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0, "maximum": i - 1},
+                "maxItems": i,
+                "uniqueItems": True,
+            }
+        return {
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": sorted(agent_ids)},
+                "subtask": subtask,
+                "access": {"anyOf": [{"type": "string", "enum": ["all"]}, earlier]},
+            },
+            "required": ["agent", "subtask", "access"],
+            "additionalProperties": False,
+        }
+
     return {
         "type": "object",
         "properties": {
@@ -281,29 +303,8 @@ def plan_json_schema(
                 "type": "array",
                 "minItems": 0 if allow_empty else 1,
                 "maxItems": max_steps,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "agent": {"type": "string", "enum": sorted(agent_ids)},
-                        "subtask": subtask,
-                        "access": {
-                            "anyOf": [
-                                {"type": "string", "enum": ["all"]},
-                                {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "integer",
-                                        "minimum": 0,
-                                        "maximum": max_steps - 1,
-                                    },
-                                    "maxItems": max_steps - 1,
-                                },
-                            ]
-                        },
-                    },
-                    "required": ["agent", "subtask", "access"],
-                    "additionalProperties": False,
-                },
+                "prefixItems": [step(i) for i in range(max_steps)],
+                "items": False,
             }
         },
         "required": ["steps"],

@@ -403,6 +403,7 @@ class _HttpServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the SDKs' connection pools expect
+    disable_nagle_algorithm = True  # reply at once: no ~40 ms Nagle/delayed-ACK stall
     server: _HttpServer
 
     def do_POST(self) -> None:

@@ -109,4 +109,7 @@ def test_json_schema_enumerates_agents_and_bounds_steps() -> None:
     schema = plan_json_schema(POOL, 3)
     steps = schema["properties"]["steps"]
     assert steps["maxItems"] == 3 and steps["minItems"] == 1
-    assert steps["items"]["properties"]["agent"]["enum"] == sorted(POOL)
+    first, third = steps["prefixItems"][0], steps["prefixItems"][2]
+    assert first["properties"]["agent"]["enum"] == sorted(POOL)
+    assert first["properties"]["access"]["anyOf"][1]["maxItems"] == 0  # step 0 reads nothing
+    assert third["properties"]["access"]["anyOf"][1]["items"]["maximum"] == 1

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run them as `python tests/benchmarks/bench_*.py`; pytest skips them)."""

@@ -1,0 +1,180 @@
+"""Parallelism: a 4-way fan-out plus an aggregator against its critical-path bound.
+
+    python tests/benchmarks/bench_parallel.py [--runs 5] [--latency 0.3]
+
+The conductor answers at once with the plan
+
+    step 0..3: four independent steps, access []      (they should run at the same time)
+    step 4:    the aggregator, access "all"            (it waits for all four)
+
+and every agent answers after `--latency` seconds (OpenAI wire format, scripted server). The
+plan's critical path is two agent calls, so no engine can finish it faster than
+
+    bound = fixed cost of a run + 2 x latency
+
+where the fixed cost (workflow start, the plan activity, completion, result delivery) is
+measured in the same process by a "plan only" run: the conductor's reply is not a plan and
+max_plan_attempts=1, so that run is exactly one plan activity and nothing else. Printed: the
+fan-out's wall time over that bound (goal <= 1.15), over the bare 2 x latency, and over
+sequential execution of the same five calls (5 x latency + fixed cost, and a measured 5-step
+chain run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.client import ConductorClient, workflow_id_for  # noqa: E402
+from engine.records import RunResult  # noqa: E402
+from engine.task import RunOptions, Task  # noqa: E402
+from engine.worker import build_worker  # noqa: E402
+from tests.agent_server import Reply  # noqa: E402
+from tests.benchmarks._harness import (  # noqa: E402
+    PHASE_LEGEND,
+    Series,
+    add_common_args,
+    bench_pool,
+    mean_phases,
+    measure,
+    ms,
+    phase_table,
+    quiet_logs,
+    run,
+    series_table,
+    stack,
+    table,
+    verdict,
+)
+
+GOAL = 1.15
+AGENTS = ["gpt-a", "gpt-b", "gpt-c", "gpt-d"]
+AGGREGATOR = "gpt-agg"
+
+PLANS: dict[str, list[dict[str, Any]]] = {
+    "fanout": [
+        *({"agent": a, "subtask": f"Research angle {i + 1}.", "access": []}
+          for i, a in enumerate(AGENTS)),
+        {"agent": AGGREGATOR, "subtask": "Combine the four findings.", "access": "all"},
+    ],
+    "chain": [
+        {"agent": a, "subtask": f"Do part {i + 1}.", "access": [i - 1] if i else []}
+        for i, a in enumerate([*AGENTS, AGGREGATOR])
+    ],
+    "single": [{"agent": AGENTS[0], "subtask": "Answer.", "access": []}],
+}
+
+
+def conductor_reply(prompt: str) -> str:
+    """The conductor answers at once with the plan named in the question, or with no plan."""
+    for name, steps in PLANS.items():
+        if f"[plan={name}]" in prompt:
+            return json.dumps({"steps": steps})
+    return "I have no plan."
+
+
+def overlap_check(res: RunResult) -> str:
+    """How much the four independent steps overlapped, from the run's own step records."""
+    secs = ", ".join(f"{s.seconds * 1000:.0f}" for s in res.steps[:4])
+    return f"fan-out step durations in the last run (workflow clock): {secs} ms"
+
+
+async def bench(args: argparse.Namespace) -> int:
+    latency = args.latency
+    with stack() as s:
+        s.agents.set_responder("conductor", conductor_reply)
+        for agent in [*AGENTS, AGGREGATOR]:
+            s.agents.set_responder(agent, lambda _: Reply.ok("finding").after(latency))
+        client = await s.client()
+        settings = s.queue("parallel")
+        conductor = ConductorClient(client, settings)
+        last: dict[str, RunResult] = {}
+
+        async def engine(plan: str | None, steps: int) -> str:
+            question = f"[plan={plan}] Benchmark task." if plan else "Benchmark task."
+            task = Task(question=question, options=RunOptions(max_plan_attempts=1))
+            res = await conductor.run(task)
+            want = "completed" if plan else "invalid_plan"
+            if res.status != want or len(res.steps) != steps:
+                raise RuntimeError(f"unexpected run: {res.status}, {len(res.steps)} steps")
+            last[plan or "none"] = res
+            return workflow_id_for(task)
+
+        kinds = {
+            "plan only": lambda: engine(None, 0),
+            "1 step": lambda: engine("single", 1),
+            "fan-out 4 + aggregator": lambda: engine("fanout", 5),
+            "chain of 5": lambda: engine("chain", 5),
+        }
+        async with build_worker(client, settings, bench_pool(s.agents, [*AGENTS, AGGREGATOR])):
+            print(f"{args.runs} measured runs of each kind after {args.warmup} warm-up, "
+                  f"interleaved; agent latency {latency * 1000:.0f} ms; plan reply immediate.\n",
+                  flush=True)
+            series = await measure(kinds, args.runs, args.warmup)
+        await report(client, series, latency)
+        print(overlap_check(last["fanout"]))
+    return 0
+
+
+async def report(client: Client, series: dict[str, Series], latency: float) -> None:
+    fixed = series["plan only"].median
+    one = series["1 step"].median
+    fan = series["fan-out 4 + aggregator"].median
+    chain = series["chain of 5"].median
+    print(series_table(list(series.values())))
+
+    bound = fixed + 2 * latency
+    sequential = fixed + 5 * latency
+    ratio = fan / bound
+    print(f"""
+bounds (L = agent latency = {ms(latency)} ms; F = median "plan only" run = {ms(fixed)} ms, the
+fixed cost of any run: start, one plan activity, completion, result):
+  critical-path bound  = F + 2L = {ms(bound)} ms   (plan, then two agent calls back to back,
+                                                  every step's own overhead counted as zero)
+  sequential estimate  = F + 5L = {ms(sequential)} ms
+""")
+    rows = [
+        ["fan-out / (F + 2L)   [critical-path bound]", f"{ratio:.3f}",
+         f"goal <= {GOAL:.2f}: {verdict(ratio, GOAL)}"],
+        ["fan-out / 2L         [agent latency only]", f"{fan / (2 * latency):.3f}",
+         "no engine can reach 1.0"],
+        ["fan-out / (1-step run + L)", f"{fan / (one + latency):.3f}",
+         "bound with one step's overhead in F"],
+        ["fan-out / (F + 5L)   [sequential estimate]", f"{fan / sequential:.3f}",
+         f"ideal {bound / sequential:.3f}"],
+        ["fan-out / chain of 5 [sequential, measured]", f"{fan / chain:.3f}",
+         "same five calls, one after another"],
+    ]
+    print(table(["ratio", "value", "note"], rows))
+    print(f"\nexcess over the critical-path bound: {ms(fan - bound)} ms "
+          f"(the two step levels' own overhead, and the fan-out's four activities at once)\n")
+    phase_rows = [(name, await mean_phases(client, series[name])) for name in
+                  ("plan only", "1 step", "fan-out 4 + aggregator", "chain of 5")]
+    print("Where the time goes (mean ms per run):")
+    print(phase_table(phase_rows))
+    print()
+    print(PHASE_LEGEND)
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_common_args(parser, latency=0.3)
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    quiet_logs("error")  # every plan-only run logs an expected "plan rejected" warning
+    return run(lambda: bench(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

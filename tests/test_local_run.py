@@ -1,0 +1,43 @@
+"""The main job with no API key: the real local model writes the plan (constrained JSON) and
+answers every step, through the real Temporal dev server."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import Client
+
+from engine.client import ConductorClient
+from engine.pool import Pool
+from engine.providers import local
+from engine.settings import Settings
+from engine.task import RunOptions, Task
+from tests.conftest import running_worker
+from tests.test_local_model import data_dir, first_load, wheel  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+
+async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
+    first_load: local.LoadedModel,  # noqa: F811
+    client: Client,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    pool = Pool.load()  # the shipped default pool
+    assert {a.id for a in pool.available()} == {"smollm2", "conductor"}
+    task = Task(
+        question="Which is larger, 2^10 or 10^3? Explain briefly.",
+        options=RunOptions(max_steps=2, self_call_depth=0),
+    )
+    async with running_worker(client, settings, pool):
+        res = await ConductorClient(client, settings).run(task)
+
+    assert res.status == "completed", res.error
+    attempt = res.rounds[0].attempts[0]
+    assert attempt.plan is not None, "constrained decoding makes the first plan parse"
+    assert attempt.token_ids and attempt.logprobs and len(attempt.token_ids) == len(
+        attempt.logprobs)
+    assert res.answer and res.answer == res.steps[-1].output
+    assert all(s.usage.output_tokens > 0 for s in res.steps)
