@@ -121,10 +121,10 @@ class ConductorClient:
         try:
             return await handle.result()
         except WorkflowFailureError as e:
+            # The workflow's own ApplicationError names the step, the agent and the cause.
             cause = e.cause
-            while getattr(cause, "cause", None) is not None and not getattr(cause, "message", ""):
-                cause = cause.cause  # type: ignore[union-attr]
-            raise RunFailed(workflow_id, getattr(cause, "message", None) or str(e)) from e
+            message = getattr(cause, "message", None) or str(cause or e)
+            raise RunFailed(workflow_id, message) from e
 
     async def run(self, task: Task) -> RunResult:
         return await self.result(await self.submit(task))

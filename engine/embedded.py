@@ -7,6 +7,7 @@ prints keeps working) and `conductor down` stops it; `conductor up` runs it in t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -101,10 +102,8 @@ class EmbeddedTemporal:
             pid = int(self.pid_file.read_text().strip() or 0) or None
         if pid is None:
             return False
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         if self.process is not None:
             try:
                 self.process.wait(timeout=15)

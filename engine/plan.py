@@ -111,9 +111,10 @@ def _bracketed(text: str, start: int) -> str | None:
 
 
 def _literal(name: str, source: str) -> list[Any]:
-    fixed = re.sub(r"(?<![\"'\w])all(?![\"'\w])", '"all"', source) if name == "access_list" else source
+    if name == "access_list":  # tolerate a bare `all`
+        source = re.sub(r"(?<![\"'\w])all(?![\"'\w])", '"all"', source)
     try:
-        value = ast.literal_eval(fixed)
+        value = ast.literal_eval(source)
     except (ValueError, SyntaxError) as e:
         raise PlanError(f"{name} is not a valid Python list literal: {e}") from e
     if not isinstance(value, list):
@@ -247,7 +248,8 @@ def parse_plan(
     """Parse and validate a conductor completion in either form.
 
     `agent_ids` lists the agents the plan may use, in the order the conductor saw them (an
-    integer agent is a position in that list; None skips the check); `allow_empty` admits an empty plan (a refinement round that keeps the answer).
+    integer agent is a position in that list; None skips the check). `allow_empty` admits an
+    empty plan (a refinement round that keeps the answer).
     """
     cleaned = _clean(text)
     lists = _parse_list_form(cleaned) or _parse_json_form(cleaned)

@@ -70,5 +70,6 @@ class Settings(BaseSettings):
     def workflow_url(self, workflow_id: str, run_id: str | None = None) -> str:
         from urllib.parse import quote
 
-        url = f"{self.ui_base()}/namespaces/{self.temporal_namespace}/workflows/{quote(workflow_id, safe='')}"
+        wid = quote(workflow_id, safe="")
+        url = f"{self.ui_base()}/namespaces/{self.temporal_namespace}/workflows/{wid}"
         return f"{url}/{run_id}/history" if run_id else url

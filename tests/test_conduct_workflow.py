@@ -35,6 +35,9 @@ async def test_plan_runs_as_a_dag_with_independent_steps_in_parallel(
         started = time.monotonic()
         res = await conductor.run(Task(question="Which is larger, 2^10 or 10^3?"))
         elapsed = time.monotonic() - started
+        # a query (even of a closed run) needs a worker
+        handle = client.get_workflow_handle(res.workflow_id)
+        details = (await handle.query("__temporal_workflow_metadata")).current_details
 
     assert res.status == "completed" and res.answer == "1024 is larger"
     steps = res.steps
@@ -48,6 +51,18 @@ async def test_plan_runs_as_a_dag_with_independent_steps_in_parallel(
     assert steps[2].usage.output_tokens == 7 and res.totals.agent_calls == 3
     assert all(s.attempts == 1 for s in steps)
     assert res.totals.cost_usd > 0  # gpt has a price in the test pool
+
+    # what the Temporal UI shows: a summary on every activity, a details table on the run
+    summaries = [
+        json.loads(e.user_metadata.summary.data)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert summaries[0].startswith("plan · round 1 · attempt 1 · Which is larger")
+    assert "step 3/3 · gemini · Say which is larger." in summaries
+    desc = await handle.describe()
+    assert await desc.static_summary() == "Which is larger, 2^10 or 10^3?"
+    assert "| 3 | gemini | Say which is larger. | 1,2 | done |" in details
 
 
 async def test_unparseable_plans_are_retried_then_the_run_completes_with_the_raw_text(

@@ -44,7 +44,8 @@ def _cause(error: BaseException) -> str:
             break
         error = error.cause
     if isinstance(error, TimeoutError):
-        return f"timed out ({error.type.name.lower().replace('_', '-') if error.type else 'timeout'})"
+        kind = error.type.name.lower().replace("_", "-") if error.type else "timeout"
+        return f"timed out ({kind})"
     return getattr(error, "message", None) or str(error)
 
 
@@ -208,7 +209,7 @@ class ConductWorkflow:
         )
         rec.child_workflow_id = child_id
         res = await workflow.execute_child_workflow(
-            ConductWorkflow.run, child, id=child_id, result_type=RunResult,
+            ConductWorkflow.run, child, id=child_id,
             static_summary=f"self-call · depth {child.depth} · {_short(rec.subtask, 120)}",
         )
         if res.status != "completed" or res.answer is None:

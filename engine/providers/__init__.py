@@ -15,7 +15,9 @@ from engine.providers.base import (
     Usage,
 )
 
-__all__ = ["AgentCallError", "Completion", "CompletionRequest", "Message", "Usage", "complete", "preload"]
+__all__ = [
+    "AgentCallError", "Completion", "CompletionRequest", "Message", "Usage", "complete", "preload",
+]
 
 
 _MODULES = {

@@ -191,7 +191,9 @@ def _from_pretrained(spec: AgentSpec, where: str, fix: str) -> tuple[Any, Any]:
     """A float32 model and its tokenizer from a Hugging Face id or a directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a worker's log is no place for progress bars
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
