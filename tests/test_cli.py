@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -116,3 +117,29 @@ def test_settings_come_from_a_file_under_environment_variables(
     monkeypatch.setenv("CONDUCTOR_TEMPORAL_NAMESPACE", "ns-env")
     s = Settings()
     assert s.task_queue == "from-file" and s.temporal_namespace == "ns-env"
+
+
+def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_path: Path) -> None:
+    agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Answer.", [])))])
+    agent_server.script("gpt", [Reply.ok("served by up")])
+    pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    port, ui_port = free_port(), free_port()
+    env = {**os.environ, "CONDUCTOR_DATA_DIR": str(tmp_path / "data"),
+           "CONDUCTOR_EMBEDDED_PORT": str(port), "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port),
+           "CONDUCTOR_POOL_FILE": str(pool)}
+    up = subprocess.Popen([sys.executable, "-m", "engine", "up"], env=env, text=True,
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        assert up.stderr is not None
+        for line in up.stderr:  # wait until the worker polls
+            if "worker polling" in line:
+                break
+        proc = conductor("run", "q", "--no-worker", "--json", env=env)
+        assert json.loads(proc.stdout)["answer"] == "served by up", proc.stderr
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) == 0
+    finally:
+        up.kill()
+    from engine.embedded import port_open
+
+    assert not port_open(port), "Ctrl-C must stop the embedded server too"
