@@ -7,16 +7,20 @@ Claude model offers constrained JSON output, and the plan parser reads free text
 
 from __future__ import annotations
 
-import asyncio
 import json
-import weakref
 from typing import Any
 
 import anthropic
 
 from engine.pool import AgentSpec
 from engine.providers import errors
-from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+from engine.providers.base import (
+    AgentCallError,
+    ClientCache,
+    Completion,
+    CompletionRequest,
+    Usage,
+)
 
 # Anthropic's stop reasons in the vocabulary the rest of the engine uses (OpenAI's).
 _FINISH_REASONS = {
@@ -27,24 +31,16 @@ _FINISH_REASONS = {
     "tool_use": "tool_calls",
 }
 
-# One client per event loop and settings: building one costs tens of milliseconds (TLS).
-_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], anthropic.AsyncAnthropic]
-] = weakref.WeakKeyDictionary()
+
+def _build(spec: AgentSpec, key: str) -> anthropic.AsyncAnthropic:
+    # An explicit timeout also stops the SDK refusing large non-streaming max_tokens
+    # ("streaming is required ..."), a guess that only applies to its default timeout.
+    return anthropic.AsyncAnthropic(
+        api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
+    )
 
 
-def _client(spec: AgentSpec, key: str) -> anthropic.AsyncAnthropic:
-    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
-    cache_key = (spec.base_url, key, spec.timeout_s)
-    client = per_loop.get(cache_key)
-    if client is None:
-        # An explicit timeout also stops the SDK refusing large non-streaming max_tokens
-        # ("streaming is required ..."), a guess that only applies to its default timeout.
-        client = anthropic.AsyncAnthropic(
-            api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
-        )
-        per_loop[cache_key] = client
-    return client
+_clients = ClientCache(_build)
 
 
 def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
@@ -103,7 +99,7 @@ def _completion(spec: AgentSpec, message: Any) -> Completion:
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One Messages call, no retries; every failure becomes an AgentCallError."""
     key = errors.require_api_key(spec)
-    client = _client(spec, key)
+    client = _clients.get(spec, key)
     try:
         message = await client.messages.create(**_arguments(spec, request))
     except anthropic.APITimeoutError as e:

@@ -6,9 +6,17 @@ retryable or not (and how long to wait), and the activity turns that into an App
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from engine.pool import AgentSpec
+
+C = TypeVar("C")
 
 
 class Message(BaseModel):
@@ -89,3 +97,25 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+class ClientCache(Generic[C]):
+    """One SDK client per event loop and (base URL, key, timeout).
+
+    Building a client costs tens of milliseconds (a TLS context), so hundreds of parallel steps
+    must not build one each; an SDK client is bound to the loop it was made on. The key is part
+    of the cache key only so that a changed environment variable takes effect on the next call.
+    """
+
+    def __init__(self, build: Callable[[AgentSpec, str], C]) -> None:
+        self._build = build
+        self._clients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], C]
+        ] = weakref.WeakKeyDictionary()
+
+    def get(self, spec: AgentSpec, key: str) -> C:
+        per_loop = self._clients.setdefault(asyncio.get_running_loop(), {})
+        cache_key = (spec.base_url, key, spec.timeout_s)
+        if cache_key not in per_loop:
+            per_loop[cache_key] = self._build(spec, key)
+        return per_loop[cache_key]

@@ -8,9 +8,7 @@ is off too, so one `complete()` is exactly one HTTP request and Temporal sees ev
 
 from __future__ import annotations
 
-import asyncio
 import json
-import weakref
 from typing import Any
 
 from google import genai
@@ -19,7 +17,13 @@ from google.genai import types
 
 from engine.pool import AgentSpec
 from engine.providers import errors
-from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+from engine.providers.base import (
+    AgentCallError,
+    ClientCache,
+    Completion,
+    CompletionRequest,
+    Usage,
+)
 
 
 def _transport_exceptions() -> tuple[
@@ -48,29 +52,21 @@ _TIMEOUTS, _TRANSPORT_ERRORS = _transport_exceptions()
 _REFUSALS = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
 _FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
 
-# One client per event loop and settings: building one costs tens of milliseconds (TLS).
-_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], genai.Client]
-] = weakref.WeakKeyDictionary()
+
+def _build(spec: AgentSpec, key: str) -> genai.Client:
+    return genai.Client(
+        # Explicit, so GOOGLE_GENAI_USE_VERTEXAI in the environment cannot redirect calls.
+        vertexai=False,
+        api_key=key,
+        http_options=types.HttpOptions(
+            base_url=spec.base_url,
+            timeout=max(1, round(spec.timeout_s * 1000)),  # milliseconds
+            retry_options=types.HttpRetryOptions(attempts=1),
+        ),
+    )
 
 
-def _client(spec: AgentSpec, key: str) -> genai.Client:
-    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
-    cache_key = (spec.base_url, key, spec.timeout_s)
-    client = per_loop.get(cache_key)
-    if client is None:
-        client = genai.Client(
-            # Explicit, so GOOGLE_GENAI_USE_VERTEXAI in the environment cannot redirect calls.
-            vertexai=False,
-            api_key=key,
-            http_options=types.HttpOptions(
-                base_url=spec.base_url,
-                timeout=max(1, round(spec.timeout_s * 1000)),  # milliseconds
-                retry_options=types.HttpRetryOptions(attempts=1),
-            ),
-        )
-        per_loop[cache_key] = client
-    return client
+_clients = ClientCache(_build)
 
 
 def _config(spec: AgentSpec, request: CompletionRequest) -> types.GenerateContentConfig:
@@ -157,7 +153,7 @@ def _status_error(spec: AgentSpec, e: genai_errors.APIError, key: str) -> AgentC
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One generateContent call, no retries; every failure becomes an AgentCallError."""
     key = errors.require_api_key(spec)
-    client = _client(spec, key)
+    client = _clients.get(spec, key)
     try:
         response = await client.aio.models.generate_content(
             model=spec.model, contents=_contents(request), config=_config(spec, request)

@@ -10,39 +10,33 @@ them just leaves those fields empty.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import weakref
 from typing import Any
 
 import openai
 
 from engine.pool import AgentSpec
 from engine.providers import errors
-from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+from engine.providers.base import (
+    AgentCallError,
+    ClientCache,
+    Completion,
+    CompletionRequest,
+    Usage,
+)
 
 # vLLM writes each logprob token as "token_id:<id>" when asked with this extra body field,
 # which is the only way to get exact ids back through the chat API on older vLLM versions.
 _VLLM_TOKEN_ID_PREFIX = "token_id:"
 
-# Building a client costs tens of milliseconds (TLS context); keep one per event loop and
-# settings, so hundreds of parallel steps do not stall the loop. The key is part of the cache
-# key only so that a changed environment variable takes effect on the next call.
-_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str | None, str, float], openai.AsyncOpenAI]
-] = weakref.WeakKeyDictionary()
+
+def _build(spec: AgentSpec, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
+    )
 
 
-def _client(spec: AgentSpec, key: str) -> openai.AsyncOpenAI:
-    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
-    cache_key = (spec.base_url, key, spec.timeout_s)
-    client = per_loop.get(cache_key)
-    if client is None:
-        client = openai.AsyncOpenAI(
-            api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
-        )
-        per_loop[cache_key] = client
-    return client
+_clients = ClientCache(_build)
 
 
 def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
@@ -149,7 +143,7 @@ def _completion(spec: AgentSpec, response: Any) -> Completion:
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One chat completion, no retries; every failure becomes an AgentCallError."""
     key = errors.require_api_key(spec)
-    client = _client(spec, key)
+    client = _clients.get(spec, key)
     try:
         response = await client.chat.completions.create(**_arguments(spec, request))
     except openai.APITimeoutError as e:
