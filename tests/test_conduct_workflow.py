@@ -205,3 +205,13 @@ async def test_refinement_rounds_see_the_last_plan_and_stop_on_an_empty_plan(
     assert res.rounds[2].plan is not None and not res.rounds[2].plan.steps
     second_prompt = agent_server.requests("conductor")[1].text
     assert "First try." in second_prompt and "999" in second_prompt
+
+
+async def test_a_conductor_that_cannot_be_called_fails_the_run_with_the_reason(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings
+) -> None:
+    agent_server.script("conductor", [Reply.error(404, "model 'conductor' not found")])
+    async with running_worker(client, settings, make_pool(agent_server)):
+        with pytest.raises(RunFailed, match=r"planning round 1 failed: .*conductor.*not found"):
+            await conductor.run(Task(question="q"))
+    assert agent_server.calls("conductor") == 1, "a 404 is not retried"

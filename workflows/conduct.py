@@ -98,18 +98,25 @@ class ConductWorkflow:
         attempt = PlanAttempt(attempt=0, raw_text="")
         for n in range(1, opts.max_plan_attempts + 1):
             self._details(f"planning · round {rnd.index + 1} · attempt {n}")
-            attempt = await workflow.execute_activity(
-                "write_plan",
-                PlanRequest(
-                    task=task, round=rnd.index, attempt=n, previous=previous,
-                    last_error=last_error,
-                ),
-                result_type=PlanAttempt,
-                start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
-                schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
-                retry_policy=self._agent_retry(task),
-                summary=f"plan · round {rnd.index + 1} · attempt {n} · {_short(task.question)}",
-            )
+            try:
+                attempt = await workflow.execute_activity(
+                    "write_plan",
+                    PlanRequest(
+                        task=task, round=rnd.index, attempt=n, previous=previous,
+                        last_error=last_error,
+                    ),
+                    result_type=PlanAttempt,
+                    start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
+                    schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
+                    retry_policy=self._agent_retry(task),
+                    summary=f"plan · round {rnd.index + 1} · attempt {n} · "
+                    f"{_short(task.question)}",
+                )
+            except ActivityError as e:  # the conductor itself could not be called
+                raise ApplicationError(
+                    f"planning round {rnd.index + 1} failed: {_cause(e)}",
+                    type="PlanFailed", non_retryable=True,
+                ) from e
             rnd.attempts.append(attempt)
             if attempt.plan is not None:
                 rnd.plan = attempt.plan
