@@ -15,7 +15,6 @@ import anthropic
 from engine.pool import AgentSpec
 from engine.providers import errors
 from engine.providers.base import (
-    AgentCallError,
     ClientCache,
     Completion,
     CompletionRequest,
@@ -113,9 +112,4 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
         ) from None  # the SDK's error quotes the server verbatim, which may echo the key
     except (anthropic.APIResponseValidationError, json.JSONDecodeError) as e:
         raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    try:
-        return _completion(spec, message)
-    except AgentCallError:
-        raise
-    except (AttributeError, TypeError, ValueError) as e:
-        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e
+    return errors.read_body(spec, _completion, message)

@@ -13,11 +13,16 @@ of the key before they are quoted, since some servers echo part of it back).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.pool import AgentSpec
-from engine.providers.base import AgentCallError, is_retryable_status, parse_retry_after
+from engine.providers.base import (
+    AgentCallError,
+    Completion,
+    is_retryable_status,
+    parse_retry_after,
+)
 
 # `kind` values: the activity can use them as Temporal error types, and tests can match them.
 KEY_MISSING = "AgentKeyMissing"
@@ -196,3 +201,16 @@ def refusal(spec: AgentSpec, detail: str) -> AgentCallError:
         retryable=False,
         kind=REFUSED,
     )
+
+
+def read_body(
+    spec: AgentSpec, to_completion: Callable[[AgentSpec, Any], Completion], body: Any
+) -> Completion:
+    """Turn an SDK response into a Completion. The SDKs accept a 200 whose JSON lacks the
+    promised fields and hand back objects full of None, so a failure here is a malformed body."""
+    try:
+        return to_completion(spec, body)
+    except AgentCallError:
+        raise
+    except (AttributeError, TypeError, ValueError, IndexError, KeyError) as e:
+        raise malformed_response(spec, f"unexpected body shape: {e}") from e

@@ -167,9 +167,4 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
         raise errors.connection_error(spec, f"{type(e).__name__}: {e}") from e
     except (genai_errors.UnknownApiResponseError, json.JSONDecodeError) as e:
         raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    try:
-        return _completion(spec, response)
-    except AgentCallError:
-        raise
-    except (AttributeError, TypeError, ValueError) as e:
-        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e
+    return errors.read_body(spec, _completion, response)

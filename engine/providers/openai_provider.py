@@ -18,7 +18,6 @@ import openai
 from engine.pool import AgentSpec
 from engine.providers import errors
 from engine.providers.base import (
-    AgentCallError,
     ClientCache,
     Completion,
     CompletionRequest,
@@ -157,9 +156,4 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
         ) from None  # the SDK's error quotes the server verbatim, which may echo the key
     except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
         raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    try:
-        return _completion(spec, response)
-    except AgentCallError:
-        raise
-    except (AttributeError, TypeError, ValueError, IndexError) as e:
-        raise errors.malformed_response(spec, f"unexpected body shape: {e}") from e
+    return errors.read_body(spec, _completion, response)
