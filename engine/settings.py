@@ -40,6 +40,26 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
 
+    # --- traces -------------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL for traces; unset = embedded PostgreSQL in data_dir"
+    )
+    # --- object storage for large payloads ----------------------------------------------------
+    blob_dir: Path | None = Field(
+        default=None, description="local blob store; default data_dir/blobs"
+    )
+    s3_bucket: str | None = Field(default=None, description="set to keep blobs in S3 instead")
+    s3_prefix: str = "conductor/"
+    s3_endpoint_url: str | None = Field(default=None, description="e.g. MinIO's URL")
+    s3_region: str | None = None
+    trace_blob_threshold: int = Field(
+        default=64 * 1024, ge=0, description="trace texts above this many bytes go to blobs"
+    )
+    payload_threshold: int = Field(
+        default=256 * 1024, ge=0,
+        description="Temporal payloads above this many bytes go to external storage",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -51,6 +71,10 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = Path(os.environ.get("CONDUCTOR_CONFIG", "conductor.toml"))
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+    @property
+    def blobs_path(self) -> Path:
+        return self.blob_dir or self.data_dir / "blobs"
 
     @property
     def embedded(self) -> bool:

@@ -7,6 +7,7 @@ import uuid
 from pydantic import BaseModel, Field
 
 from engine.plan import DEFAULT_MAX_STEPS
+from engine.rewards import RewardWeights
 
 
 class RunOptions(BaseModel):
@@ -22,6 +23,13 @@ class RunOptions(BaseModel):
         default=900.0, gt=0, description="all attempts of one step (schedule-to-close)"
     )
     plan_timeout_s: float = Field(default=300.0, gt=0, description="one plan attempt")
+    reward: RewardWeights = Field(
+        default_factory=RewardWeights, description="how the run is scored (the paper's 0/0.5/1)"
+    )
+    record_deadline_s: float = Field(
+        default=86400.0, gt=0,
+        description="how long recording the trace is retried while the trace store is down",
+    )
 
 
 class VisibleStep(BaseModel):
@@ -36,8 +44,12 @@ class VisibleStep(BaseModel):
 class Task(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     question: str = Field(min_length=1)
-    reference: str | None = None
-    verifier: str | None = None
+    reference: str | None = Field(default=None, description="the answer (or tests) to score by")
+    verifier: str | None = Field(
+        default=None, description="exact, choice, math or code; unset = guessed from the reference"
+    )
+    dataset: str | None = None
+    tags: list[str] = Field(default_factory=list)
     options: RunOptions = Field(default_factory=RunOptions)
     context: list[VisibleStep] = Field(
         default_factory=list, description="what a self-call's parent step could see"

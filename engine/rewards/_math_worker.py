@@ -1,0 +1,87 @@
+"""A helper process for the math verifier: reads one JSON request per line on stdin, answers one
+JSON line on stdout.
+
+Why a process: math-verify bounds parsing and comparison with signal.alarm, which works only in
+a main thread, and the score activity calls verifiers from worker threads. Here math-verify runs
+in this process's main thread, so its own timeouts work; the parent kills the process if even
+they fail (a computation stuck inside C code, where no signal handler runs). An address-space
+limit keeps a runaway expression (10^{10^{10}}) from eating the machine's memory.
+
+Executed by path with `python -I`; imports only the standard library and math-verify.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+from typing import Any
+
+MEMORY_LIMIT = 2 << 30
+
+
+class _Warnings(logging.Handler):
+    """Collects math-verify's warnings: it reports its own timeouts only by logging them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage()[:200])
+
+
+_warnings = _Warnings()
+
+
+def _wrap_gold(gold: str) -> str:
+    """A bare reference like `x^2+1` or `\\frac12` is LaTeX without delimiters; math-verify
+    only reads LaTeX inside them, so wrap it."""
+    if "$" in gold or "\\boxed" in gold or "\\(" in gold or "\\[" in gold:
+        return gold
+    return f"${gold}$"
+
+
+def _parsed(found: list[Any]) -> bool:
+    """math-verify falls back to the raw string when sympy cannot read it; that is no parse."""
+    return any(not isinstance(item, str) for item in found)
+
+
+def check(request: dict[str, Any]) -> dict[str, Any]:
+    from math_verify import parse, verify
+
+    timeout = max(1, int(request.get("timeout", 5)))
+    gold = parse(_wrap_gold(request["gold"]), parsing_timeout=timeout)
+    if not _parsed(gold):
+        gold = parse(request["gold"], parsing_timeout=timeout)
+    if not _parsed(gold):
+        return {"ok": False, "gold_unparsed": True, "gold": [], "answer": []}
+    answer = parse(request["answer"], parsing_timeout=timeout)
+    correct = bool(answer) and verify(gold, answer, timeout_seconds=timeout)
+    return {"ok": True, "correct": correct, "gold": [str(g) for g in gold],
+            "answer": [str(a) for a in answer]}
+
+
+def main() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    try:
+        import math_verify  # noqa: F401  (import now, so the first request is not slow)
+    except Exception as exc:
+        print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return
+    print(json.dumps({"ready": True}), flush=True)
+    logging.getLogger("math_verify").addHandler(_warnings)
+    logging.getLogger("math_verify").propagate = False
+    for line in sys.stdin:
+        _warnings.messages.clear()
+        try:
+            reply = check(json.loads(line))
+        except BaseException as exc:  # report anything, MemoryError and timeouts included
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        reply["warnings"] = _warnings.messages
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Symbolic answer checking with math-verify, safe to call from any thread.
+
+math-verify bounds its work with signal.alarm, which only a main thread may use; the score
+activity runs verifiers in worker threads. Measured options: running math-verify in the calling
+thread with its timeouts off is fast (1-100 ms a check) but an answer such as `10^{10^{10}}`
+then hangs the thread for good; a fresh process per check is safe but costs ~0.5 s (importing
+sympy). So checks go to a small pool of long-lived helper processes (`_math_worker.py`): each
+imports math-verify once, runs it in its own main thread with its own timeouts, under a memory
+limit, and is killed and replaced if it fails to answer in time. A check then costs about a
+millisecond more than in-process; the first one in a process pays the helper's start-up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+WORKER = Path(__file__).with_name("_math_worker.py")
+STARTUP_TIMEOUT_S = 60.0
+MAX_IDLE_WORKERS = 4
+
+
+class MathCheckError(Exception):
+    """The helper process failed (start-up, crash or timeout): a verifier error."""
+
+
+class _Worker:
+    """One helper process, used by one thread at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(WORKER)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={"LANG": "C.UTF-8", "PATH": os.defpath}, text=True, start_new_session=True,
+        )
+        ready = self._read(STARTUP_TIMEOUT_S)
+        if not ready.get("ready"):
+            self.kill()
+            raise MathCheckError(f"math helper failed to start: {ready.get('error', ready)}")
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        readable, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not readable:
+            self.kill()
+            raise MathCheckError(f"math check timed out after {timeout_s:g}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            self.kill()
+            raise MathCheckError(f"math helper exited (code {self.proc.poll()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            self.kill()
+            raise MathCheckError(f"math helper is gone: {exc}") from exc
+        return self._read(timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class _Pool:
+    """Idle helpers, handed to one caller at a time; a helper that failed is never returned."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def check(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        worker = worker or _Worker()
+        reply = worker.ask(request, timeout_s)  # on failure the worker is killed and dropped
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_WORKERS:
+                self._idle.append(worker)
+                return reply
+        worker.kill()
+        return reply
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+
+
+_pool = _Pool()
+atexit.register(_pool.close)
+
+
+def check_math(gold: str, answer: str, timeout_s: float) -> dict[str, Any]:
+    """Compare `answer` with the reference `gold` by math-verify. Returns the helper's reply:
+    `ok`, `correct`, the parsed `gold` and `answer`, `gold_unparsed`, `warnings` (math-verify's
+    own timeouts show here), or `error`. Raises MathCheckError if the helper fails."""
+    request = {"gold": gold, "answer": answer, "timeout": max(1, int(timeout_s / 3))}
+    return _pool.check(request, timeout_s + 1.0)

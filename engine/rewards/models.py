@@ -1,0 +1,47 @@
+"""The data of scoring: the weights that turn an outcome into a reward, a verifier's verdict on one
+answer, and the reward recorded with a trace. Pure pydantic models so they cross the Temporal data
+converter and live in traces unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class RewardWeights(BaseModel):
+    """The reward of each outcome. Defaults are the paper's scheme: 0 for a plan that could not be
+    parsed, 0.5 for a well-formed plan whose answer is wrong, 1 for a correct answer.
+
+    The cost penalty (off by default) is subtracted per US dollar the run spent; it can lower a
+    positive reward to 0 but never below, so a costly correct answer never scores under an
+    invalid plan. Rewards that start at or below 0 are left as they are."""
+
+    invalid_plan: float = 0.0
+    failed: float = Field(default=0.0, description="a step exhausted its retries, or cancelled")
+    wrong: float = 0.5
+    correct: float = 1.0
+    cost_penalty_per_usd: float = Field(default=0.0, ge=0.0)
+
+
+class Verdict(BaseModel):
+    """What a verifier concluded about one answer."""
+
+    verifier: str = Field(description='"exact" | "choice" | "math" | "code" | "none"')
+    correct: bool | None = Field(description="None when there is no reference to check against")
+    score: float = Field(ge=0.0, le=1.0, description="code: the fraction of tests passed")
+    reason: str = Field(description='human-readable, e.g. "expected 42, got 41"')
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description='extracted answer, normalised forms, test output; "error" marks a verifier '
+        "failure (as opposed to a wrong answer)",
+    )
+
+
+class Reward(BaseModel):
+    """The reward of one run, with the verdict it came from and the weights used."""
+
+    value: float | None = Field(description="None when there is no reference (nothing to score)")
+    verdict: Verdict | None = None
+    reason: str
+    weights: RewardWeights = Field(default_factory=RewardWeights)

@@ -1,0 +1,280 @@
+"""Verifiers: is an answer right, judged against a task's reference?
+
+- `exact`: SQuAD-style normalised text equality (`extract.normalize_text`), trying the reply's
+  last `\\boxed{}` value, its last "Answer: ..." line, then the whole reply.
+- `choice`: multiple choice, letters A-J. The chosen letter is read from the reply, preferring
+  explicit forms ("Answer: C", "the answer is (C)", `\\boxed{C}`, a reply that starts "C." or
+  "**C**") over a stray letter (the last "(C)", then the last standalone capital A-J).
+- `math`: math-verify (symbolic and numeric equivalence, LaTeX or plain), in a helper process
+  (`mathcheck`) so it is safe and bounded in time from any thread.
+- `code`: the reference is Python test code (asserts, or `test*` functions); the reply's last
+  ```python block (or the whole reply) runs against it in the sandbox (`sandbox`); the score is
+  the fraction of tests passed, correct only if all pass.
+
+`verify` never raises. A verifier that cannot do its job (unknown name, malformed reference,
+crash, timeout of the verifier itself) returns correct=False, score 0, a reason starting
+"verifier error:" and `details["error"]`, so a scorer can tell it from a wrong answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from engine.rewards.extract import (
+    answer_candidates,
+    answer_line,
+    last_boxed,
+    last_code_block,
+    normalize_text,
+    strip_latex_text,
+)
+from engine.rewards.mathcheck import MathCheckError, check_math
+from engine.rewards.models import Verdict
+from engine.rewards.sandbox import SandboxLimits, SandboxResult, run_python_tests
+
+VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
+"""Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
+
+_LETTER_REFERENCE = re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J]))\s*[.:]?\s*$")
+_LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[).:\]]")
+_EXPLICIT_CHOICE = (
+    re.compile(r"(?i:\banswer)\s*(?i:is)?\s*[:：]\s*[*_]*\s*[(\[]?([A-Ja-j])\b(?![-'])"),
+    re.compile(r"(?i:\banswer\s+is)\s*(?i:option\s+)?[*_]*\s*(?:\(([A-Ja-j])\)|([A-J])\b)"),
+    re.compile(r"(?<![\w'-])\(?([A-J])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"),
+)
+_LEADING_CHOICE = re.compile(r"^[\s*_>#]*[(\[]?([A-J])(?:[)\].:*_]|\s*$)")
+_PARENTHESISED = re.compile(r"\(([A-J])\)")
+_STANDALONE = re.compile(r"(?<![\w'-])([A-J])(?![\w'-])")
+_CODE_REFERENCE = re.compile(r"^\s*(?:assert\b|def\s+test)", re.MULTILINE)
+_NUMBER = re.compile(
+    r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?\s*%?"
+    r"|[-+]?\.\d+|[-+]?\d+\s*/\s*\d+"
+)
+_LATEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]+|[{}%])")
+_EXPRESSION = re.compile(r"[\d\sA-Za-z+\-*/^()\[\]{},.=<>!_|]+")
+_FUNCTION_NAMES = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "inf", "oo"}
+_DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")
+
+
+def _verdict(verifier: str, correct: bool, reason: str, details: dict[str, Any] | None = None,
+             score: float | None = None) -> Verdict:
+    return Verdict(verifier=verifier, correct=correct,
+                   score=(1.0 if correct else 0.0) if score is None else score,
+                   reason=reason, details=details or {})
+
+
+def _error(verifier: str, message: str, **details: Any) -> Verdict:
+    return Verdict(verifier=verifier, correct=False, score=0.0,
+                   reason=f"verifier error: {message}", details={"error": message, **details})
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- auto ---------------------------------------------------------------------------------
+
+
+def _looks_like_math(reference: str) -> bool:
+    text = reference.strip()
+    if not text or _DATE.fullmatch(text):
+        return False
+    if (text.startswith("$") and text.endswith("$")) or "\\boxed" in text:
+        return True
+    if _NUMBER.fullmatch(text) or _LATEX_COMMAND.search(text):
+        return True
+    if not _EXPRESSION.fullmatch(text):
+        return False
+    words = re.findall(r"[A-Za-z]+", text)
+    if any(len(w) > 1 and w.lower() not in _FUNCTION_NAMES for w in words):
+        return False
+    return bool(re.search(r"\d", text) or re.search(r"[+\-*/^=<>]", text))
+
+
+def detect_verifier(reference: str) -> str:
+    """The verifier "auto" picks, from the reference alone:
+    1. a single letter A-J, optionally "(B)" or "B." → `choice`;
+    2. a line starting `assert` or `def test` → `code`;
+    3. a number ("42", "-3.5", "1,000", "50%", "2/3"), a reference in `$...$` or `\\boxed{}`,
+       anything with a LaTeX command (`\\frac`, `\\sqrt`, `\\pi`), or a short expression of
+       digits, one-letter variables, known functions and operators ("x^2+1", "(1, 2)") →
+       `math` (and if math-verify cannot parse it after all, `exact` is used instead);
+    4. anything else (words, dates, codes) → `exact`."""
+    if _LETTER_REFERENCE.match(reference):
+        return "choice"
+    if _CODE_REFERENCE.search(reference):
+        return "code"
+    if _looks_like_math(reference):
+        return "math"
+    return "exact"
+
+
+# --- exact --------------------------------------------------------------------------------
+
+
+def verify_exact(answer: str, reference: str, timeout_s: float) -> Verdict:
+    expected = normalize_text(strip_latex_text(reference))
+    if not expected:
+        return _error("exact", "the reference is empty after normalisation")
+    candidates = answer_candidates(answer)
+    normalised = [normalize_text(c) for c in candidates]
+    details = {"expected": expected, "candidates": normalised[:2]}
+    if expected in normalised:
+        return _verdict("exact", True, f"matches {_short(reference)!r}", details)
+    got = candidates[0] if len(candidates) > 1 else answer
+    return _verdict("exact", False, f"expected {_short(reference)!r}, got {_short(got)!r}",
+                    details)
+
+
+# --- choice -------------------------------------------------------------------------------
+
+
+def reference_letter(reference: str) -> str | None:
+    """The correct letter from a reference: "B", "(b)", "B.", or "B) Paris"."""
+    m = _LETTER_REFERENCE.match(reference) or _LETTER_PREFIX.match(reference)
+    if not m:
+        return None
+    return next(g for g in m.groups() if g).upper()
+
+
+def chosen_letter(answer: str) -> tuple[str | None, str]:
+    """The letter a reply chose, and how it was found (for the verdict's details)."""
+    explicit = [(m.start(), next(g for g in m.groups() if g))
+                for rx in _EXPLICIT_CHOICE for m in rx.finditer(answer)]
+    if explicit:
+        return max(explicit)[1].upper(), "explicit answer"
+    boxed = last_boxed(answer)
+    if boxed is not None and (m := _LEADING_CHOICE.match(strip_latex_text(boxed))):
+        return m.group(1), "boxed"
+    if m := _LEADING_CHOICE.match(answer):
+        return m.group(1), "leading letter"
+    line = answer_line(answer)
+    if line is not None and (m := _LEADING_CHOICE.match(line)):
+        return m.group(1), "answer line"
+    for rx, how in ((_PARENTHESISED, "last (X)"), (_STANDALONE, "last standalone letter")):
+        found = rx.findall(answer)
+        if found:
+            return found[-1], how
+    return None, "no letter found"
+
+
+def verify_choice(answer: str, reference: str, timeout_s: float) -> Verdict:
+    expected = reference_letter(reference)
+    if expected is None:
+        return _error("choice", f"the reference {_short(reference)!r} is not a letter A-J")
+    got, how = chosen_letter(answer)
+    details = {"expected": expected, "chosen": got, "found_by": how}
+    if got is None:
+        return _verdict("choice", False, f"expected {expected}, no choice found", details)
+    if got == expected:
+        return _verdict("choice", True, f"chose {got}", details)
+    return _verdict("choice", False, f"expected {expected}, got {got}", details)
+
+
+# --- math ---------------------------------------------------------------------------------
+
+
+class _UnparsedReference(Exception):
+    pass
+
+
+def verify_math(answer: str, reference: str, timeout_s: float) -> Verdict:
+    try:
+        reply = check_math(reference, answer, timeout_s)
+    except MathCheckError as exc:
+        return _error("math", str(exc))
+    if reply.get("gold_unparsed"):
+        raise _UnparsedReference(reference)
+    timeouts = [w for w in reply.get("warnings", []) if "timeout" in w.lower()]
+    if not reply.get("ok") or timeouts:
+        return _error("math", reply.get("error") or "; ".join(timeouts), warnings=timeouts)
+    gold, got = reply["gold"], reply["answer"]
+    details = {"expected": gold[-1:], "extracted": got[-1:]}
+    if reply["correct"]:
+        return _verdict("math", True, f"equals {_short(gold[-1])}", details)
+    shown = _short(got[-1]) if got else "no parsable answer"
+    return _verdict("math", False, f"expected {_short(gold[-1])}, got {shown}", details)
+
+
+def _verify_math_strict(answer: str, reference: str, timeout_s: float) -> Verdict:
+    try:
+        return verify_math(answer, reference, timeout_s)
+    except _UnparsedReference:
+        return _error("math", f"math-verify cannot parse the reference {_short(reference)!r}")
+
+
+# --- code ---------------------------------------------------------------------------------
+
+
+def _test_summary(res: SandboxResult) -> str:
+    failed = [t for t in res.tests if not t.passed]
+    head = f"{res.passed}/{res.total} tests passed"
+    if res.timed_out:
+        head += " (timed out)"
+    if failed:
+        last_line = (failed[0].error.strip().splitlines() or [""])[-1]
+        head += f"; {failed[0].name}: {_short(last_line, 120)}"
+    return head
+
+
+def verify_code(answer: str, reference: str, timeout_s: float) -> Verdict:
+    code = last_code_block(answer)
+    res = run_python_tests(code, reference, SandboxLimits(timeout_s=timeout_s))
+    details: dict[str, Any] = {
+        "tests": [t.model_dump() for t in res.tests], "output_tail": res.output_tail[-1000:],
+        "timed_out": res.timed_out, "isolation": res.isolation, "duration_s": res.duration_s,
+    }
+    if res.error:
+        return _error("code", res.error, **details)
+    if res.total == 0:
+        reason = _short(res.failure, 300) if res.failure else "no tests ran"
+        return _verdict("code", False, reason, details)
+    score = res.passed / res.total
+    return _verdict("code", res.passed == res.total, _test_summary(res), details, score=score)
+
+
+# --- dispatch -----------------------------------------------------------------------------
+
+_Check = Callable[[str, str, float], Verdict]
+_CHECKS: dict[str, _Check] = {
+    "exact": verify_exact, "choice": verify_choice, "math": _verify_math_strict,
+    "code": verify_code,
+}
+
+
+def _auto(answer: str, reference: str, timeout_s: float) -> Verdict:
+    name = detect_verifier(reference)
+    if name != "math":
+        verdict = _CHECKS[name](answer, reference, timeout_s)
+    else:
+        try:
+            verdict = verify_math(answer, reference, timeout_s)
+        except _UnparsedReference:
+            verdict = verify_exact(answer, reference, timeout_s)
+            verdict.details["fallback"] = "math-verify could not parse the reference"
+    verdict.details["auto"] = True
+    return verdict
+
+
+def verify(answer: str | None, reference: str | None, verifier: str | None = None, *,
+           timeout_s: float = 10.0) -> Verdict:
+    """Judge `answer` against `reference` with the named verifier (None or "auto": guessed from
+    the reference by `detect_verifier`). No reference: correct=None (nothing to check). No
+    answer: wrong. Never raises: failures of the verifier itself are verdicts (see module)."""
+    name = (verifier or "auto").strip().lower()
+    if reference is None or not reference.strip():
+        return Verdict(verifier="none", correct=None, score=0.0, reason="no reference answer")
+    if name not in VERIFIERS:
+        return _error(name, f"unknown verifier {verifier!r}; valid: {', '.join(VERIFIERS)}")
+    if answer is None or not answer.strip():
+        return _verdict(detect_verifier(reference) if name == "auto" else name, False,
+                        "no answer")
+    try:
+        if name == "auto":
+            return _auto(answer, reference, timeout_s)
+        return _CHECKS[name](answer, reference, timeout_s)
+    except Exception as exc:  # a verifier bug must cost one reward, not the run
+        return _error(name, f"{type(exc).__name__}: {exc}")
