@@ -18,10 +18,10 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from engine.embedded import EmbeddedTemporal
+from engine.payloads import data_converter
 from engine.records import RunResult
 from engine.settings import Settings
 from engine.task import Task
@@ -74,7 +74,7 @@ async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -
         return await Client.connect(
             settings.address,
             namespace=settings.temporal_namespace,
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter(settings),
             tls=_tls(settings) if not api_key else True,
             api_key=api_key,
         )

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from engine.client import ConductorClient
+from engine.payloads import data_converter
 from engine.settings import Settings
 from engine.task import RunOptions, Task
 from tests.agent_server import AgentServer, Reply
@@ -59,10 +59,12 @@ async def record(
     return out
 
 
-async def test_recorded_histories_replay_on_the_current_workflow_code() -> None:
+async def test_recorded_histories_replay_on_the_current_workflow_code(tmp_path: Path) -> None:
     files = sorted(HISTORIES.glob("*.json"))
     assert files, "no recorded histories; run python -m tests.test_replay"
-    replayer = Replayer(workflows=[ConductWorkflow], data_converter=pydantic_data_converter)
+    # the engine's converter, as every worker uses it (these histories hold no blob references)
+    replayer = Replayer(workflows=[ConductWorkflow],
+                        data_converter=data_converter(Settings(data_dir=tmp_path)))
     for path in files:
         saved = json.loads(path.read_text())
         history = WorkflowHistory.from_json(saved["workflow_id"], saved["history"])
@@ -73,7 +75,7 @@ async def test_a_fresh_run_replays_too(
     agent_server: AgentServer, client: Client, settings: Settings
 ) -> None:
     histories = await record(client, settings, agent_server)
-    replayer = Replayer(workflows=[ConductWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[ConductWorkflow], data_converter=data_converter(settings))
     for history in histories.values():
         await replayer.replay_workflow(history)
 
