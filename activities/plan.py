@@ -80,7 +80,9 @@ class PlanActivities:
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
             cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
-            conductor_id=conductor.id, token_ids=completion.token_ids,
+            conductor_id=conductor.id, policy_version=conductor.policy_version,
+            prompt=request.messages, finish_reason=completion.finish_reason,
+            token_ids=completion.token_ids,
             logprobs=completion.logprobs,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )

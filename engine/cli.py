@@ -8,30 +8,38 @@ import json
 import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from engine.client import ConductorClient, ConnectError, RunFailed
+from engine.database import DatabaseError, EmbeddedPostgres, database_url
 from engine.embedded import EmbeddedError, EmbeddedTemporal
 from engine.logging import configure_logging
 from engine.plan import PlanError, parse_plan
 from engine.pool import Pool, PoolError
 from engine.records import RunResult
+from engine.rewards import Reward
 from engine.settings import Settings
 from engine.task import RunOptions, Task
+from engine.trace_store import TraceFilter, TraceStore, TraceSummary
+from engine.traces import Trace
 
 app = typer.Typer(help="Conductor engine: a conductor model plans, Temporal runs the plan.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 pool_app = typer.Typer(help="Inspect the agent pool.", no_args_is_help=True)
 plan_app = typer.Typer(help="Work with plans.", no_args_is_help=True)
+traces_app = typer.Typer(help="List and show recorded traces.", no_args_is_help=True)
 app.add_typer(pool_app, name="pool")
 app.add_typer(plan_app, name="plan")
+app.add_typer(traces_app, name="traces")
 
 out = Console()
 err = Console(stderr=True)
@@ -58,7 +66,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine, turning every failure a user can meet into a one-line message."""
     try:
         return asyncio.run(coro)
-    except (ConnectError, EmbeddedError, PoolError, RunFailed, LookupError) as e:
+    except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError) as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
         raise _fail("interrupted", 130) from None
@@ -78,10 +86,12 @@ async def _in_process_worker(
     if not enabled:
         yield
         return
+    from activities.record import close_shared_stores
     from engine.worker import build_worker  # imports workflows and activities: runtime only
 
     async with build_worker(conductor.client, conductor.settings, pool):
         yield
+    await close_shared_stores()
 
 
 # --- run, submit, status, result -----------------------------------------------------------
@@ -226,6 +236,8 @@ def _print_result(res: RunResult, settings: Settings) -> None:
         if last is not None:
             out.print(Panel(last.raw_text, title="conductor's last reply", title_align="left"))
     out.print(_steps_table(res))
+    if res.reward is not None:
+        out.print(_reward_line(res.reward))
     t = res.totals
     out.print(
         f"plans: {t.plan_calls} · agent calls: {t.agent_calls} · tokens in/out: "
@@ -236,10 +248,18 @@ def _print_result(res: RunResult, settings: Settings) -> None:
               soft_wrap=True)
 
 
+def _reward_line(reward: Reward) -> str:
+    if reward.value is None:
+        return f"reward: none ({reward.reason})"
+    colour = "green" if reward.value >= reward.weights.correct else "yellow"
+    return f"reward: [bold {colour}]{reward.value:g}[/] ({escape(reward.reason)})"
+
+
 # --- worker, up, down ----------------------------------------------------------------------
 
 
 async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> None:
+    from activities.record import close_shared_stores
     from engine.worker import build_worker
 
     conductor = await ConductorClient.connect(settings, start_embedded=start_embedded)
@@ -251,6 +271,7 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
         err.print(f"worker polling [bold]{settings.task_queue}[/] on {settings.address} "
                   f"(namespace {settings.temporal_namespace}); Ctrl-C stops")
         await stop.wait()
+    await close_shared_stores()
     err.print("worker stopped")
 
 
@@ -273,21 +294,36 @@ def up(pool: PoolOpt = None) -> None:
         raise _fail(str(e)) from None
     err.print(f"Temporal {'started' if started else 'already running'} on {settings.address} · "
               f"UI {settings.ui_base()}")
+    postgres = EmbeddedPostgres(settings.data_dir) if settings.database_url is None else None
+    pg_started = False
     try:
+        if postgres is not None:
+            pg_started = postgres.url() is None
+            postgres.start()
+            err.print(f"PostgreSQL (traces) {'started' if pg_started else 'already running'} "
+                      f"in {postgres.pgdata}")
         _run(_serve(settings, agents, start_embedded=False))
+    except EmbeddedError as e:
+        raise _fail(str(e)) from None
     finally:
         if started:
             server.stop()
             err.print("Temporal stopped")
+        if postgres is not None and pg_started:
+            postgres.stop()
+            err.print("PostgreSQL stopped")
 
 
 @app.command()
 def down() -> None:
-    """Stop the embedded Temporal server that `conductor run` left running."""
+    """Stop the embedded Temporal server and PostgreSQL that `conductor run` left running."""
     settings = _settings()
     server = EmbeddedTemporal(settings.data_dir, settings.embedded_port, settings.embedded_ui_port)
-    out.print("stopped" if server.stop() else "no embedded server was started from "
-              f"{settings.data_dir}")
+    stopped = [name for name, stop in (("Temporal", server.stop),
+                                       ("PostgreSQL", EmbeddedPostgres(settings.data_dir).stop))
+               if stop()]
+    out.print(f"stopped {' and '.join(stopped)}" if stopped else
+              f"no embedded server was started from {settings.data_dir}")
 
 
 # --- pool and plan -------------------------------------------------------------------------
@@ -340,6 +376,142 @@ def plan_check(
     except PlanError as e:
         raise _fail(f"invalid plan: {e}") from None
     out.print_json(json.dumps(plan.model_dump()))
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _trace_store(settings: Settings) -> AsyncIterator[TraceStore]:
+    from engine.blobs import blob_store
+
+    url = await asyncio.to_thread(database_url, settings)
+    store = await TraceStore.open(url, blob_store(settings),
+                                  blob_threshold=settings.trace_blob_threshold, max_size=2)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@traces_app.command("list")
+def traces_list(
+    dataset: Annotated[str | None, typer.Option(help="only this dataset")] = None,
+    tag: Annotated[str | None, typer.Option(help="only tasks with this tag")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="only this task id")] = None,
+    policy: Annotated[str | None, typer.Option(help="only this policy (conductor id)")] = None,
+    version: Annotated[str | None, typer.Option(help="only this policy version")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="completed, invalid_plan, failed or cancelled")] = None,
+    min_reward: Annotated[float | None, typer.Option(help="reward at least this")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="reward at most this")] = None,
+    since: Annotated[datetime | None, typer.Option(help="finished at or after (ISO date)")] = None,
+    self_calls: Annotated[bool, typer.Option(help="include self-call traces")] = False,
+    limit: Annotated[int, typer.Option(help="most rows")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trace each")] = False,
+) -> None:
+    """List recorded traces, newest first."""
+    settings = _settings()
+    filters = TraceFilter(
+        dataset=dataset, tag=tag, task_id=task, policy_name=policy, policy_version=version,
+        status=status, min_reward=min_reward, max_reward=max_reward,
+        since=since.astimezone(UTC) if since else None, roots_only=not self_calls,
+    )
+
+    async def go() -> list[TraceSummary]:
+        async with _trace_store(settings) as store:
+            return await store.search(filters, limit=limit)
+
+    rows = _run(go())
+    if as_json:
+        for r in rows:
+            print(r.model_dump_json())
+        return
+    table = Table(title=f"{len(rows)} trace(s)", title_justify="left")
+    for col in ("finished", "workflow", "task", "dataset", "policy", "status", "reward",
+                "tokens", "cost $", "s", "question"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), r.workflow_id, r.task_id,
+            r.dataset or "", f"{r.policy.name}@{r.policy.version}", r.status,
+            "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
+            f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", _one_line(r.question, 60),
+        )
+    out.print(table)
+
+
+@traces_app.command("show")
+def traces_show(
+    workflow_id: str,
+    run_id: Annotated[str | None, typer.Option(help="a run other than the latest")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the whole trace as JSON")] = False,
+    full: Annotated[bool, typer.Option(help="print outputs in full, not cut")] = False,
+) -> None:
+    """Show one trace whole: plan attempts, steps, self-calls, answer and reward."""
+    settings = _settings()
+
+    async def go() -> Trace | None:
+        async with _trace_store(settings) as store:
+            return await store.get(workflow_id, run_id)
+
+    trace = _run(go())
+    if trace is None:
+        raise _fail(f"no trace of {workflow_id!r}: the run may still be going "
+                    f"(`conductor status {workflow_id}`) or was recorded to another database")
+    if as_json:
+        print(trace.model_dump_json(indent=2))
+        return
+    _print_trace(trace, full=full)
+    out.print(f"Temporal UI: {settings.workflow_url(trace.workflow_id, trace.run_id)}",
+              soft_wrap=True)
+
+
+def _one_line(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _print_trace(trace: Trace, *, full: bool, indent: str = "") -> None:
+    cut = (lambda t: t) if full else (lambda t: _one_line(t, 300))
+    t = trace.totals
+    out.print(
+        f"{indent}[bold]{trace.workflow_id}[/] · run {trace.run_id} · "
+        f"{trace.policy.name}@{trace.policy.version} · [bold]{trace.status}[/] · "
+        f"{t.usage.input_tokens}/{t.usage.output_tokens} tokens · ${t.cost_usd:.4f} · "
+        f"{t.seconds:.1f}s · {trace.finished_at.astimezone():%Y-%m-%d %H:%M:%S}",
+        soft_wrap=True,
+    )
+    task = trace.task
+    where = (f" · dataset {task.dataset}" if task.dataset else "") + (
+        f" · tags {', '.join(task.tags)}" if task.tags else "")
+    out.print(f"{indent}task {task.id}{where}: {cut(task.question)}", highlight=False,
+              soft_wrap=True)
+    for rnd in trace.rounds:
+        for a in rnd.attempts:
+            verdict = "plan ok" if a.plan is not None else f"[red]{escape(a.error or '')}[/]"
+            lp = "with logprobs" if a.logprobs is not None else "no logprobs"
+            out.print(f"{indent}round {rnd.index + 1} · plan attempt {a.attempt}: {verdict} · "
+                      f"{a.usage.output_tokens} tokens, {lp}", soft_wrap=True)
+        if rnd.steps:
+            table = Table(show_header=True, title_justify="left")
+            for col in ("step", "agent", "subtask", "saw", "output", "tokens", "s", "tries"):
+                table.add_column(col, overflow="fold")
+            for s in rnd.steps:
+                saw = ",".join(str(j + 1) for j in s.saw) or "none"
+                table.add_row(f"{s.index + 1}", s.agent, cut(s.subtask), saw,
+                              cut(s.error or s.output), f"{s.usage.input_tokens}/"
+                              f"{s.usage.output_tokens}", f"{s.seconds:.1f}", str(s.attempts))
+            out.print(table)
+    if trace.answer is not None:
+        out.print(Panel(cut(trace.answer), title="answer", title_align="left"))
+    if trace.error:
+        out.print(f"{indent}[red]error:[/] {escape(trace.error)}", soft_wrap=True)
+    if trace.reward is not None:
+        out.print(indent + _reward_line(trace.reward))
+    for child in trace.children:
+        out.print(f"{indent}└ self-call:")
+        _print_trace(child, full=full, indent=indent + "  ")
 
 
 def main() -> None:  # pragma: no cover

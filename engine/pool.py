@@ -53,6 +53,10 @@ class AgentSpec(BaseModel):
         default=True,
         description="ask for the plan as constrained JSON where the backend supports it",
     )
+    policy_version: str = Field(
+        default="base",
+        description="the conductor's weights version, recorded in every trace it plans",
+    )
 
     @model_validator(mode="after")
     def _key_is_a_name(self) -> AgentSpec:

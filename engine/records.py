@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine.plan import Access, Plan
-from engine.providers.base import Usage
+from engine.providers.base import Message, Usage
+from engine.rewards import Reward
 
 
 class PlanAttempt(BaseModel):
@@ -25,6 +26,11 @@ class PlanAttempt(BaseModel):
     cost_usd: float = 0.0
     seconds: float = 0.0
     conductor_id: str = ""
+    policy_version: str = ""
+    prompt: list[Message] = Field(
+        default_factory=list, description="the conductor's input, for the trainer to re-score"
+    )
+    finish_reason: str | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     agent_timeouts: dict[str, float] = Field(
@@ -77,7 +83,7 @@ class Totals(BaseModel):
     seconds: float = 0.0
 
 
-RunStatus = Literal["completed", "invalid_plan"]
+RunStatus = Literal["completed", "invalid_plan", "failed", "cancelled"]
 
 
 class RunResult(BaseModel):
@@ -89,6 +95,7 @@ class RunResult(BaseModel):
     error: str | None = None
     rounds: list[RoundRecord] = Field(default_factory=list)
     totals: Totals = Field(default_factory=Totals)
+    reward: Reward | None = None
 
     @property
     def plans(self) -> list[Plan]:

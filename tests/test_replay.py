@@ -2,7 +2,9 @@
 non-deterministic change (reordered activities, a new await, a changed child id) fails here
 instead of breaking runs that are in flight in production.
 
-Re-record (only for a deliberate, versioned change) with: python -m tests.test_replay
+Histories are named `<version>_<workflow>.json`. Keep old versions: runs started before a change
+must still replay (the workflow guards changes with `workflow.patched`). Record a new version,
+for a deliberate change only, with: python -m tests.test_replay VERSION
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ async def record(
     server.script("claude", [Reply.ok("1024")])
     server.script("gemini", [Reply.ok("2^10 is larger")])
     conductor = ConductorClient(client, settings)
-    task = Task(id="replay", question="Which is larger, 2^10 or 10^3?",
-                options=RunOptions(refinement_rounds=1))
+    task = Task(id="replay", question="Which is larger, 2^10 or 10^3?", reference="2^10",
+                verifier="exact", options=RunOptions(refinement_rounds=1))
     async with running_worker(client, settings, make_pool(server)):
         wid = await conductor.submit(task, workflow_id=f"replay-{settings.task_queue}")
         res = await conductor.result(wid)
@@ -80,11 +82,12 @@ async def test_a_fresh_run_replays_too(
         await replayer.replay_workflow(history)
 
 
-async def _main() -> None:  # pragma: no cover - the re-recording entry point
+async def _main(version: str) -> None:  # pragma: no cover - the re-recording entry point
     import os
     import tempfile
 
     from engine.client import connect_temporal
+    from engine.database import EmbeddedPostgres
     from engine.embedded import EmbeddedTemporal
     from tests.agent_server import start_agent_server
     from tests.conftest import free_port
@@ -94,17 +97,25 @@ async def _main() -> None:  # pragma: no cover - the re-recording entry point
     with tempfile.TemporaryDirectory() as tmp, start_agent_server() as server:
         temporal = EmbeddedTemporal(Path(tmp), free_port(), free_port())
         temporal.start(detached=False)
+        postgres = EmbeddedPostgres(Path(tmp))
         try:
-            settings = Settings(temporal_address=f"127.0.0.1:{temporal.port}", task_queue="replay")
+            settings = Settings(temporal_address=f"127.0.0.1:{temporal.port}", task_queue="replay",
+                                data_dir=Path(tmp), database_url=postgres.start())
             client = await connect_temporal(settings, start_embedded=False)
             for name, history in (await record(client, settings, server)).items():
                 saved = {"workflow_id": history.workflow_id,
                          "history": json.loads(history.to_json())}
-                (HISTORIES / f"{name}.json").write_text(json.dumps(saved, indent=1))
-                print(f"recorded {name}")
+                (HISTORIES / f"{version}_{name}.json").write_text(json.dumps(saved, indent=1))
+                print(f"recorded {version}_{name}")
         finally:
+            from activities.record import close_shared_stores
+
+            await close_shared_stores()
             temporal.stop()
+            postgres.stop()
 
 
 if __name__ == "__main__":
-    asyncio.run(_main())
+    import sys
+
+    asyncio.run(_main(sys.argv[1]))

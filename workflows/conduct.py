@@ -2,6 +2,7 @@
 
     plan (retried on parse failure) ─▶ steps as a DAG of agent activities ─▶ answer
        └─ refinement rounds: the conductor sees its last plan and answer, may plan again
+    ─▶ score (when the task has a reference) ─▶ record the trace (every run, failed ones too)
 
 Deterministic orchestration only: every model call is an activity (retried by Temporal), every
 clock is workflow.time(), and a step given to the conductor itself runs as a child workflow.
@@ -11,7 +12,7 @@ How a step is retried is decided here, in `_agent_retry`.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -26,8 +27,13 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from activities.agent import AgentCallInput
     from activities.plan import PlanRequest, PreviousRound
+    from activities.score import ScoreRequest
     from engine.records import AgentReply, PlanAttempt, RoundRecord, RunResult, StepRecord
+    from engine.rewards import Reward
     from engine.task import Task, VisibleStep
+    from engine.traces import RecordRequest
+
+TRACES_PATCH = "score-and-record-traces"
 
 DEFAULT_AGENT_TIMEOUT_S = 120.0
 
@@ -65,7 +71,21 @@ class ConductWorkflow:
         result = self._result = RunResult(
             task_id=task.id, workflow_id=info.workflow_id, run_id=info.run_id
         )
-        started = workflow.time()
+        started, started_at = workflow.time(), workflow.now()
+        try:
+            await self._conduct(task)
+        except ApplicationError as e:  # a step or the conductor failed for good: still a trace
+            result.status, result.error = "failed", e.message
+            self._tally(workflow.time() - started)
+            await self._score_and_record(task, started_at)
+            raise
+        self._tally(workflow.time() - started)
+        await self._score_and_record(task, started_at)
+        return result
+
+    async def _conduct(self, task: Task) -> None:
+        """Plan and execute, round after round, into self._result."""
+        result = self._result
         previous: list[PreviousRound] = []
         for r in range(task.options.refinement_rounds + 1):
             rnd = RoundRecord(index=r)
@@ -85,8 +105,50 @@ class ConductWorkflow:
             rnd.answer = rnd.steps[-1].output
             result.answer = rnd.answer
             previous.append(PreviousRound(plan=rnd.plan, answer=rnd.answer))
-        self._tally(workflow.time() - started)
-        return result
+
+    # --- scoring and recording -------------------------------------------------------------
+
+    async def _score_and_record(self, task: Task, started_at: datetime) -> None:
+        """Score the answer (when there is a reference) and write the trace. Recording is
+        retried for as long as the options allow, so a trace store outage delays a run's
+        result rather than losing its trace."""
+        if not workflow.patched(TRACES_PATCH):
+            return  # a run started before traces existed replays as it ran
+        result, opts = self._result, task.options
+        if task.reference is not None:
+            self._details("scoring")
+            try:
+                result.reward = await workflow.execute_activity(
+                    "score_run",
+                    ScoreRequest(
+                        status=result.status, answer=result.answer, reference=task.reference,
+                        verifier=task.verifier, cost_usd=result.totals.cost_usd,
+                        weights=opts.reward,
+                    ),
+                    result_type=Reward,
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                    summary=f"score · {task.verifier or 'auto'}",
+                )
+            except ActivityError as e:
+                workflow.logger.error("scoring failed: %s", _cause(e))
+        self._details("recording the trace")
+        parent = workflow.info().parent
+        try:
+            await workflow.execute_activity(
+                "record_trace",
+                RecordRequest(
+                    task=task, result=result, started_at=started_at, finished_at=workflow.now(),
+                    parent_workflow_id=parent.workflow_id if parent else None,
+                ),
+                start_to_close_timeout=timedelta(seconds=60),
+                schedule_to_close_timeout=timedelta(seconds=opts.record_deadline_s),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=60)),
+                summary="record trace",
+            )
+        except ActivityError as e:  # the run's answer still stands; the log says what was lost
+            workflow.logger.error("trace not recorded: %s", _cause(e))
+        self._details()
 
     # --- planning --------------------------------------------------------------------------
 
@@ -258,7 +320,10 @@ class ConductWorkflow:
 
     def _details(self, headline: str | None = None) -> None:
         """The UI's 'current details': a Markdown table of the plan and its progress."""
-        lines = [headline or f"**{self._result.status}** · {self._result.task_id}"]
+        res = self._result
+        reward = f" · reward {res.reward.value:g}" if res.reward and res.reward.value is not None \
+            else ""
+        lines = [headline or f"**{res.status}** · {res.task_id}{reward}"]
         for rnd in self._result.rounds:
             if not rnd.steps:
                 continue
