@@ -7,6 +7,7 @@ import contextlib
 import json
 import signal
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,9 +38,11 @@ app = typer.Typer(help="Conductor engine: a conductor model plans, Temporal runs
 pool_app = typer.Typer(help="Inspect the agent pool.", no_args_is_help=True)
 plan_app = typer.Typer(help="Work with plans.", no_args_is_help=True)
 traces_app = typer.Typer(help="List and show recorded traces.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Task files (JSONL, Hugging Face datasets).", no_args_is_help=True)
 app.add_typer(pool_app, name="pool")
 app.add_typer(plan_app, name="plan")
 app.add_typer(traces_app, name="traces")
+app.add_typer(tasks_app, name="tasks")
 
 out = Console()
 err = Console(stderr=True)
@@ -376,6 +379,34 @@ def plan_check(
     except PlanError as e:
         raise _fail(f"invalid plan: {e}") from None
     out.print_json(json.dumps(plan.model_dump()))
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+
+@tasks_app.command("check")
+def tasks_check(
+    source: Annotated[str, typer.Argument(help="a JSONL file, or hf:NAME[:CONFIG][@SPLIT]")],
+    as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
+) -> None:
+    """Load a task file: count the valid tasks, list bad lines with their numbers (exit 1)."""
+    from engine.tasks import TaskFileError, load_tasks
+
+    try:
+        loaded = load_tasks(source)
+    except TaskFileError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        for t in loaded.tasks:
+            print(t.model_dump_json(exclude_defaults=True))
+    verifiers = Counter(t.verifier or "auto" for t in loaded.tasks)
+    err.print(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
+              + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none"),
+              highlight=False)
+    for e in loaded.errors:
+        err.print(f"[red]line {e.line}:[/] {escape(e.message)}", highlight=False, soft_wrap=True)
+    if loaded.errors:
+        raise typer.Exit(1)
 
 
 # --- traces ----------------------------------------------------------------------------------

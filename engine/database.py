@@ -12,6 +12,7 @@ workers starting at once apply each file exactly once and a re-start applies not
 
 from __future__ import annotations
 
+import json
 import subprocess
 import warnings
 from importlib import resources
@@ -139,14 +140,23 @@ async def connect_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> as
     """A connection pool with jsonb as Python objects, migrated; clear errors if unreachable."""
 
     async def init(conn: asyncpg.Connection) -> None:
-        import json
-
+        # jsonb's binary format is a version byte (1) and the text; binary also serves COPY.
+        # bytes are taken as JSON already serialised (pydantic's model_dump_json is fast).
         await conn.set_type_codec(
-            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+            "jsonb", schema="pg_catalog", format="binary",
+            encoder=lambda value: b"\x01" + (
+                value if isinstance(value, bytes) else json.dumps(value).encode()),
+            decoder=lambda data: json.loads(data[1:]),
         )
 
+    async def keep_session(conn: asyncpg.Connection) -> None:
+        """The store sets no session state, so skip asyncpg's reset query on every release
+        (it was a second round trip per trace write)."""
+
     try:
-        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=init)
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, init=init, reset=keep_session
+        )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
         raise DatabaseError(
             f"cannot reach PostgreSQL at {_redact(url)}: {e}. Start it (`conductor up` starts "

@@ -148,8 +148,11 @@ class TraceStore:
         await self.pool.execute(_UPSERT, *await self.row(trace))
 
     async def row(self, trace: Trace) -> tuple[Any, ...]:
-        """The row's values in _UPSERT's order, large texts moved to the blob store."""
-        doc = await self._offload(trace.document())
+        """The row's values in _UPSERT's order, large texts moved to the blob store. A
+        document no longer than the threshold cannot hold a longer text: it goes as is."""
+        doc: bytes | dict[str, Any] = trace.document_json()
+        if len(doc) > self.blob_threshold:
+            doc = await self._offload(trace.document())
         verdict = trace.reward.verdict if trace.reward else None
         usage = trace.totals.usage
         return (

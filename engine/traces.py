@@ -70,6 +70,10 @@ class Trace(BaseModel):
         """The JSON document stored in PostgreSQL (children live in their own rows)."""
         return self.model_dump(mode="json", exclude={"children"})
 
+    def document_json(self) -> bytes:
+        """The same document, serialised (by pydantic's fast path)."""
+        return self.model_dump_json(exclude={"children"}).encode()
+
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> Trace:
         version = doc.get("schema_version", 1)

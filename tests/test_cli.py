@@ -155,3 +155,18 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_pat
     from engine.embedded import port_open
 
     assert not port_open(port), "Ctrl-C must stop the embedded server too"
+
+
+def test_tasks_check_counts_good_lines_and_names_bad_ones(tmp_path: Path, repo_root: Path) -> None:
+    shipped = conductor("tasks", "check", str(repo_root / "examples" / "tasks.jsonl"))
+    assert shipped.returncode == 0 and "5 task(s) ok" in shipped.stderr, shipped.stderr
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"id": "a", "question": "2+2?", "answer": "4"}\n{"question":\n'
+                   '{"id": "b", "answer": "5"}\n')
+    proc = conductor("tasks", "check", str(bad), "--json")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["id"] == "a"
+    assert "1 task(s) ok" in proc.stderr
+    assert "line 2: invalid JSON" in proc.stderr and "line 3:" in proc.stderr
+    missing = conductor("tasks", "check", str(tmp_path / "nope.jsonl"))
+    assert "nope.jsonl" in one_line_error(missing)
