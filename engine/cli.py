@@ -403,8 +403,8 @@ def tasks_check(
     err.print(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
               + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none"),
               highlight=False)
-    for e in loaded.errors:
-        err.print(f"[red]line {e.line}:[/] {escape(e.message)}", highlight=False, soft_wrap=True)
+    for bad in loaded.errors:
+        err.print(f"[red]line {bad.line}:[/] {escape(bad.message)}", highlight=False, soft_wrap=True)
     if loaded.errors:
         raise typer.Exit(1)
 
