@@ -404,7 +404,8 @@ def tasks_check(
               + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none"),
               highlight=False)
     for bad in loaded.errors:
-        err.print(f"[red]line {bad.line}:[/] {escape(bad.message)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]line {bad.line}:[/] {escape(bad.message)}", highlight=False,
+                  soft_wrap=True)
     if loaded.errors:
         raise typer.Exit(1)
 

@@ -11,6 +11,7 @@ from engine.pool import Pool
 from engine.providers import local
 from engine.settings import Settings
 from engine.task import RunOptions, Task
+from engine.trace_store import TraceStore
 from tests.conftest import running_worker
 from tests.test_local_model import data_dir, first_load, wheel  # noqa: F401  (fixtures)
 
@@ -21,6 +22,7 @@ async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
     first_load: local.LoadedModel,  # noqa: F811
     client: Client,
     settings: Settings,
+    trace_store: TraceStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
@@ -28,7 +30,7 @@ async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
     pool = Pool.load()  # the shipped default pool
     assert {a.id for a in pool.available()} == {"smollm2"}  # no keys, no self-calls
     task = Task(
-        question="Which is larger, 2^10 or 10^3? Explain briefly.",
+        question="Which is larger, 2^10 or 10^3? Explain briefly.", reference="1024",
         options=RunOptions(max_steps=2, self_call_depth=0),
     )
     async with running_worker(client, settings, pool):
@@ -41,3 +43,10 @@ async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
         attempt.logprobs)
     assert res.answer and res.answer == res.steps[-1].output
     assert all(s.usage.output_tokens > 0 for s in res.steps)
+    # the trace keeps what the trainer needs: prompt, token ids, behaviour logprobs, reward
+    trace = await trace_store.get(res.workflow_id)
+    assert trace is not None and trace.reward is not None and trace.reward.value is not None
+    assert trace.reward.value in (0.5, 1.0)  # a valid plan: wrong or right, never 0
+    kept = trace.rounds[0].attempts[0]
+    assert kept.prompt and kept.token_ids == attempt.token_ids and kept.logprobs
+    assert trace.policy.name == "conductor" and trace.policy.version == "base"
