@@ -1,8 +1,18 @@
-"""The agent activity: one call of one agent on one step, through its provider."""
+"""The agent activity: one call of one agent on one step, through its provider.
+
+While the provider call is in flight the activity heartbeats (when the workflow set a heartbeat
+timeout): Temporal delivers a workflow's cancellation to a running activity only in answer to a
+heartbeat, as asyncio.CancelledError in the activity's task, which then cancels the SDK's HTTP
+request. Without heartbeats a cancelled run would wait out a long research call it no longer
+wants, and pay for it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import structlog
 from pydantic import BaseModel, Field
@@ -15,6 +25,8 @@ from engine.prompts import agent_messages
 from engine.providers import AgentCallError, CompletionRequest, complete
 from engine.records import AgentReply
 from engine.task import VisibleStep
+
+T = TypeVar("T")
 
 
 class AgentCallInput(BaseModel):
@@ -48,16 +60,45 @@ class AgentActivities:
             temperature=spec.params.temperature,
             top_p=spec.params.top_p,
             max_tokens=spec.params.max_tokens,
+            web_search=spec.web_search if spec.searches_web else None,
         )
         started = time.monotonic()
         try:
-            completion = await complete(spec, request)
+            completion = await heartbeating(complete(spec, request))
         except AgentCallError as e:
             log.warning("agent call failed", error=e.message, retryable=e.retryable)
             raise to_application_error(e) from e
+        except asyncio.CancelledError:
+            log.info("agent call cancelled", seconds=round(time.monotonic() - started, 3))
+            raise
         seconds = time.monotonic() - started
         log.info("agent answered", seconds=round(seconds, 3), tokens=completion.usage.output_tokens)
         return AgentReply(
             output=completion.text, usage=completion.usage, cost_usd=completion.cost_usd,
             model=completion.model or spec.model, seconds=seconds, attempt=info.attempt,
+            citations=completion.citations,
         )
+
+
+async def heartbeating(call: Awaitable[T]) -> T:
+    """Await `call`, heartbeating every third of the heartbeat timeout (at least every second)
+    so that a cancellation reaches it. No heartbeat timeout set: just await it.
+
+    The heartbeat task is cancelled when the call ends, however it ends, and the call's own
+    CancelledError propagates untouched: swallowing it would leave Temporal waiting.
+    """
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        return await call
+    every = max(1.0, timeout.total_seconds() / 3)
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(every)
+
+    beats = asyncio.create_task(beat())
+    try:
+        return await call
+    finally:
+        beats.cancel()

@@ -17,6 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local"]
 
+# The providers with a web search tool of their own, and which WebSearch options each honours.
+# An option a provider lacks is an error in the pool file rather than silently dropped, so a
+# person who restricts domains never gets an unrestricted search without knowing it.
+WEB_SEARCH_OPTIONS: dict[str, frozenset[str]] = {
+    "openai": frozenset({"max_uses", "allowed_domains", "user_location"}),
+    "anthropic": frozenset({"max_uses", "allowed_domains", "blocked_domains", "user_location"}),
+    "google": frozenset(),
+}
+
 
 class PoolError(ValueError):
     """A pool file that cannot be used; the message says which file and what to fix."""
@@ -30,6 +39,68 @@ class GenerationParams(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int = Field(default=1024, gt=0)
+
+
+class UserLocation(BaseModel):
+    """Where the searcher should appear to be, so local questions get local results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    city: str | None = None
+    region: str | None = None
+    country: str | None = Field(
+        default=None, pattern=r"^[A-Z]{2}$", description="two-letter ISO code, e.g. GB"
+    )
+    timezone: str | None = Field(default=None, description="IANA name, e.g. Europe/London")
+
+
+class WebSearch(BaseModel):
+    """The provider's own web search tool for one agent (OpenAI web search, Anthropic web
+    search, Gemini grounding with Google Search). The provider runs the searches inside the one
+    API call and returns the sources it cited; the engine makes no search requests of its own.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_uses: int | None = Field(default=None, gt=0, description="searches per call, at most")
+    allowed_domains: list[str] = Field(default_factory=list)
+    blocked_domains: list[str] = Field(default_factory=list)
+    user_location: UserLocation | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, value: object) -> object:
+        """`web_search = true` in a pool file is short for the defaults."""
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _one_domain_list(self) -> WebSearch:
+        if self.allowed_domains and self.blocked_domains:
+            raise ValueError("web_search takes allowed_domains or blocked_domains, not both")
+        return self
+
+    def summary(self) -> str:
+        """A short description for listings such as `conductor pool show`."""
+        if not self.enabled:
+            return "off"
+        parts = [f"max {self.max_uses}"] if self.max_uses else []
+        if self.allowed_domains:
+            parts.append("only " + ", ".join(self.allowed_domains))
+        if self.blocked_domains:
+            parts.append("not " + ", ".join(self.blocked_domains))
+        if self.user_location is not None:
+            where = self.user_location.model_dump(exclude_none=True).values()
+            parts.append("from " + ", ".join(where))
+        return "on" + (f" ({'; '.join(parts)})" if parts else "")
+
+    def options_set(self) -> list[str]:
+        """The optional settings given, by field name (to check a provider honours them)."""
+        return [
+            name
+            for name in ("max_uses", "allowed_domains", "blocked_domains", "user_location")
+            if getattr(self, name)
+        ]
 
 
 class AgentSpec(BaseModel):
@@ -57,6 +128,9 @@ class AgentSpec(BaseModel):
         default="base",
         description="the conductor's weights version, recorded in every trace it plans",
     )
+    web_search: WebSearch | None = Field(
+        default=None, description="the provider's own web search tool, for agent steps"
+    )
 
     @model_validator(mode="after")
     def _key_is_a_name(self) -> AgentSpec:
@@ -67,6 +141,32 @@ class AgentSpec(BaseModel):
                 f"got something else for agent {self.id!r}; never put a key in a pool file"
             )
         return self
+
+    @model_validator(mode="after")
+    def _web_search_is_native(self) -> AgentSpec:
+        """Only providers with a search tool of their own can search, and only with the
+        options that provider offers; say which agent and what to change."""
+        if not self.searches_web or self.web_search is None:
+            return self
+        supported = WEB_SEARCH_OPTIONS.get(self.provider)
+        if supported is None:
+            raise ValueError(
+                f"agent {self.id!r}: web_search needs a provider with its own search tool "
+                f"(openai, anthropic or google), not {self.provider}; remove web_search from "
+                f"this agent or move it to one of those providers"
+            )
+        unsupported = [o for o in self.web_search.options_set() if o not in supported]
+        if unsupported:
+            offered = ", ".join(sorted(supported)) or "no options (only enabled)"
+            raise ValueError(
+                f"agent {self.id!r}: {self.provider} web search does not support "
+                f"{', '.join(unsupported)}; it takes {offered}"
+            )
+        return self
+
+    @property
+    def searches_web(self) -> bool:
+        return self.web_search is not None and self.web_search.enabled
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
         return (
@@ -105,6 +205,11 @@ class Pool(BaseModel):
             raise ValueError(
                 f"the conductor id {self.conductor.id!r} is also an agent id; the conductor is "
                 f"offered to itself through offer_conductor_as_agent"
+            )
+        if self.conductor.searches_web:
+            raise ValueError(
+                f"the conductor {self.conductor.id!r} has web_search, but the conductor only "
+                f"writes plans (its self-calls are sub-plans); give web_search to agents instead"
             )
         return self
 

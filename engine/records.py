@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine.plan import Access, Plan
-from engine.providers.base import Message, Usage
+from engine.providers.base import Citation, Message, Usage
 from engine.rewards import Reward
 
 
@@ -47,6 +47,9 @@ class AgentReply(BaseModel):
     model: str = ""
     seconds: float = 0.0
     attempt: int = 1
+    citations: list[Citation] = Field(
+        default_factory=list, description="web sources the agent cited (agents with web_search)"
+    )
 
 
 class StepRecord(BaseModel):
@@ -65,6 +68,9 @@ class StepRecord(BaseModel):
     attempts: int = 0
     error: str | None = None
     child_workflow_id: str | None = None
+    citations: list[Citation] = Field(
+        default_factory=list, description="web sources the agent cited (agents with web_search)"
+    )
 
 
 class RoundRecord(BaseModel):

@@ -13,16 +13,27 @@ encoded; scripting, counting and recording are shared.
 
 Routes (what the SDKs request when given the base URLs below):
     OpenAI     POST /v1/chat/completions             base_url = server.openai_base_url (".../v1")
+               POST /v1/responses                    (the Responses API: calls with web search)
     Anthropic  POST /v1/messages                     base_url = server.anthropic_base_url
     Gemini     POST /{v1,v1beta}/models/{m}:generateContent
                                                      base_url = server.gemini_base_url
 (google-genai 3.x calls /v1/...; older releases called /v1beta/...; both are served.)
+
+Web search: a reply scripted with `citations` carries them in the family's own wire format (URL
+citation annotations, `web_search_result_location` citations after a search's tool blocks,
+`groundingMetadata`), but only when the request asked for the provider's web search tool, as a
+real provider would; `AgentRequest.web_search` says whether it did.
+
+A delayed reply notices the client hanging up (its timeout, or a cancelled call) and stops
+waiting; `AgentRequest.hung_up` records that, so tests can see a call was really abandoned.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -35,8 +46,9 @@ from typing import Any, Literal, NamedTuple
 import pytest
 
 from engine.pool import AgentSpec
+from engine.providers.base import Citation
 
-Api = Literal["openai", "anthropic", "gemini"]
+Api = Literal["openai", "responses", "anthropic", "gemini"]
 FinishReason = Literal["stop", "length", "refusal"]
 
 
@@ -59,6 +71,7 @@ class Reply:
     finish_reason: FinishReason = "stop"
     token_ids: Sequence[int] | None = None  # OpenAI format only, vLLM style, when logprobs asked
     logprobs: Sequence[float] | None = None
+    citations: Sequence[Citation] = ()  # sent only to a request that asked for web search
 
     @classmethod
     def ok(
@@ -70,6 +83,7 @@ class Reply:
         finish_reason: FinishReason = "stop",
         token_ids: Sequence[int] | None = None,
         logprobs: Sequence[float] | None = None,
+        citations: Sequence[Citation] = (),
     ) -> Reply:
         return cls(
             text=text,
@@ -78,6 +92,7 @@ class Reply:
             finish_reason=finish_reason,
             token_ids=token_ids,
             logprobs=logprobs,
+            citations=tuple(citations),
         )
 
     @classmethod
@@ -130,6 +145,9 @@ class AgentRequest:
     api_key: str | None = None
     path: str = ""
     body: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    web_search: bool = False  # the provider's own web search tool was asked for
+    hung_up: bool = False  # the client closed the connection before a delayed reply was sent
 
     @property
     def text(self) -> str:
@@ -180,6 +198,37 @@ def _decode_openai(body: dict[str, Any], model: str) -> AgentRequest:
         json_schema=schema,
         wants_json=fmt.get("type") in ("json_schema", "json_object"),
         logprobs=bool(body.get("logprobs")),
+        tools=list(body.get("tools") or []),
+        web_search="web_search_options" in body,  # Chat Completions' *-search-* models
+    )
+
+
+def _decode_responses(body: dict[str, Any], model: str) -> AgentRequest:
+    """The Responses API: `input` is a string or a list of messages, system text may also come
+    as `instructions`, and a JSON schema sits in `text.format`."""
+    items = body.get("input") or []
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    instructions = body.get("instructions")
+    messages = [{"role": "system", "content": str(instructions)}] if instructions else []
+    messages += [
+        {"role": str(m.get("role")), "content": _plain(m.get("content"))}
+        for m in items
+        if isinstance(m, dict) and m.get("role")
+    ]
+    fmt = (body.get("text") or {}).get("format") or {}
+    tools = list(body.get("tools") or [])
+    return AgentRequest(
+        api="responses",
+        model=str(body.get("model", model)),
+        messages=messages,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        max_tokens=body.get("max_output_tokens"),
+        json_schema=fmt.get("schema") if fmt.get("type") == "json_schema" else None,
+        wants_json=fmt.get("type") in ("json_schema", "json_object"),
+        tools=tools,
+        web_search=any(str(t.get("type", "")).startswith("web_search") for t in tools),
     )
 
 
@@ -200,6 +249,10 @@ def _decode_anthropic(body: dict[str, Any], model: str) -> AgentRequest:
         max_tokens=body.get("max_tokens"),
         json_schema=fmt.get("schema"),
         wants_json=bool(fmt),
+        tools=list(body.get("tools") or []),
+        web_search=any(
+            str(t.get("type", "")).startswith("web_search_") for t in body.get("tools") or []
+        ),
     )
 
 
@@ -229,6 +282,10 @@ def _decode_gemini(body: dict[str, Any], model: str) -> AgentRequest:
         max_tokens=pick(gen, "maxOutputTokens", "max_output_tokens"),
         json_schema=schema,
         wants_json=pick(gen, "responseMimeType", "response_mime_type") == "application/json",
+        tools=list(body.get("tools") or []),
+        web_search=any(
+            "googleSearch" in t or "google_search" in t for t in body.get("tools") or []
+        ),
     )
 
 
@@ -272,7 +329,94 @@ def _encode_openai(reply: Reply, request: AgentRequest) -> dict[str, Any]:
     }
 
 
+def _cited(reply: Reply, request: AgentRequest) -> Sequence[Citation]:
+    """The reply's citations if the request searched the web (a real provider cites nothing
+    it did not search for)."""
+    return reply.citations if request.web_search else ()
+
+
+def _query(request: AgentRequest) -> str:
+    """The search query a scripted search pretends to have run: the start of the prompt."""
+    return " ".join(request.messages[-1]["content"].split()[:12]) if request.messages else ""
+
+
+def _encode_responses(reply: Reply, request: AgentRequest) -> dict[str, Any]:
+    inp, out = _usage(reply, request)
+    cited = _cited(reply, request)
+    content: dict[str, Any]
+    if reply.finish_reason == "refusal":
+        content = {"type": "refusal", "refusal": reply.text}
+    else:
+        content = {
+            "type": "output_text",
+            "text": reply.text,
+            "logprobs": [],
+            "annotations": [
+                {"type": "url_citation", "url": c.url, "title": c.title,
+                 "start_index": 0, "end_index": len(reply.text)}
+                for c in cited
+            ],
+        }
+    output: list[dict[str, Any]] = []
+    if cited:
+        output.append({
+            "type": "web_search_call", "id": "ws_scripted", "status": "completed",
+            "action": {"type": "search", "query": _query(request)},
+        })
+    output.append({
+        "type": "message", "id": "msg_scripted", "role": "assistant", "status": "completed",
+        "content": [content],
+    })
+    cut = reply.finish_reason == "length"
+    return {
+        "id": "resp_scripted",
+        "object": "response",
+        "created_at": time.time(),
+        "model": request.model,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": request.tools,
+        "usage": {
+            "input_tokens": inp,
+            "output_tokens": out,
+            "total_tokens": inp + out,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
 _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "refusal": "refusal"}
+
+
+def _anthropic_content(reply: Reply, request: AgentRequest) -> list[dict[str, Any]]:
+    """A text block; after a search, the server tool's blocks first and citations on the text."""
+    cited = _cited(reply, request)
+    if not cited:
+        return [{"type": "text", "text": reply.text}]
+    search = {
+        "type": "server_tool_use", "id": "srvtoolu_scripted", "name": "web_search",
+        "input": {"query": _query(request)},
+    }
+    results = {
+        "type": "web_search_tool_result",
+        "tool_use_id": "srvtoolu_scripted",
+        "content": [
+            {"type": "web_search_result", "url": c.url, "title": c.title,
+             "encrypted_content": "scripted", "page_age": None}
+            for c in cited
+        ],
+    }
+    citations = [
+        {"type": "web_search_result_location", "url": c.url, "title": c.title,
+         "cited_text": c.snippet or "", "encrypted_index": "scripted"}
+        for c in cited
+    ]
+    return [search, results, {"type": "text", "text": reply.text, "citations": citations}]
 
 
 def _encode_anthropic(reply: Reply, request: AgentRequest) -> dict[str, Any]:
@@ -283,7 +427,7 @@ def _encode_anthropic(reply: Reply, request: AgentRequest) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "model": request.model,
-        "content": [] if refused else [{"type": "text", "text": reply.text}],
+        "content": [] if refused else _anthropic_content(reply, request),
         "stop_reason": _ANTHROPIC_STOP[reply.finish_reason],
         "stop_sequence": None,
         "usage": {"input_tokens": inp, "output_tokens": out},
@@ -298,6 +442,18 @@ def _encode_gemini(reply: Reply, request: AgentRequest) -> dict[str, Any]:
     candidate: dict[str, Any] = {"finishReason": _GEMINI_FINISH[reply.finish_reason], "index": 0}
     if reply.finish_reason != "refusal":
         candidate["content"] = {"role": "model", "parts": [{"text": reply.text}]}
+    cited = _cited(reply, request)
+    if cited:
+        candidate["groundingMetadata"] = {
+            "webSearchQueries": [_query(request)],
+            "groundingChunks": [{"web": {"uri": c.url, "title": c.title}} for c in cited],
+            "groundingSupports": [
+                {"segment": {"startIndex": 0, "endIndex": len(c.snippet), "text": c.snippet},
+                 "groundingChunkIndices": [i]}
+                for i, c in enumerate(cited)
+                if c.snippet
+            ],
+        }
     return {
         "candidates": [candidate],
         "usageMetadata": {
@@ -357,6 +513,7 @@ class _Codec(NamedTuple):
 
 _CODECS: dict[Api, _Codec] = {
     "openai": _Codec(_decode_openai, _encode_openai, _error_openai),
+    "responses": _Codec(_decode_responses, _encode_responses, _error_openai),
     "anthropic": _Codec(_decode_anthropic, _encode_anthropic, _error_anthropic),
     "gemini": _Codec(_decode_gemini, _encode_gemini, _error_gemini),
 }
@@ -367,6 +524,8 @@ def _route(path: str) -> tuple[Api, str] | None:
     """(API family, model from the path or "") for a request path, None if not served."""
     if path == "/v1/chat/completions":
         return "openai", ""
+    if path == "/v1/responses":
+        return "responses", ""
     if path == "/v1/messages":
         return "anthropic", ""
     match = _GEMINI_PATH.match(path)
@@ -552,7 +711,7 @@ class AgentServer:
         request.api_key = _api_key({k.lower(): v for k, v in h.headers.items()}, query)
         request.path, request.body = path, body
         reply = self._next_reply(request)
-        if reply.delay_s > 0 and self._closing.wait(reply.delay_s):
+        if reply.delay_s > 0 and self._wait(h, request, reply.delay_s):
             return
         if reply.body is not None:
             payload: bytes | dict[str, Any] = reply.body
@@ -561,6 +720,20 @@ class AgentServer:
         else:
             payload = codec.encode(reply, request)
         self._send(h, reply.status, payload, reply.headers)
+
+    def _wait(self, h: _Handler, request: AgentRequest, seconds: float) -> bool:
+        """Hold a delayed reply; True (send nothing) if the server closes or the client hangs
+        up first, which is recorded on the request."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._closing.wait(min(left, 0.05)):
+                return True
+            if _hung_up(h.connection):
+                with self._lock:
+                    request.hung_up = True
+                h.close_connection = True
+                return True
+        return False
 
     @staticmethod
     def _send(
@@ -578,6 +751,16 @@ class AgentServer:
         except (BrokenPipeError, ConnectionResetError):
             # The client gave up (its timeout passed while this reply was delayed).
             h.close_connection = True
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the client closed its end: readable with nothing to read (clients here send
+    nothing more on a connection while they await its reply)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 @contextmanager

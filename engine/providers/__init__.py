@@ -6,9 +6,11 @@ import importlib
 from collections.abc import Iterable
 from types import ModuleType
 
-from engine.pool import AgentSpec
+from engine.pool import WEB_SEARCH_OPTIONS, AgentSpec
+from engine.providers import errors
 from engine.providers.base import (
     AgentCallError,
+    Citation,
     Completion,
     CompletionRequest,
     Message,
@@ -16,7 +18,8 @@ from engine.providers.base import (
 )
 
 __all__ = [
-    "AgentCallError", "Completion", "CompletionRequest", "Message", "Usage", "complete", "preload",
+    "AgentCallError", "Citation", "Completion", "CompletionRequest", "Message", "Usage",
+    "complete", "preload",
 ]
 
 
@@ -44,6 +47,14 @@ def preload(specs: Iterable[AgentSpec]) -> None:
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """Call one agent once. Raises AgentCallError; never retries (Temporal does)."""
+    if request.web_search is not None and spec.provider not in WEB_SEARCH_OPTIONS:
+        # The pool refuses this; a request built by hand must not silently search nothing.
+        raise AgentCallError(
+            f"agent {spec.id}: web search was asked of a {spec.provider} agent, which has no "
+            f"search tool; only openai, anthropic and google agents can search the web",
+            retryable=False,
+            kind=errors.BAD_REQUEST,
+        )
     completion = await provider_module(spec.provider).complete(spec, request)
     completion.cost_usd = spec.cost_usd(
         completion.usage.input_tokens, completion.usage.output_tokens

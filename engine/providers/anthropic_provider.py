@@ -3,6 +3,10 @@
 The SDK's own retries are off (`max_retries=0`): Temporal retries. System messages travel in
 the separate `system` field, as the Messages API wants. `json_schema` is ignored: not every
 Claude model offers constrained JSON output, and the plan parser reads free text anyway.
+
+With web search on, the server runs Anthropic's `web_search` tool inside the one call: the
+reply interleaves `server_tool_use` and `web_search_tool_result` blocks with text blocks whose
+`citations` name the pages used. The answer is the text blocks joined; the citations are kept.
 """
 
 from __future__ import annotations
@@ -12,14 +16,19 @@ from typing import Any
 
 import anthropic
 
-from engine.pool import AgentSpec
+from engine.pool import AgentSpec, WebSearch
 from engine.providers import errors
 from engine.providers.base import (
+    Citation,
     ClientCache,
     Completion,
     CompletionRequest,
     Usage,
+    unique_citations,
 )
+
+# The web search tool version: the one every current Claude model accepts.
+WEB_SEARCH_TOOL = "web_search_20250305"
 
 # Anthropic's stop reasons in the vocabulary the rest of the engine uses (OpenAI's).
 _FINISH_REASONS = {
@@ -67,7 +76,39 @@ def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
         sampling["top_p"] = top_p
     if sampling:
         args["extra_body"] = sampling
+    if request.web_search is not None:
+        args["tools"] = [_web_search_tool(request.web_search)]
     return args
+
+
+def _web_search_tool(search: WebSearch) -> dict[str, Any]:
+    """Anthropic's server-side web search tool with the pool's limits, domains and location."""
+    tool: dict[str, Any] = {"type": WEB_SEARCH_TOOL, "name": "web_search"}
+    if search.max_uses is not None:
+        tool["max_uses"] = search.max_uses
+    if search.allowed_domains:
+        tool["allowed_domains"] = list(search.allowed_domains)
+    if search.blocked_domains:
+        tool["blocked_domains"] = list(search.blocked_domains)
+    if search.user_location is not None:
+        where = search.user_location.model_dump(exclude_none=True)
+        tool["user_location"] = {"type": "approximate", **where}
+    return tool
+
+
+def _citations(blocks: list[Any]) -> list[Citation]:
+    """The web pages the text blocks cite, with the passage quoted from each."""
+    return [
+        Citation(
+            url=str(c.url),
+            title=str(getattr(c, "title", None) or ""),
+            snippet=getattr(c, "cited_text", None) or None,
+        )
+        for b in blocks
+        if getattr(b, "type", None) == "text"
+        for c in getattr(b, "citations", None) or []
+        if getattr(c, "type", None) == "web_search_result_location"
+    ]
 
 
 def _completion(spec: AgentSpec, message: Any) -> Completion:
@@ -92,6 +133,7 @@ def _completion(spec: AgentSpec, message: Any) -> Completion:
         ),
         model=str(getattr(message, "model", None) or spec.model),
         finish_reason=_FINISH_REASONS.get(str(stop_reason), stop_reason),
+        citations=unique_citations(_citations(blocks)),
     )
 
 

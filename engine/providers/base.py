@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
+
+from engine.pool import WebSearch
 
 if TYPE_CHECKING:
     from engine.pool import AgentSpec
@@ -34,6 +36,9 @@ class CompletionRequest(BaseModel):
     max_tokens: int = 1024
     json_schema: dict[str, Any] | None = None
     schema_name: str = "plan"
+    web_search: WebSearch | None = Field(
+        default=None, description="turn on the provider's own web search tool for this call"
+    )
 
 
 class Usage(BaseModel):
@@ -47,6 +52,29 @@ class Usage(BaseModel):
         )
 
 
+class Citation(BaseModel):
+    """A web source the provider says the answer drew on, as the provider reported it.
+
+    `snippet` is the passage tying the source to the answer where the provider gives one: the
+    quoted source text (Anthropic) or the answer sentence the source supports (Gemini); OpenAI
+    gives only positions of its inline links, so it has none.
+    """
+
+    url: str
+    title: str = ""
+    snippet: str | None = None
+
+
+def unique_citations(citations: Iterable[Citation]) -> list[Citation]:
+    """One citation per URL, in order of first citation: providers cite a source once per
+    sentence it supports, and a report wants each source once."""
+    seen: dict[str, Citation] = {}
+    for c in citations:
+        if c.url and c.url not in seen:
+            seen[c.url] = c
+    return list(seen.values())
+
+
 class Completion(BaseModel):
     text: str
     usage: Usage = Field(default_factory=Usage)
@@ -55,6 +83,9 @@ class Completion(BaseModel):
     finish_reason: str | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    citations: list[Citation] = Field(
+        default_factory=list, description="web sources cited, when web search was on"
+    )
 
 
 class AgentCallError(Exception):

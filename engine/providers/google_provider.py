@@ -4,6 +4,10 @@ Retries are off in two places, because the SDK retries in two places: `HttpRetry
 (attempts=1)` stops its tenacity loop, and *setting* retry options at all also stops its
 separate, implicit retry of connection errors on the aiohttp transport. Automatic continuation
 is off too, so one `complete()` is exactly one HTTP request and Temporal sees every failure.
+
+With web search on, the call is grounded with Google Search: Gemini searches inside the call
+and returns `grounding_metadata` whose chunks are the pages used and whose supports tie
+sentences of the answer to them; those become the completion's citations.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from engine.pool import AgentSpec
 from engine.providers import errors
 from engine.providers.base import (
     AgentCallError,
+    Citation,
     ClientCache,
     Completion,
     CompletionRequest,
     Usage,
+    unique_citations,
 )
 
 
@@ -88,7 +94,28 @@ def _config(spec: AgentSpec, request: CompletionRequest) -> types.GenerateConten
         # Google's OpenAPI subset.
         config.response_mime_type = "application/json"
         config.response_json_schema = request.json_schema
+    if request.web_search is not None:
+        # The Gemini API's Google Search tool takes no options (domain filters are Vertex-only).
+        config.tools = [types.Tool(google_search=types.GoogleSearch())]
     return config
+
+
+def _citations(candidate: Any) -> list[Citation]:
+    """The web pages Google Search grounding used, each with the first answer sentence it
+    supports (a chunk no sentence points at is still a source the model read)."""
+    meta = getattr(candidate, "grounding_metadata", None)
+    chunks = getattr(meta, "grounding_chunks", None) or []
+    supported: dict[int, str] = {}
+    for support in getattr(meta, "grounding_supports", None) or []:
+        sentence = getattr(getattr(support, "segment", None), "text", None)
+        for i in getattr(support, "grounding_chunk_indices", None) or []:
+            if sentence:
+                supported.setdefault(i, sentence)
+    return [
+        Citation(url=str(web.uri), title=str(web.title or ""), snippet=supported.get(i))
+        for i, chunk in enumerate(chunks)
+        if (web := getattr(chunk, "web", None)) is not None and getattr(web, "uri", None)
+    ]
 
 
 def _contents(request: CompletionRequest) -> list[types.Content]:
@@ -140,6 +167,7 @@ def _completion(spec: AgentSpec, response: Any) -> Completion:
         ),
         model=str(getattr(response, "model_version", None) or spec.model),
         finish_reason=_FINISH_REASONS.get(finish, finish.lower()) if finish else None,
+        citations=unique_citations(_citations(candidate)),
     )
 
 

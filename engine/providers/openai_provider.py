@@ -6,22 +6,30 @@ multiply attempts and hide the Retry-After the workflow should honour.
 For `openai-compatible` agents (our served conductor on vLLM) the provider also asks for
 per-token logprobs and token ids, which the GRPO trainer needs; a server that does not return
 them just leaves those fields empty.
+
+A call with web search goes through the Responses API instead of Chat Completions: that is
+where OpenAI offers its `web_search` tool for current models (gpt-5, o-series, gpt-4.1), while
+Chat Completions searches only with the dedicated `*-search-*` models. Calls without web search
+keep the Chat Completions path, which every OpenAI-compatible server (vLLM) speaks.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
 
-from engine.pool import AgentSpec
+from engine.pool import AgentSpec, WebSearch
 from engine.providers import errors
 from engine.providers.base import (
+    Citation,
     ClientCache,
     Completion,
     CompletionRequest,
     Usage,
+    unique_citations,
 )
 
 # vLLM writes each logprob token as "token_id:<id>" when asked with this extra body field,
@@ -38,20 +46,23 @@ def _build(spec: AgentSpec, key: str) -> openai.AsyncOpenAI:
 _clients = ClientCache(_build)
 
 
+def _sampling(spec: AgentSpec, request: CompletionRequest) -> dict[str, float]:
+    """temperature and top_p, from the request or else the pool; unset ones are left out."""
+    temperature = (
+        request.temperature if request.temperature is not None else spec.params.temperature
+    )
+    top_p = request.top_p if request.top_p is not None else spec.params.top_p
+    values = {"temperature": temperature, "top_p": top_p}
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
     """The chat.completions.create arguments; unset sampling values fall back to the pool's."""
     args: dict[str, Any] = {
         "model": spec.model,
         "messages": [{"role": m.role, "content": m.content} for m in request.messages],
     }
-    temperature = (
-        request.temperature if request.temperature is not None else spec.params.temperature
-    )
-    top_p = request.top_p if request.top_p is not None else spec.params.top_p
-    if temperature is not None:
-        args["temperature"] = temperature
-    if top_p is not None:
-        args["top_p"] = top_p
+    args.update(_sampling(spec, request))
     if spec.provider == "openai":
         # OpenAI's reasoning models (gpt-5, o-series) reject `max_tokens`.
         args["max_completion_tokens"] = request.max_tokens
@@ -139,12 +150,126 @@ def _completion(spec: AgentSpec, response: Any) -> Completion:
     )
 
 
+def _web_search_tool(search: WebSearch) -> dict[str, Any]:
+    """The Responses API's `web_search` tool with the pool's domain and location settings."""
+    tool: dict[str, Any] = {"type": "web_search"}
+    if search.allowed_domains:
+        tool["filters"] = {"allowed_domains": list(search.allowed_domains)}
+    if search.user_location is not None:
+        where = search.user_location.model_dump(exclude_none=True)
+        tool["user_location"] = {"type": "approximate", **where}
+    return tool
+
+
+def _response_arguments(
+    spec: AgentSpec, request: CompletionRequest, search: WebSearch
+) -> dict[str, Any]:
+    """responses.create arguments for a call with web search; sampling as in `_arguments`."""
+    args: dict[str, Any] = {
+        "model": spec.model,
+        "input": [{"role": m.role, "content": m.content} for m in request.messages],
+        "max_output_tokens": request.max_tokens,
+        "tools": [_web_search_tool(search)],
+        # Nothing here chains responses, so nothing needs keeping on OpenAI's servers.
+        "store": False,
+    }
+    args.update(_sampling(spec, request))
+    if search.max_uses is not None:
+        args["max_tool_calls"] = search.max_uses  # web search is the only tool offered
+    if request.json_schema is not None and spec.structured_output:
+        args["text"] = {
+            "format": {
+                "type": "json_schema",
+                "name": request.schema_name,
+                "schema": request.json_schema,
+                "strict": False,
+            }
+        }
+    return args
+
+
+# Why a Responses API answer stopped early, in the engine's finish-reason vocabulary.
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def _message_parts(response: Any) -> tuple[str, list[str], list[Citation]]:
+    """(answer text, refusals, url citations) from the response's output messages; search
+    calls and reasoning items between them are not the answer."""
+    texts: list[str] = []
+    refusals: list[str] = []
+    citations: list[Citation] = []
+    for item in response.output:
+        if getattr(item, "type", None) != "message":
+            continue
+        for part in item.content or []:
+            kind = getattr(part, "type", None)
+            if kind == "refusal":
+                refusals.append(str(part.refusal))
+            elif kind == "output_text":
+                texts.append(str(part.text))
+                citations += [
+                    Citation(url=str(a.url), title=str(getattr(a, "title", None) or ""))
+                    for a in part.annotations or []
+                    if getattr(a, "type", None) == "url_citation"
+                ]
+    return "".join(texts), refusals, citations
+
+
+def _response_completion(spec: AgentSpec, response: Any) -> Completion:
+    """Read the answer and its citations out of a Responses API response; raise if the body
+    lacks what the API promises (the SDK does not validate it)."""
+    if getattr(response, "output", None) is None or getattr(response, "usage", None) is None:
+        raise errors.malformed_response(spec, "the response has no output or no usage")
+    status = getattr(response, "status", None)
+    if status == "failed":
+        error = getattr(response, "error", None)
+        raise errors.malformed_response(
+            spec, f"the response failed: {getattr(error, 'message', None) or 'no reason given'}"
+        )
+    text, refusals, citations = _message_parts(response)
+    reason = getattr(getattr(response, "incomplete_details", None), "reason", None)
+    if not text and (refusals or reason == "content_filter"):
+        raise errors.refusal(spec, " ".join(refusals) or "the output was withheld by the filter")
+    return Completion(
+        text=text,
+        usage=Usage(
+            input_tokens=int(getattr(response.usage, "input_tokens", 0) or 0),
+            output_tokens=int(getattr(response.usage, "output_tokens", 0) or 0),
+        ),
+        model=str(getattr(response, "model", None) or spec.model),
+        finish_reason="stop" if status == "completed" else _INCOMPLETE.get(str(reason), reason),
+        citations=unique_citations(citations),
+    )
+
+
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
-    """One chat completion, no retries; every failure becomes an AgentCallError."""
+    """One chat completion (or one response, with web search), no retries; every failure
+    becomes an AgentCallError."""
     key = errors.require_api_key(spec)
     client = _clients.get(spec, key)
+    search = request.web_search
+    if search is not None:
+        return await _call(
+            spec, key,
+            lambda: client.responses.create(**_response_arguments(spec, request, search)),
+            _response_completion,
+        )
+    return await _call(
+        spec, key, lambda: client.chat.completions.create(**_arguments(spec, request)),
+        _completion,
+    )
+
+
+async def _call(
+    spec: AgentSpec,
+    key: str,
+    send: Callable[[], Awaitable[Any]],
+    read: Callable[[AgentSpec, Any], Completion],
+) -> Completion:
+    """Send one request and read its body; the SDK's exceptions, which both APIs share, become
+    AgentCallErrors classified by errors.py."""
     try:
-        response = await client.chat.completions.create(**_arguments(spec, request))
+        response = await send()
     except openai.APITimeoutError as e:
         raise errors.timeout_error(spec) from e
     except openai.APIConnectionError as e:
@@ -156,4 +281,4 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
         ) from None  # the SDK's error quotes the server verbatim, which may echo the key
     except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
         raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    return errors.read_body(spec, _completion, response)
+    return errors.read_body(spec, read, response)
