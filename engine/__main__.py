@@ -1,5 +1,5 @@
 """`python -m engine` is the `conductor` command."""
 
-from engine.cli import app
+from engine.cli import main
 
-app()
+main()

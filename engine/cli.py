@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,6 +29,7 @@ from engine.plan import PlanError, parse_plan
 from engine.pool import Pool, PoolError
 from engine.records import RunResult
 from engine.rewards import Reward
+from engine.search_attributes import SearchAttributesMissing
 from engine.settings import Settings
 from engine.task import RunOptions, Task
 from engine.trace_store import TraceFilter, TraceStore, TraceSummary
@@ -69,7 +71,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine, turning every failure a user can meet into a one-line message."""
     try:
         return asyncio.run(coro)
-    except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError) as e:
+    except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError,
+            SearchAttributesMissing) as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
         raise _fail("interrupted", 130) from None
@@ -90,8 +93,10 @@ async def _in_process_worker(
         yield
         return
     from activities.record import close_shared_stores
+    from engine.search_attributes import ensure_registered
     from engine.worker import build_worker  # imports workflows and activities: runtime only
 
+    await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
     async with build_worker(conductor.client, conductor.settings, pool):
         yield
     await close_shared_stores()
@@ -263,9 +268,11 @@ def _reward_line(reward: Reward) -> str:
 
 async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> None:
     from activities.record import close_shared_stores
+    from engine.search_attributes import ensure_registered
     from engine.worker import build_worker
 
     conductor = await ConductorClient.connect(settings, start_embedded=start_embedded)
+    await ensure_registered(conductor.client, settings.temporal_namespace)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -339,7 +346,7 @@ def pool_show(pool: PoolOpt = None) -> None:
     agents = _load_pool(settings)
     table = Table(title=f"pool: {settings.pool_file or 'default'}", title_justify="left")
     for col in ("id", "provider", "model", "key variable", "usable", "$/M in", "$/M out",
-                "description"):
+                "web search", "description"):
         table.add_column(col, overflow="fold")
     offered = {a.id for a in agents.available()}
     for a in [agents.conductor, *agents.agents]:
@@ -347,7 +354,8 @@ def pool_show(pool: PoolOpt = None) -> None:
         table.add_row(
             a.id + role, a.provider, a.model, a.api_key_env or "-",
             "yes" if a.id in offered or a is agents.conductor else "no (key not set)",
-            f"{a.price_input_per_mtok:g}", f"{a.price_output_per_mtok:g}", a.description,
+            f"{a.price_input_per_mtok:g}", f"{a.price_output_per_mtok:g}",
+            a.web_search.summary() if a.web_search else "-", a.description,
         )
     out.print(table)
 
@@ -379,6 +387,107 @@ def plan_check(
     except PlanError as e:
         raise _fail(f"invalid plan: {e}") from None
     out.print_json(json.dumps(plan.model_dump()))
+
+
+# --- batch -----------------------------------------------------------------------------------
+
+
+@app.command()
+def batch(
+    source: Annotated[str, typer.Argument(
+        help="a JSONL task file (or hf:NAME); or `watch` / `report` followed by the NAME")],
+    batch_name: Annotated[str | None, typer.Argument(
+        metavar="[NAME]", help="the batch, after `watch` or `report`")] = None,
+    name: Annotated[str | None, typer.Option(help="batch name (default: the file's stem)")] = None,
+    concurrency: Annotated[int, typer.Option(help="most runs in flight at once")] = 50,
+    watch: Annotated[bool, typer.Option(help="show live progress until it finishes")] = True,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="with `report`: where to write it (default batches/NAME)")] = None,
+    pool: PoolOpt = None,
+    worker: Annotated[bool | None, typer.Option(
+        help="serve the batch from this process (default: yes on the embedded stack)")] = None,
+) -> None:
+    """Run every task of a file as one batch: `conductor batch tasks.jsonl --concurrency 50
+    --name NAME`; re-attach with `conductor batch watch NAME`; rewrite the report with
+    `conductor batch report NAME`. Submitting a finished batch again runs only the tasks that
+    did not complete."""
+    settings = _settings(pool)
+    if source in ("watch", "report"):
+        if not batch_name:
+            raise _fail(f"`conductor batch {source}` needs the batch NAME")
+        if source == "watch":
+            _run(_watch_batch(settings, batch_name, None))
+        else:
+            _report_batch(settings, batch_name, out_dir or Path("batches") / batch_name)
+        return
+    from engine.tasks import TaskFileError, load_tasks
+
+    try:
+        loaded = load_tasks(source)
+    except TaskFileError as e:
+        raise _fail(str(e)) from None
+    for bad in loaded.errors:
+        err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
+    if not loaded.tasks:
+        raise _fail(f"no valid task in {source}")
+    name = name or Path(source.split(":")[-1]).stem
+    agents = _load_pool(settings)
+
+    async def go() -> None:
+        conductor = await ConductorClient.connect(settings)
+        in_process = settings.embedded if worker is None else worker
+        async with _in_process_worker(conductor, agents, in_process):
+            wid, started = await conductor.submit_batch(name, loaded.tasks,
+                                                        concurrency=concurrency)
+            err.print(f"batch [bold]{name}[/] {'started' if started else 'already running'}: "
+                      f"{len(loaded.tasks)} tasks, {concurrency} at a time · "
+                      f"{settings.workflow_url(wid)}", soft_wrap=True)
+            if watch or in_process:
+                await _watch_batch(settings, name, conductor)
+
+    _run(go())
+
+
+async def _watch_batch(settings: Settings, name: str, conductor: ConductorClient | None) -> None:
+    """A live progress bar from the batch's `progress` query, until it finishes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    conductor = conductor or await ConductorClient.connect(settings, start_embedded=False)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=err, transient=False) as bar:
+        job = bar.add_task(name, total=None, info="")
+        while True:
+            status, p = await conductor.batch_progress(name)
+            if p is not None:
+                reward = "—" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+                bar.update(job, total=p.total, completed=p.done, info=(
+                    f"running {p.running} · failed {p.failed} · skipped {p.skipped} · reward "
+                    f"{reward} · tokens {p.input_tokens + p.output_tokens:,} · "
+                    f"${p.cost_usd:.4f}"))
+            if status != "running" and status != "continued_as_new":
+                break
+            await asyncio.sleep(0.5)
+    if status != "completed":
+        url = settings.workflow_url(f"batch-{name}")
+        raise LookupError(f"batch {name} ended {status}; see {url}")
+    if p is not None and p.report_dir:
+        out.print(f"report: {p.report_dir}", soft_wrap=True)
+
+
+def _report_batch(settings: Settings, name: str, out_dir: Path) -> None:
+    from engine.batch_report import summary_markdown, write_report
+
+    async def go() -> dict[str, Any]:
+        async with _trace_store(settings) as store:
+            traces = await store.batch_traces(name)
+        if not traces:
+            raise LookupError(f"no traces of batch {name!r} in the trace store")
+        return write_report(name, traces, out_dir)
+
+    summary = _run(go())
+    out.print(Markdown(summary_markdown(summary)))
+    out.print(f"report: {out_dir.absolute()}", soft_wrap=True)
 
 
 # --- tasks -----------------------------------------------------------------------------------
@@ -546,5 +655,216 @@ def _print_trace(trace: Trace, *, full: bool, indent: str = "") -> None:
         _print_trace(child, full=full, indent=indent + "  ")
 
 
+# --- history and resume (Temporal history, no database) -------------------------------------
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from temporalio.client import Client
+
+    from engine.history import AttemptError, Trail, TrailRound
+    from engine.resume import ResumePlan
+
+
+@app.command()
+def history(
+    workflow_id: str,
+    run_id: Annotated[str | None, typer.Option(help="a run other than the latest")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the trail as JSON")] = False,
+    full: Annotated[bool, typer.Option(help="print outputs in full, not cut")] = False,
+) -> None:
+    """A run's step trail from its Temporal history alone: what each agent was asked, saw and
+    answered, tokens, cost, attempts and errors. Works for running and failed runs too."""
+    from engine.history import HistoryError, step_trail
+
+    settings = _settings()
+
+    async def go() -> Trail:
+        conductor = await ConductorClient.connect(settings)
+        return await step_trail(conductor.client, workflow_id, run_id)
+
+    try:
+        trail = _run(go())
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        print(trail.model_dump_json(indent=2))
+        return
+    _print_trail(trail, full=full)
+    out.print(f"Temporal UI: {settings.workflow_url(trail.workflow_id, trail.run_id)}",
+              soft_wrap=True)
+
+
+def _attempt_errors(errors: list[AttemptError]) -> str:
+    return "\n".join(f"#{e.attempt or '?'}: {e.message}" for e in errors)
+
+
+def _print_trail(trail: Trail, *, full: bool) -> None:
+    cut = (lambda t: t) if full else (lambda t: _one_line(t, 300))
+    engine_status = f" ({trail.run_status})" if trail.run_status not in (None, trail.status) \
+        else ""
+    out.print(f"[bold]{trail.workflow_id}[/] · run {trail.run_id} · [bold]{trail.status}[/]"
+              f"{engine_status} · {trail.usage.input_tokens}/{trail.usage.output_tokens} tokens"
+              f" · ${trail.cost_usd:.4f} · {trail.events} events", soft_wrap=True)
+    if trail.reset is not None:
+        out.print(f"resumed from run {trail.reset.base_run_id} (event {trail.reset.event_id}: "
+                  f"{escape(trail.reset.reason)}); its failures: conductor history "
+                  f"{trail.workflow_id} --run-id {trail.reset.base_run_id}", soft_wrap=True,
+                  highlight=False)
+    if trail.task is not None:
+        out.print(f"task {trail.task.id}: {escape(cut(trail.task.question))}", highlight=False,
+                  soft_wrap=True)
+    for rnd in trail.rounds:
+        _print_trail_round(rnd, cut)
+    if trail.answer is not None:
+        out.print(Panel(escape(cut(trail.answer)), title="answer", title_align="left"))
+    if trail.error:
+        out.print(f"[red]error:[/] {escape(trail.error)}", soft_wrap=True)
+    if trail.reward is not None:
+        out.print(_reward_line(trail.reward))
+    for child in trail.self_calls:
+        out.print(f"└ self-call: conductor history {child}", highlight=False, soft_wrap=True)
+
+
+def _print_trail_round(rnd: TrailRound, cut: Callable[[str], str]) -> None:
+    for a in rnd.plan_attempts:
+        if a.status != "done":
+            verdict = f"[red]{a.status}[/]"
+        elif a.plan is not None:
+            verdict = f"plan ok ({len(a.plan)} steps)"
+        else:
+            verdict = f"[red]rejected: {escape(a.error or '')}[/]"
+        out.print(f"round {rnd.index + 1} · plan attempt {a.attempt}: {verdict} · "
+                  f"{a.usage.output_tokens} tokens · {a.attempts} call(s)", soft_wrap=True)
+        if a.errors:
+            out.print(escape(_attempt_errors(a.errors)), soft_wrap=True, highlight=False)
+    if not rnd.steps:
+        return
+    table = Table(show_header=True)
+    for col in ("round", "step", "agent", "subtask", "saw", "status", "output", "tokens",
+                "cost $", "attempts", "errors"):
+        table.add_column(col, overflow="fold")
+    for s in rnd.steps:
+        saw = ",".join(str(j + 1) for j in s.saw) or "none"
+        table.add_row(
+            str(rnd.index + 1), f"{s.index + 1}/{len(rnd.steps)}", s.agent,
+            escape(cut(s.subtask)), saw, s.status, escape(cut(s.output or "")),
+            f"{s.usage.input_tokens}/{s.usage.output_tokens}", f"{s.cost_usd:.4f}",
+            str(s.attempts) + (" (self-call)" if s.child_workflow_id else ""),
+            escape(_attempt_errors(s.errors)),
+        )
+    out.print(table)
+
+
+@app.command("resume")
+def resume_runs(
+    workflow_id: Annotated[str | None, typer.Argument(help="the failed run's workflow id")] = None,
+    batch: Annotated[str | None, typer.Option(help="resume every failed run of a batch")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="reset without asking")] = False,
+) -> None:
+    """Resume failed runs: reset each to just before its failed step. Steps that completed are
+    kept (their agents are not called again); the failed step and the rest run anew. A worker
+    must be serving the task queue (`conductor up`) for the resumed runs to proceed."""
+    from engine.history import HistoryError
+    from engine.resume import ResumeError
+
+    if (workflow_id is None) == (batch is None):
+        raise _fail("give a workflow id or --batch NAME")
+    settings = _settings()
+    try:
+        resumed = _run(_resume(settings, workflow_id, batch, yes))
+    except (ResumeError, HistoryError) as e:
+        raise _fail(str(e)) from None
+    for wid, run_id, problem in resumed:
+        if run_id is None:
+            err.print(f"[bold red]error:[/] {escape(problem or '')}", soft_wrap=True)
+            continue
+        out.print(f"resumed {wid}: new run {run_id} · {settings.workflow_url(wid, run_id)}",
+                  highlight=False, soft_wrap=True)
+    if any(run_id is None for _, run_id, _ in resumed):
+        raise typer.Exit(1)
+
+
+async def _resume(
+    settings: Settings, workflow_id: str | None, batch: str | None, yes: bool
+) -> list[tuple[str, str | None, str | None]]:
+    """Plan, show, confirm, reset: on one client and one event loop (a second client in a
+    second loop can crash the interpreter as it exits)."""
+    client = (await ConductorClient.connect(settings)).client
+    plans = await _resume_plans(client, workflow_id, batch)
+    if not plans:
+        out.print(f"no failed runs in batch {batch}", highlight=False)
+        return []
+    for plan in plans:
+        _print_resume_plan(plan)
+    if not yes and not await asyncio.to_thread(typer.confirm, f"Reset {len(plans)} run(s)?"):
+        raise typer.Abort()
+    return await _reset_all(client, plans)
+
+
+async def _resume_plans(
+    client: Client, workflow_id: str | None, batch: str | None
+) -> list[ResumePlan]:
+    """One run's plan (its errors are the user's to see), or those of a batch's failed runs
+    (a run that cannot be planned is reported and skipped)."""
+    from engine.resume import ResumeError, failed_runs, plan_resume
+
+    if workflow_id is not None:
+        return [await plan_resume(client, workflow_id)]
+    assert batch is not None
+    plans = []
+    for wid in await failed_runs(client, batch):
+        try:
+            plans.append(await plan_resume(client, wid))
+        except ResumeError as e:
+            err.print(f"[yellow]skipped:[/] {escape(str(e))}", soft_wrap=True)
+    return plans
+
+
+async def _reset_all(
+    client: Client, plans: list[ResumePlan]
+) -> list[tuple[str, str | None, str | None]]:
+    """(workflow id, new run id or None, why not) for each plan: one run that cannot be reset
+    (resumed meanwhile by someone else) does not stop the others."""
+    from engine.resume import ResumeError, resume
+
+    done: list[tuple[str, str | None, str | None]] = []
+    for p in plans:
+        try:
+            done.append((p.workflow_id, await resume(client, p, reason="conductor resume"), None))
+        except ResumeError as e:
+            done.append((p.workflow_id, None, str(e)))
+    return done
+
+
+def _print_resume_plan(plan: ResumePlan) -> None:
+    out.print(f"[bold]{plan.workflow_id}[/] · run {plan.run_id} · [bold]{plan.status}[/]"
+              + (f": {escape(plan.error)}" if plan.error else ""), soft_wrap=True)
+    where = f"just before {plan.failed.label()}" if plan.failed else "after its last progress"
+    out.print(f"reset to event {plan.reset_event_id} ({where})", highlight=False)
+    out.print("kept (not called again):" if plan.kept else "kept: nothing")
+    for i in plan.kept:
+        out.print(f"  {i.label()}" + (f" · {escape(_one_line(i.subtask, 80))}" if i.subtask
+                                      else ""), highlight=False, soft_wrap=True)
+    out.print("redone:")
+    for i in plan.redone:
+        out.print(f"  {i.label()} · {escape(i.why or '')}", highlight=False, soft_wrap=True)
+    for note in plan.notes:
+        out.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+    out.print(f"same with Temporal's CLI: {escape(plan.command)}", highlight=False,
+              soft_wrap=True)
+
+
 def main() -> None:  # pragma: no cover
-    app()
+    """The `conductor` command. It leaves through os._exit once its output is flushed: the
+    Temporal SDK's Rust core can abort the interpreter's normal shutdown (temporalio/sdk-python
+    issue 300), turning a finished command into a crash."""
+    code = 0
+    try:
+        app()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -8,25 +8,35 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from temporalio.client import (
     Client,
     TLSConfig,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowQueryFailedError,
 )
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from engine.embedded import EmbeddedTemporal
 from engine.payloads import data_converter
 from engine.records import RunResult
+from engine.search_attributes import BATCH, REWARD, task_search_attributes
 from engine.settings import Settings
 from engine.task import Task
 
+if TYPE_CHECKING:
+    from workflows.batch import BatchProgress
+
 WORKFLOW_NAME = "ConductWorkflow"
+BATCH_WORKFLOW_NAME = "BatchWorkflow"
 
 
 class ConnectError(RuntimeError):
@@ -50,8 +60,20 @@ class RunStatus:
     progress: RunResult | None
 
 
+@dataclass
+class RunInfo:
+    workflow_id: str
+    run_id: str
+    status: str
+    started: datetime
+    closed: datetime | None
+    reward: float | None
+
+
 def workflow_id_for(task: Task) -> str:
     return f"conduct-{task.id}"
+
+
 
 
 def _tls(settings: Settings) -> TLSConfig | bool:
@@ -112,8 +134,34 @@ class ConductorClient:
         await self.client.start_workflow(
             WORKFLOW_NAME, task, id=wid, task_queue=self.settings.task_queue,
             static_summary=" ".join(task.question.split())[:200],
+            search_attributes=task_search_attributes(task),
         )
         return wid
+
+    async def cancel(self, workflow_id: str, reason: str = "cancelled by the user") -> None:
+        """Ask a run to stop: running agent calls are cancelled (they heartbeat), the run
+        records a cancelled trace and ends as cancelled."""
+        try:
+            await self.client.get_workflow_handle(workflow_id).cancel(reason=reason)
+        except RPCError as e:
+            raise LookupError(f"cannot cancel {workflow_id!r}: {e.message}") from e
+
+    async def list(
+        self, *, batch: str | None = None, query: str | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        """Runs, newest first: every run of a batch, or any visibility query (the UI's
+        filter syntax, e.g. `ConductorReward = 0 AND ExecutionStatus = "Completed"`)."""
+        clauses = [f'WorkflowType = "{WORKFLOW_NAME}"']
+        if batch is not None:
+            clauses.append(f'{BATCH.name} = "{batch}"')
+        if query:
+            clauses.append(f"({query})")
+        out: list[RunInfo] = []
+        async for wf in self.client.list_workflows(" AND ".join(clauses), limit=limit):
+            status = wf.status.name.lower() if wf.status else "unknown"
+            reward = wf.typed_search_attributes.get(REWARD)
+            out.append(RunInfo(wf.id, wf.run_id, status, wf.start_time, wf.close_time, reward))
+        return out
 
     async def result(self, workflow_id: str) -> RunResult:
         """Wait for a run and return its result; raises RunFailed with the reason."""
@@ -147,6 +195,55 @@ class ConductorClient:
             progress = await handle.result()
         name = desc.status.name.lower() if desc.status else "unknown"
         return RunStatus(workflow_id, desc.run_id, name, progress)
+
+
+    # --- batches -----------------------------------------------------------------------------
+
+    async def submit_batch(
+        self, name: str, tasks: Sequence[Task], *, concurrency: int = 50, report: bool = True,
+        children_per_run: int = 500,
+    ) -> tuple[str, bool]:
+        """Start batch NAME; returns its workflow id and whether this call started it (False:
+        it is already running, so watch that one). A finished batch of the same name starts
+        again and runs only the tasks that did not complete."""
+        from workflows.batch import BatchInput
+
+        wid = batch_workflow_id(name)
+        inp = BatchInput(name=name, tasks=[t.model_copy(update={"batch": name}) for t in tasks],
+                         concurrency=concurrency, report=report,
+                         children_per_run=children_per_run)
+        try:
+            await self.client.start_workflow(
+                BATCH_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                static_summary=f"batch {name}: {len(tasks)} tasks, {concurrency} at a time",
+                search_attributes=TypedSearchAttributes([SearchAttributePair(BATCH, name)]),
+            )
+        except WorkflowAlreadyStartedError:
+            return wid, False
+        return wid, True
+
+    async def batch_progress(self, name: str) -> tuple[str, BatchProgress | None]:
+        """The batch's status and progress (None when no worker answers the query)."""
+        from workflows.batch import BatchProgress
+
+        handle = self.client.get_workflow_handle(batch_workflow_id(name),
+                                                 result_type=BatchProgress)
+        try:
+            desc = await handle.describe()
+        except RPCError as e:
+            raise LookupError(f"no batch {name!r}: {e.message}") from e
+        status = desc.status.name.lower() if desc.status else "unknown"
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            return status, await handle.result()
+        try:
+            return status, await handle.query("progress", result_type=BatchProgress,
+                                              rpc_timeout=timedelta(seconds=5))
+        except (RPCError, WorkflowQueryFailedError):
+            return status, None
+
+
+def batch_workflow_id(name: str) -> str:
+    return f"batch-{name}"
 
 
 async def submit(task: Task, settings: Settings | None = None) -> str:

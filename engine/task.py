@@ -23,6 +23,10 @@ class RunOptions(BaseModel):
         default=900.0, gt=0, description="all attempts of one step (schedule-to-close)"
     )
     plan_timeout_s: float = Field(default=300.0, gt=0, description="one plan attempt")
+    agent_heartbeat_s: float = Field(
+        default=15.0, ge=1.0,
+        description="agent calls heartbeat this often at most; a cancel reaches them this fast",
+    )
     reward: RewardWeights = Field(
         default_factory=RewardWeights, description="how the run is scored (the paper's 0/0.5/1)"
     )
@@ -50,6 +54,7 @@ class Task(BaseModel):
     )
     dataset: str | None = None
     tags: list[str] = Field(default_factory=list)
+    batch: str | None = Field(default=None, description="the batch this run belongs to, if any")
     options: RunOptions = Field(default_factory=RunOptions)
     context: list[VisibleStep] = Field(
         default_factory=list, description="what a self-call's parent step could see"

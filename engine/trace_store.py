@@ -26,22 +26,29 @@ BLOB_KEY = "$blob"
 PREVIEW_CHARS = 200
 
 _UPSERT = """
-INSERT INTO traces (
-    workflow_id, run_id, parent_workflow_id, depth, task_id, dataset, tags, policy_name,
-    policy_version, status, reward, correct, verifier, input_tokens, output_tokens, cost_usd,
-    seconds, started_at, finished_at, schema_version, trace)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20, $21)
-ON CONFLICT (workflow_id, run_id) DO UPDATE SET
-    parent_workflow_id = EXCLUDED.parent_workflow_id, depth = EXCLUDED.depth,
-    task_id = EXCLUDED.task_id, dataset = EXCLUDED.dataset, tags = EXCLUDED.tags,
-    policy_name = EXCLUDED.policy_name, policy_version = EXCLUDED.policy_version,
-    status = EXCLUDED.status, reward = EXCLUDED.reward, correct = EXCLUDED.correct,
-    verifier = EXCLUDED.verifier, input_tokens = EXCLUDED.input_tokens,
-    output_tokens = EXCLUDED.output_tokens, cost_usd = EXCLUDED.cost_usd,
-    seconds = EXCLUDED.seconds, started_at = EXCLUDED.started_at,
-    finished_at = EXCLUDED.finished_at, schema_version = EXCLUDED.schema_version,
-    trace = EXCLUDED.trace
+WITH written AS (
+    INSERT INTO traces (
+        workflow_id, run_id, parent_workflow_id, depth, task_id, dataset, tags, policy_name,
+        policy_version, status, reward, correct, verifier, input_tokens, output_tokens,
+        cost_usd, seconds, started_at, finished_at, schema_version, trace, batch, superseded)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+            $19, $20, $21, $22,
+            EXISTS (SELECT 1 FROM traces n WHERE n.workflow_id = $1 AND n.finished_at > $19))
+    ON CONFLICT (workflow_id, run_id) DO UPDATE SET
+        parent_workflow_id = EXCLUDED.parent_workflow_id, depth = EXCLUDED.depth,
+        task_id = EXCLUDED.task_id, dataset = EXCLUDED.dataset, tags = EXCLUDED.tags,
+        policy_name = EXCLUDED.policy_name, policy_version = EXCLUDED.policy_version,
+        status = EXCLUDED.status, reward = EXCLUDED.reward, correct = EXCLUDED.correct,
+        verifier = EXCLUDED.verifier, input_tokens = EXCLUDED.input_tokens,
+        output_tokens = EXCLUDED.output_tokens, cost_usd = EXCLUDED.cost_usd,
+        seconds = EXCLUDED.seconds, started_at = EXCLUDED.started_at,
+        finished_at = EXCLUDED.finished_at, schema_version = EXCLUDED.schema_version,
+        trace = EXCLUDED.trace, batch = EXCLUDED.batch
+    RETURNING workflow_id, finished_at)
+-- a resumed run supersedes the workflow's earlier runs (one statement, one round trip)
+UPDATE traces SET superseded = true FROM written
+WHERE traces.workflow_id = written.workflow_id AND traces.finished_at < written.finished_at
+    AND NOT traces.superseded
 """
 
 _SUMMARY_COLUMNS = """
@@ -74,6 +81,7 @@ class TraceSummary(BaseModel):
 
 class TraceFilter(BaseModel):
     dataset: str | None = None
+    batch: str | None = None
     tag: str | None = None
     task_id: str | None = None
     policy_name: str | None = None
@@ -94,7 +102,7 @@ class TraceFilter(BaseModel):
             args.append(value)
             clauses.append(sql.format(f"${len(args)}"))
 
-        for column in ("dataset", "task_id", "policy_name", "policy_version", "status"):
+        for column in ("dataset", "batch", "task_id", "policy_name", "policy_version", "status"):
             if (value := getattr(self, column)) is not None:
                 add(f"{column} = {{}}", value)
         if self.tag is not None:
@@ -162,7 +170,7 @@ class TraceStore:
             trace.reward.value if trace.reward else None,
             verdict.correct if verdict else None, verdict.verifier if verdict else None,
             usage.input_tokens, usage.output_tokens, trace.totals.cost_usd, trace.totals.seconds,
-            trace.started_at, trace.finished_at, trace.schema_version, doc,
+            trace.started_at, trace.finished_at, trace.schema_version, doc, trace.task.batch,
         )
 
     async def _offload(self, value: Any) -> Any:
@@ -231,6 +239,16 @@ class TraceStore:
         )
         return [_summary(r) for r in rows]
 
+    async def batch_traces(self, batch: str, *, resolve_blobs: bool = True) -> list[Trace]:
+        """The latest trace of every run of a batch (a resumed run's new trace, not the
+        failed one), in task order of first start."""
+        rows = await self.pool.fetch(
+            "SELECT DISTINCT ON (workflow_id) trace FROM traces "
+            "WHERE batch = $1 AND depth = 0 ORDER BY workflow_id, finished_at DESC", batch,
+        )
+        traces = [await self._trace(r["trace"], resolve_blobs) for r in rows]
+        return sorted(traces, key=lambda t: t.started_at)
+
     async def count(self, filters: TraceFilter | None = None) -> int:
         where, args = (filters or TraceFilter()).where()
         return int(await self.pool.fetchval(f"SELECT count(*) FROM traces{where}", *args))
@@ -252,9 +270,10 @@ class TraceStore:
         if dataset is not None:
             args.append(dataset)
             dataset_sql = f" AND dataset = ${len(args)}"
+        # a resumed run's earlier, failed run is superseded: only the latest run is a rollout
         base = (
-            "depth = 0 AND policy_name = $1 AND policy_version = $2 AND status = ANY($3)"
-            + dataset_sql
+            "depth = 0 AND NOT superseded AND policy_name = $1 AND policy_version = $2 "
+            "AND status = ANY($3)" + dataset_sql
         )
         rows = await self.pool.fetch(
             f"""
@@ -262,7 +281,7 @@ class TraceStore:
                 SELECT task_id, min(finished_at) AS first FROM traces WHERE {base}
                 GROUP BY task_id HAVING count(*) >= $4 ORDER BY first LIMIT {int(limit)})
             SELECT g.task_id, r.trace FROM g CROSS JOIN LATERAL (
-                SELECT trace FROM traces t WHERE {base} AND t.task_id = g.task_id
+                SELECT trace FROM traces WHERE {base} AND traces.task_id = g.task_id
                 ORDER BY finished_at, workflow_id LIMIT $4) r
             ORDER BY g.first, g.task_id
             """,

@@ -6,6 +6,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agent import AgentActivities
+from activities.batch import BatchActivities
 from activities.plan import PlanActivities
 from activities.record import RecordActivities
 from activities.score import score
@@ -13,6 +14,7 @@ from engine.pool import Pool
 from engine.providers import preload
 from engine.settings import Settings
 from engine.trace_store import TraceStore
+from workflows.batch import BatchWorkflow
 from workflows.conduct import ConductWorkflow
 
 
@@ -30,10 +32,12 @@ def build_worker(
     preload([pool.conductor, *pool.agents])
     plans, agents = PlanActivities(pool), AgentActivities(pool)
     records = RecordActivities(settings, pool, store)
+    batches = BatchActivities(settings)
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[ConductWorkflow],
-        activities=[plans.write_plan, agents.call_agent, score, records.record],
+        workflows=[ConductWorkflow, BatchWorkflow],
+        activities=[plans.write_plan, agents.call_agent, score, records.record,
+                    batches.write_batch_report],
         max_concurrent_activities=max_concurrent_activities,
     )

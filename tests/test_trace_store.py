@@ -74,9 +74,9 @@ async def test_migrations_apply_to_an_empty_database_once_even_when_raced(
     conns = [await asyncpg.connect(url) for _ in range(3)]
     try:
         applied = await asyncio.gather(*(migrate(c) for c in conns))
-        assert sorted(len(a) for a in applied) == [0, 0, 1], "one connection applies each file"
+        assert sorted(len(a) for a in applied) == [0, 0, 3], "one connection applies them all"
         assert await migrate(conns[0]) == [], "re-applying is a no-op"
-        assert await conns[0].fetchval("SELECT count(*) FROM schema_migrations") == 1
+        assert await conns[0].fetchval("SELECT count(*) FROM schema_migrations") == 3
         assert await conns[0].fetchval("SELECT count(*) FROM traces") == 0
     finally:
         for c in conns:
@@ -126,15 +126,25 @@ async def test_groups_are_complete_same_task_same_version_and_oldest_first(
                                      reward=float(i % 2),
                                      finished=start + timedelta(minutes=k * 10 + i)))
     traces.append(make_trace(f"{version}-c", version="other"))  # another version: not in c
+    # a failed run of task b later resumed (same workflow id, new run): only the new run counts
+    failed = make_trace(f"{version}-b", version=version, reward=0.0,
+                        finished=start + timedelta(minutes=50))
+    resumed = failed.model_copy(update={"run_id": "resumed", "reward": traces[-2].reward,
+                                        "finished_at": start + timedelta(minutes=55)})
+    traces += [failed, resumed]
     for t in traces:
         await trace_store.write(t)
 
     groups = await trace_store.groups(PolicyRef(name="conductor", version=version), size=4)
     assert [g.task_id for g in groups] == [f"{version}-a", f"{version}-b"]
     assert all(len(g.traces) == 4 for g in groups)
+    five = await trace_store.groups(PolicyRef(name="conductor", version=version), size=5)
+    assert [len(g.traces) for g in five] == [5, 5], "b: 4 + the resumed run, not the failed one"
+    assert all(t.run_id != failed.run_id for g in five for t in g.traces)
     first = groups[0].traces
     assert [t.finished_at for t in first] == sorted(t.finished_at for t in first)
     assert groups[0].rewards == [0.0, 1.0, 0.0, 1.0]
+    assert [g.task_id for g in five] == [f"{version}-a", f"{version}-b"]
     assert await trace_store.groups(PolicyRef(name="conductor", version=version), size=6) == []
 
 
@@ -272,8 +282,8 @@ async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
         async with pool.acquire() as conn:
             await conn.execute("SET enable_seqscan = off")
             rows = await conn.fetch(
-                "EXPLAIN SELECT task_id FROM traces WHERE depth = 0 AND policy_name = 'c' "
-                "AND policy_version = 'v' GROUP BY task_id")
+                "EXPLAIN SELECT task_id FROM traces WHERE depth = 0 AND NOT superseded "
+                "AND policy_name = 'c' AND policy_version = 'v' GROUP BY task_id")
         assert "traces_groups" in "\n".join(r[0] for r in rows)
     finally:
         await pool.close()

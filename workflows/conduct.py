@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -30,10 +31,12 @@ with workflow.unsafe.imports_passed_through():
     from activities.score import ScoreRequest
     from engine.records import AgentReply, PlanAttempt, RoundRecord, RunResult, StepRecord
     from engine.rewards import Reward
+    from engine.search_attributes import AGENTS, POLICY_VERSION, REWARD
     from engine.task import Task, VisibleStep
     from engine.traces import RecordRequest
 
 TRACES_PATCH = "score-and-record-traces"
+SEARCH_ATTRIBUTES_PATCH = "search-attributes"
 
 DEFAULT_AGENT_TIMEOUT_S = 120.0
 
@@ -74,10 +77,19 @@ class ConductWorkflow:
         started, started_at = workflow.time(), workflow.now()
         try:
             await self._conduct(task)
-        except ApplicationError as e:  # a step or the conductor failed for good: still a trace
-            result.status, result.error = "failed", e.message
+        except (ApplicationError, asyncio.CancelledError) as e:
+            # A step or the conductor failed for good, or someone cancelled the run: either way
+            # the run leaves a trace, and then ends as it would have.
+            reason = workflow.cancellation_reason()
+            if reason is not None:
+                result.status, result.error = "cancelled", f"cancelled: {reason or 'no reason'}"
+            else:
+                result.status = "failed"
+                result.error = getattr(e, "message", None) or str(e) or type(e).__name__
             self._tally(workflow.time() - started)
             await self._score_and_record(task, started_at)
+            if reason is not None:
+                raise asyncio.CancelledError(result.error) from e
             raise
         self._tally(workflow.time() - started)
         await self._score_and_record(task, started_at)
@@ -132,6 +144,8 @@ class ConductWorkflow:
                 )
             except ActivityError as e:
                 workflow.logger.error("scoring failed: %s", _cause(e))
+        if workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            self._upsert_search_attributes()
         self._details("recording the trace")
         parent = workflow.info().parent
         try:
@@ -260,10 +274,12 @@ class ConductWorkflow:
             result_type=AgentReply,
             start_to_close_timeout=timedelta(seconds=timeout),
             schedule_to_close_timeout=timedelta(seconds=task.options.step_deadline_s),
+            heartbeat_timeout=timedelta(seconds=task.options.agent_heartbeat_s),
             retry_policy=self._agent_retry(task),
             summary=f"{label} · {rec.agent} · {_short(rec.subtask)}",
         )
         rec.output, rec.usage, rec.cost_usd = reply.output, reply.usage, reply.cost_usd
+        rec.citations = reply.citations
         rec.model, rec.attempts = reply.model, reply.attempt
 
     async def _self_call(
@@ -291,6 +307,20 @@ class ConductWorkflow:
         rec.model, rec.attempts = "self-call", 1
 
     # --- bookkeeping -----------------------------------------------------------------------
+
+    def _upsert_search_attributes(self) -> None:
+        """What the UI's filter box can find a finished run by (the starter set batch, task and
+        dataset): the policy version that planned it, the agents it used, its reward."""
+        res = self._result
+        updates: list[SearchAttributeUpdate[Any]] = [
+            AGENTS.value_set(sorted({s.agent for s in res.steps}))]
+        version = next((a.policy_version for r in res.rounds for a in r.attempts
+                        if a.policy_version), None)
+        if version:
+            updates.append(POLICY_VERSION.value_set(version))
+        if res.reward is not None and res.reward.value is not None:
+            updates.append(REWARD.value_set(res.reward.value))
+        workflow.upsert_search_attributes(updates)
 
     @staticmethod
     def _agent_retry(task: Task) -> RetryPolicy:

@@ -28,6 +28,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from engine.client import connect_temporal
+from engine.database import EmbeddedPostgres
 from engine.embedded import EmbeddedTemporal
 from engine.logging import configure_logging
 from engine.pool import Pool
@@ -85,21 +86,26 @@ def stack() -> Iterator[Stack]:
     server; both are stopped on the way out, on an error, Ctrl-C or SIGTERM alike (see `run`)."""
     os.environ.setdefault(KEY_ENV, "sk-bench")
     with tempfile.TemporaryDirectory(prefix="conductor-bench-") as tmp:
-        temporal = EmbeddedTemporal(Path(tmp) / "temporal", free_port(), free_port())
+        temporal = EmbeddedTemporal(Path(tmp) / "temporal", free_port(), free_port(),
+                                    in_memory=bool(os.environ.get("BENCH_TEMPORAL_IN_MEMORY")))
+        postgres = EmbeddedPostgres(Path(tmp) / "data")
         started = time.monotonic()
         try:
             temporal.start(detached=False)
-            print(f"Temporal dev server up on :{temporal.port} "
+            database_url = postgres.start()
+            print(f"Temporal dev server up on :{temporal.port}, PostgreSQL for traces "
                   f"in {time.monotonic() - started:.1f}s", flush=True)
             with start_agent_server() as agents:
                 settings = Settings(
                     temporal_address=f"127.0.0.1:{temporal.port}",
                     data_dir=Path(tmp) / "data",
+                    database_url=database_url,
                     log_level="warning",
                 )
                 yield Stack(temporal, agents, settings)
         finally:
             temporal.stop()
+            postgres.stop()
 
 
 def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:

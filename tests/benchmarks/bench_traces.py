@@ -38,9 +38,10 @@ from engine.trace_store import _UPSERT, TraceStore  # noqa: E402
 from engine.traces import PolicyRef  # noqa: E402
 from tests.test_trace_store import make_trace  # noqa: E402
 
-COLUMNS = _UPSERT.split("(", 1)[1].split(")", 1)[0].replace("\n", " ")
+COLUMNS = _UPSERT.split("INSERT INTO traces (", 1)[1].split(")", 1)[0].replace("\n", " ")
+COLUMNS = COLUMNS.replace(", superseded", "")
 PLAIN_INSERT = (f"INSERT INTO traces_plain ({COLUMNS}) VALUES "
-                f"({', '.join(f'${i}' for i in range(1, 22))})")
+                f"({', '.join(f'${i}' for i in range(1, 23))})")
 
 
 async def bench_writes(store: TraceStore, n: int, concurrency: int) -> tuple[float, float]:
@@ -74,7 +75,7 @@ async def load_groups(store: TraceStore, stored: int) -> None:
     start = datetime.now(UTC) - timedelta(days=30)
     columns = [c.strip() for c in COLUMNS.split(",")]
     records = []
-    big_tasks = max(1, stored // 100 // 64)
+    big_tasks = max(4, stored // 100 // 64)
     for i in range(stored):
         if i < big_tasks * 64:
             task, version = f"big-{i // 64}", "v1"

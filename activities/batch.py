@@ -1,0 +1,23 @@
+"""The batch report activity: write a finished batch's report from its traces, on the
+worker's disk (data_dir/batches/NAME); `conductor batch report NAME` writes the same anywhere."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.record import shared_store
+from engine.batch_report import write_report
+from engine.settings import Settings
+
+
+class BatchActivities:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @activity.defn(name="write_batch_report")
+    async def write_batch_report(self, name: str) -> str:
+        store = await shared_store(self.settings)
+        traces = await store.batch_traces(name)
+        out = (self.settings.data_dir / "batches" / name).absolute()
+        write_report(name, traces, out)
+        return str(out)

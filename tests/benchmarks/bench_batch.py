@@ -1,0 +1,156 @@
+"""Batch throughput: 1,000 three-step tasks at concurrency 100 against the ideal.
+
+    python tests/benchmarks/bench_batch.py [--tasks 1000] [--concurrency 100] [--latency 0.5]
+
+Engine: one BatchWorkflow (engine.client.submit_batch) on the engine's own worker, every task a
+child ConductWorkflow: an immediate 3-step chain plan (step i reads step i-1), each agent called
+over the OpenAI SDK and answering after `--latency` seconds, then the score and record
+activities (each task has a reference; traces go to PostgreSQL). The report is written after the
+timed part.
+
+Set BENCH_TEMPORAL_IN_MEMORY=1 to run the dev server without its SQLite file (its commits are
+then not on the critical path; nothing else changes).
+
+Ideal: tasks x critical path / concurrency, the critical path being 3 x latency (the plan,
+scoring and recording are counted as engine overhead). Printed: wall time, the ideal, the ratio
+(goal <= 1.3 on a 2-core machine), and the CPU seconds per step spent by this process (worker and
+client) and by the Temporal dev server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from activities.record import close_shared_stores, shared_store  # noqa: E402
+from engine.batch_report import write_report  # noqa: E402
+from engine.client import ConductorClient  # noqa: E402
+from engine.task import Task  # noqa: E402
+from engine.worker import build_worker  # noqa: E402
+from tests.agent_server import Reply, start_agent_server  # noqa: E402
+from tests.benchmarks._harness import (  # noqa: E402
+    PHASES,
+    bench_pool,
+    ms,
+    phases,
+    quiet_logs,
+    run,
+    stack,
+    table,
+)
+
+PLAN = ('{"steps": [{"agent": "a", "subtask": "Read the question.", "access": []}, '
+        '{"agent": "b", "subtask": "Work it out.", "access": [0]}, '
+        '{"agent": "c", "subtask": "State the answer.", "access": [1]}]}')
+STEPS = 3
+
+
+def _plan(prompt: str) -> str:
+    return PLAN
+
+
+def serve_agents(latency: float, urls: Queue[str], stop: Event) -> None:
+    """The scripted agents in a process of their own, as remote agents are: sharing the
+    worker's interpreter (and its GIL) would bill their HTTP handling to the engine."""
+    with start_agent_server() as agents:
+        agents.set_responder("conductor", _plan)
+        for agent in ("a", "b", "c"):
+            agents.set_responder(agent, lambda p: Reply.ok("42").after(latency))
+        urls.put(agents.openai_base_url)
+        stop.wait()
+
+
+@dataclass
+class RemoteAgents:
+    openai_base_url: str
+
+
+async def main(args: argparse.Namespace) -> int:
+    quiet_logs("error")
+    ctx = multiprocessing.get_context("spawn")
+    urls: Queue[str] = ctx.Queue()
+    stop = ctx.Event()
+    agents_process = ctx.Process(target=serve_agents, args=(args.latency, urls, stop))
+    agents_process.start()
+    remote = RemoteAgents(urls.get(timeout=60))
+    try:
+        return await _bench(args, remote)
+    finally:
+        stop.set()
+        agents_process.join(10)
+
+
+async def _bench(args: argparse.Namespace, remote: RemoteAgents) -> int:
+    with stack() as s:
+        client = await s.client()
+        settings = s.queue(f"bench-batch-{uuid.uuid4().hex[:6]}")
+        conductor = ConductorClient(client, settings)
+        tasks = [Task(id=f"t{i:05d}", question=f"Question {i}?", reference="42")
+                 for i in range(args.tasks)]
+        server = psutil.Process(s.temporal.process.pid) if s.temporal.process else None
+        async with build_worker(client, settings,
+                                bench_pool(remote, ["a", "b", "c"]),  # type: ignore[arg-type]
+                                max_concurrent_activities=1000):
+            await shared_store(settings)  # connect and migrate before the clock starts
+            name = f"bench-{uuid.uuid4().hex[:6]}"
+            cpu0, srv0 = time.process_time(), server.cpu_times() if server else None
+            started = time.perf_counter()
+            await conductor.submit_batch(name, tasks, concurrency=args.concurrency,
+                                         report=False)
+            handle = client.get_workflow_handle(f"batch-{name}")
+            progress = await handle.result()
+            wall = time.perf_counter() - started
+            cpu = time.process_time() - cpu0
+            srv = (sum(server.cpu_times()[:2]) - sum(srv0[:2])) if server and srv0 else 0.0
+            sample = [f"batch-{name}/{t.id}" for t in tasks[:: max(1, len(tasks) // 20)]]
+            per_child = await asyncio.gather(*(phases(client, w) for w in sample))
+            store = await shared_store(settings)
+            traces = await store.batch_traces(name)
+            t = time.perf_counter()
+            write_report(name, traces, Path(settings.data_dir) / "batches" / name)
+            report_s = time.perf_counter() - t
+        await close_shared_stores()
+    ideal = args.tasks * STEPS * args.latency / args.concurrency
+    steps = args.tasks * STEPS
+    print(f"batch of {args.tasks} tasks x {STEPS} steps at {args.latency * 1000:.0f} ms, "
+          f"concurrency {args.concurrency}: completed {progress['completed']}, "
+          f"failed {progress['failed']}, continued-as-new {progress['continued']}x")
+    print(f"wall {wall:.1f}s · ideal {ideal:.1f}s (tasks x critical path / concurrency) · "
+          f"ratio {wall / ideal:.2f} (goal <= 1.3)")
+    print(f"orchestration CPU per step: this process (worker + client) {cpu / steps * 1000:.1f} ms"
+          f" · Temporal dev server {srv / steps * 1000:.1f} ms · on {os.cpu_count()} cores")
+    cores = os.cpu_count() or 1
+    floor = (cpu + srv) / cores
+    print(f"CPU floor on this machine: (worker + server CPU) / {cores} cores = {floor:.1f}s, "
+          f"{floor / ideal:.2f} x the ideal: the best ratio these cores allow")
+    print(f"report of {len(traces)} traces written in {report_s:.1f}s")
+    print(f"where a task's time goes (mean ms over {len(per_child)} sampled child runs):")
+    keys = ["server span", *PHASES]
+    print(table([k + " ms" for k in keys],
+                [[ms(statistics.fmean(p[k] for p in per_child)) for k in keys]]))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency", type=float, default=0.5)
+    args = parser.parse_args()
+    sys.exit(run(lambda: main(args)))
