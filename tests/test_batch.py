@@ -164,3 +164,17 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
         assert code == 0, err
         assert (tmp_path / "batches" / name / "tasks" / "pow-compare.md").is_file()
         assert "accuracy: 0.200" in out
+
+
+def test_the_task_report_lists_the_sources_web_searching_agents_cited() -> None:
+    from engine.batch_report import task_markdown
+    from engine.providers.base import Citation
+    from tests.test_trace_store import make_trace
+
+    trace = make_trace("cited")
+    trace.steps[2].citations = [Citation(url="https://example.org/a", title="A [survey]")]
+    trace.steps[0].citations = [Citation(url="https://example.org/b")]
+    md = task_markdown(trace)
+    answer_part, steps_part = md.split("## Round 1")
+    assert "- [A \\[survey\\]](https://example.org/a)" in answer_part, "the answer's sources"
+    assert "- [https://example.org/b](https://example.org/b)" in steps_part
