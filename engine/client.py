@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from workflows.batch import BatchProgress
 
 WORKFLOW_NAME = "ConductWorkflow"
+STARTING_SERVER_GRACE_S = 30.0
 BATCH_WORKFLOW_NAME = "BatchWorkflow"
 
 
@@ -74,8 +77,6 @@ def workflow_id_for(task: Task) -> str:
     return f"conduct-{task.id}"
 
 
-
-
 def _tls(settings: Settings) -> TLSConfig | bool:
     if settings.temporal_tls_cert and settings.temporal_tls_key:
         return TLSConfig(
@@ -92,21 +93,30 @@ async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -
             settings.data_dir, settings.embedded_port, settings.embedded_ui_port
         ).start(detached=True)
     api_key = os.environ.get(settings.temporal_api_key_env) or None
-    try:
-        return await Client.connect(
-            settings.address,
-            namespace=settings.temporal_namespace,
-            data_converter=data_converter(settings),
-            tls=_tls(settings) if not api_key else True,
-            api_key=api_key,
-        )
-    except RuntimeError as e:
-        hint = (
-            "start it with `conductor up`"
-            if settings.embedded
-            else "check CONDUCTOR_TEMPORAL_ADDRESS, the namespace and TLS settings"
-        )
-        raise ConnectError(f"cannot reach Temporal at {settings.address}: {hint} ({e})") from e
+    # a server that has just opened its port may still answer "not healthy yet" for a few
+    # seconds (the dev server registers its search attributes then): wait it out
+    deadline = time.monotonic() + STARTING_SERVER_GRACE_S
+    while True:
+        try:
+            return await Client.connect(
+                settings.address,
+                namespace=settings.temporal_namespace,
+                data_converter=data_converter(settings),
+                tls=_tls(settings) if not api_key else True,
+                api_key=api_key,
+            )
+        except RuntimeError as e:
+            if "not healthy" in str(e) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                continue
+            hint = (
+                "start it with `conductor up`"
+                if settings.embedded
+                else "check CONDUCTOR_TEMPORAL_ADDRESS, the namespace and TLS settings"
+            )
+            raise ConnectError(
+                f"cannot reach Temporal at {settings.address}: {hint} ({e})"
+            ) from e
 
 
 class ConductorClient:
