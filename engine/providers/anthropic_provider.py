@@ -11,7 +11,6 @@ reply interleaves `server_tool_use` and `web_search_tool_result` blocks with tex
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anthropic
@@ -141,17 +140,7 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One Messages call, no retries; every failure becomes an AgentCallError."""
     key = errors.require_api_key(spec)
     client = _clients.get(spec, key)
-    try:
-        message = await client.messages.create(**_arguments(spec, request))
-    except anthropic.APITimeoutError as e:
-        raise errors.timeout_error(spec) from e
-    except anthropic.APIConnectionError as e:
-        raise errors.connection_error(spec, str(e.__cause__ or e)) from e
-    except anthropic.APIStatusError as e:
-        message_text = errors.server_message(e.body, e.message)
-        raise errors.status_error(
-            spec, e.status_code, message_text, e.response.headers, secret=key
-        ) from None  # the SDK's error quotes the server verbatim, which may echo the key
-    except (anthropic.APIResponseValidationError, json.JSONDecodeError) as e:
-        raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    return errors.read_body(spec, _completion, message)
+    return await errors.call_sdk(
+        anthropic, spec, key, lambda: client.messages.create(**_arguments(spec, request)),
+        _completion,
+    )

@@ -12,8 +12,10 @@ of the key before they are quoted, since some servers echo part of it back).
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 from engine.pool import AgentSpec
@@ -214,3 +216,28 @@ def read_body(
         raise
     except (AttributeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise malformed_response(spec, f"unexpected body shape: {e}") from e
+
+
+async def call_sdk(
+    sdk: ModuleType,
+    spec: AgentSpec,
+    key: str,
+    send: Callable[[], Awaitable[Any]],
+    read: Callable[[AgentSpec, Any], Completion],
+) -> Completion:
+    """Send one request through the `openai` or `anthropic` SDK and read its body. Both SDKs
+    are generated alike and raise the same exception classes, so one mapping serves both."""
+    try:
+        response = await send()
+    except sdk.APITimeoutError as e:
+        raise timeout_error(spec) from e
+    except sdk.APIConnectionError as e:
+        raise connection_error(spec, str(e.__cause__ or e)) from e
+    except sdk.APIStatusError as e:
+        message = server_message(e.body, e.message)
+        raise status_error(
+            spec, e.status_code, message, e.response.headers, secret=key
+        ) from None  # the SDK's error quotes the server verbatim, which may echo the key
+    except (sdk.APIResponseValidationError, json.JSONDecodeError) as e:
+        raise malformed_response(spec, f"invalid JSON body: {e}") from e
+    return read_body(spec, read, response)

@@ -15,8 +15,6 @@ keep the Chat Completions path, which every OpenAI-compatible server (vLLM) spea
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -249,36 +247,12 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     client = _clients.get(spec, key)
     search = request.web_search
     if search is not None:
-        return await _call(
-            spec, key,
+        return await errors.call_sdk(
+            openai, spec, key,
             lambda: client.responses.create(**_response_arguments(spec, request, search)),
             _response_completion,
         )
-    return await _call(
-        spec, key, lambda: client.chat.completions.create(**_arguments(spec, request)),
+    return await errors.call_sdk(
+        openai, spec, key, lambda: client.chat.completions.create(**_arguments(spec, request)),
         _completion,
     )
-
-
-async def _call(
-    spec: AgentSpec,
-    key: str,
-    send: Callable[[], Awaitable[Any]],
-    read: Callable[[AgentSpec, Any], Completion],
-) -> Completion:
-    """Send one request and read its body; the SDK's exceptions, which both APIs share, become
-    AgentCallErrors classified by errors.py."""
-    try:
-        response = await send()
-    except openai.APITimeoutError as e:
-        raise errors.timeout_error(spec) from e
-    except openai.APIConnectionError as e:
-        raise errors.connection_error(spec, str(e.__cause__ or e)) from e
-    except openai.APIStatusError as e:
-        message = errors.server_message(e.body, e.message)
-        raise errors.status_error(
-            spec, e.status_code, message, e.response.headers, secret=key
-        ) from None  # the SDK's error quotes the server verbatim, which may echo the key
-    except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
-        raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e
-    return errors.read_body(spec, read, response)
