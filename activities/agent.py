@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError
 from activities.errors import to_application_error
 from engine.pool import Pool, PoolError
 from engine.prompts import agent_messages
-from engine.providers import AgentCallError, CompletionRequest, complete
+from engine.providers import AgentCallError, CompletionRequest, TaskInfo, complete
 from engine.records import AgentReply
 from engine.task import VisibleStep
 
@@ -36,6 +36,11 @@ class AgentCallInput(BaseModel):
     visible: list[VisibleStep] = Field(default_factory=list)
     round: int = 0
     index: int = 0
+    task: TaskInfo | None = Field(
+        default=None,
+        description="the task and rollout (sim agents answer by it; the activity sets attempt); "
+        "None in histories from before it existed",
+    )
 
 
 class AgentActivities:
@@ -61,6 +66,7 @@ class AgentActivities:
             top_p=spec.params.top_p,
             max_tokens=spec.params.max_tokens,
             web_search=spec.web_search if spec.searches_web else None,
+            task=req.task.model_copy(update={"attempt": info.attempt}) if req.task else None,
         )
         started = time.monotonic()
         try:

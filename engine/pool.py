@@ -11,11 +11,18 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local"]
+ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]
 
 # The providers with a web search tool of their own, and which WebSearch options each honours.
 # An option a provider lacks is an error in the pool file rather than silently dropped, so a
@@ -103,6 +110,50 @@ class WebSearch(BaseModel):
         ]
 
 
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class SimSettings(BaseModel):
+    """A simulated agent for rehearsals (provider "sim"): it answers a task with the task's
+    reference with probability `skills[tag]` (the best of the task's tags; `default_skill` for a
+    task with no listed tag) and with a wrong answer otherwise, drawn from a hash of (task,
+    agent, sample, attempt) so a rerun repeats exactly. Tags match case-insensitively."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skills: dict[str, Probability] = Field(
+        default_factory=dict, description="task tag -> probability of a right answer"
+    )
+    default_skill: Probability = Field(
+        default=0.5, description="probability of a right answer on a task with no listed tag"
+    )
+    latency_s: float = Field(default=0.0, ge=0, description="seconds every call takes")
+    latency_jitter_s: float = Field(
+        default=0.0, ge=0, description="up to this much more, drawn per call (repeatably)"
+    )
+    output_tokens: int = Field(
+        default=200, ge=0, description="reported per call (at most the call's max_tokens)"
+    )
+    input_tokens_per_char: float = Field(
+        default=0.25, ge=0, description="reported input tokens = prompt characters x this"
+    )
+
+    @field_validator("skills")
+    @classmethod
+    def _distinct_tags(cls, skills: dict[str, float]) -> dict[str, float]:
+        folded = [t.casefold() for t in skills]
+        dupes = sorted({t for t in folded if folded.count(t) > 1})
+        if dupes:
+            raise ValueError(f"skills names a tag twice (tags ignore case): {', '.join(dupes)}")
+        return skills
+
+    def skill(self, tags: list[str]) -> float:
+        """The probability of a right answer on a task with these tags."""
+        by_tag = {t.casefold(): p for t, p in self.skills.items()}
+        known = [by_tag[t.casefold()] for t in tags if t.casefold() in by_tag]
+        return max(known) if known else self.default_skill
+
+
 class AgentSpec(BaseModel):
     """One model in the pool (or the conductor itself)."""
 
@@ -125,11 +176,23 @@ class AgentSpec(BaseModel):
         description="ask for the plan as constrained JSON where the backend supports it",
     )
     policy_version: str = Field(
-        default="base",
-        description="the conductor's weights version, recorded in every trace it plans",
+        default="latest", pattern=r"^(base|latest|v?[0-9]+)$",
+        description="the conductor's weights version: 'latest' follows the newest version "
+        "published in the policy registry (base until one is), 'base' or 'v3' pins one; "
+        "recorded in every trace it plans",
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="local provider: a trained checkpoint directory (LoRA adapter or full "
+        "weights) applied to `model`; the engine sets it for published policy versions",
     )
     web_search: WebSearch | None = Field(
         default=None, description="the provider's own web search tool, for agent steps"
+    )
+    sim: SimSettings | None = Field(
+        default=None,
+        description='provider "sim" only: its skill matrix, latency and token counts '
+        "(defaults when left out)",
     )
 
     @model_validator(mode="after")
@@ -139,6 +202,18 @@ class AgentSpec(BaseModel):
             raise ValueError(
                 f"api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), "
                 f"got something else for agent {self.id!r}; never put a key in a pool file"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sim_settings_for_sim_agents(self) -> AgentSpec:
+        if self.provider == "sim":
+            if self.sim is None:
+                self.sim = SimSettings()
+        elif self.sim is not None:
+            raise ValueError(
+                f"agent {self.id!r}: `sim` settings are for provider \"sim\" only, not "
+                f"{self.provider}; remove `sim` or set provider = \"sim\""
             )
         return self
 
@@ -174,10 +249,10 @@ class AgentSpec(BaseModel):
         ) / 1_000_000
 
     def is_configured(self, env: Mapping[str, str] | None = None) -> bool:
-        """True when the agent can be called here: local agents always, others with a key set
-        (or with a base URL, for servers such as vLLM that need none)."""
+        """True when the agent can be called here: local and sim agents always, others with a
+        key set (or with a base URL, for servers such as vLLM that need none)."""
         env = os.environ if env is None else env
-        if self.provider == "local":
+        if self.provider in ("local", "sim"):
             return True
         if self.api_key_env:
             return bool(env.get(self.api_key_env))
@@ -205,6 +280,12 @@ class Pool(BaseModel):
             raise ValueError(
                 f"the conductor id {self.conductor.id!r} is also an agent id; the conductor is "
                 f"offered to itself through offer_conductor_as_agent"
+            )
+        if self.conductor.provider == "sim":
+            raise ValueError(
+                f"the conductor {self.conductor.id!r} has provider \"sim\", but a sim agent only "
+                f"answers tasks and cannot write plans; give the conductor a real model (local, "
+                f"say) and use sim for the agents it delegates to"
             )
         if self.conductor.searches_web:
             raise ValueError(

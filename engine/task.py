@@ -34,6 +34,19 @@ class RunOptions(BaseModel):
         default=86400.0, gt=0,
         description="how long recording the trace is retried while the trace store is down",
     )
+    subtask_max_chars: int = Field(
+        default=400, ge=8, le=4000,
+        description="longest subtask the conductor may write under constrained decoding",
+    )
+    policy_version: str | None = Field(
+        default=None, pattern=r"^(base|latest|v?[0-9]+)$",
+        description="pin the conductor's policy version for this run (training pins each "
+        "iteration's rollouts); None follows the pool file",
+    )
+    sample: int = Field(
+        default=0, ge=0,
+        description="which rollout of a group this run is; seeds the sim provider",
+    )
 
 
 class VisibleStep(BaseModel):

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.agent import AgentCallInput
     from activities.plan import PlanRequest, PreviousRound
     from activities.score import ScoreRequest
+    from engine.providers.base import TaskInfo
     from engine.records import AgentReply, PlanAttempt, RoundRecord, RunResult, StepRecord
     from engine.rewards import Reward
     from engine.search_attributes import AGENTS, POLICY_VERSION, REWARD
@@ -270,6 +271,10 @@ class ConductWorkflow:
             AgentCallInput(
                 agent=rec.agent, question=task.question, subtask=rec.subtask, visible=visible,
                 round=rec.round, index=rec.index,
+                task=TaskInfo(
+                    task_id=task.id, tags=task.tags, reference=task.reference,
+                    verifier=task.verifier, sample=task.options.sample,
+                ),
             ),
             result_type=AgentReply,
             start_to_close_timeout=timedelta(seconds=timeout),

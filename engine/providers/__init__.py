@@ -14,11 +14,13 @@ from engine.providers.base import (
     Completion,
     CompletionRequest,
     Message,
+    TaskInfo,
     Usage,
 )
 
 __all__ = [
-    "AgentCallError", "Citation", "Completion", "CompletionRequest", "Message", "Usage",
+    "AgentCallError", "Citation", "Completion", "CompletionRequest", "Message", "TaskInfo",
+    "Usage",
     "complete", "preload",
 ]
 
@@ -29,6 +31,7 @@ _MODULES = {
     "anthropic": "engine.providers.anthropic_provider",
     "google": "engine.providers.google_provider",
     "local": "engine.providers.local",
+    "sim": "engine.providers.sim",
 }
 
 

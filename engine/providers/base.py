@@ -26,6 +26,19 @@ class Message(BaseModel):
     content: str
 
 
+class TaskInfo(BaseModel):
+    """Which task and which rollout a call belongs to. Only the sim provider reads it (to be
+    right or wrong repeatably, against the reference); every other provider ignores it, and no
+    part of it but the id is ever logged or sent to a model."""
+
+    task_id: str
+    tags: list[str] = Field(default_factory=list)
+    reference: str | None = None
+    verifier: str | None = None
+    sample: int = Field(default=0, ge=0, description="which rollout of a group (RunOptions)")
+    attempt: int = Field(default=1, ge=1, description="the activity attempt, from 1")
+
+
 class CompletionRequest(BaseModel):
     """One chat completion. `json_schema`, when set, asks the backend to constrain the output to
     that schema (structured outputs); backends that cannot do so ignore it."""
@@ -38,6 +51,9 @@ class CompletionRequest(BaseModel):
     schema_name: str = "plan"
     web_search: WebSearch | None = Field(
         default=None, description="turn on the provider's own web search tool for this call"
+    )
+    task: TaskInfo | None = Field(
+        default=None, description="the task and rollout this call is for (the sim provider's)"
     )
 
 
