@@ -11,18 +11,29 @@ import time
 import structlog
 from pydantic import BaseModel, Field
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import to_application_error
+from activities.record import shared_store
 from engine.plan import Plan, PlanError, parse_plan, plan_json_schema
-from engine.pool import Pool
+from engine.policies import (
+    PolicyError,
+    PolicyRegistry,
+    VersionCache,
+    materialise,
+    parse_version,
+    served_name,
+    version_label,
+)
+from engine.pool import AgentSpec, Pool
 from engine.prompts import conductor_messages
 from engine.providers import AgentCallError, CompletionRequest, complete
 from engine.records import PlanAttempt
+from engine.settings import Settings
 from engine.task import Task
 
 # Backends that can constrain decoding to a JSON schema (Anthropic's API cannot, here).
 JSON_SCHEMA_PROVIDERS = frozenset({"openai", "openai-compatible", "google", "local"})
-SUBTASK_MAX_CHARS = 400
 
 
 class PreviousRound(BaseModel):
@@ -43,8 +54,49 @@ class PlanRequest(BaseModel):
 
 
 class PlanActivities:
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, settings: Settings | None = None) -> None:
         self.pool = pool
+        self.settings = settings
+        self._versions: VersionCache | None = None
+
+    async def conductor_at(self, pinned: str | None) -> tuple[AgentSpec, str]:
+        """The conductor spec serving the wanted policy version, and that version's label.
+
+        The task may pin a version (training does, per iteration); otherwise the pool file's
+        `policy_version`, where 'latest' follows the registry. A trained version is served by
+        the local provider from its checkpoint (fetched from the blob store once) or, for an
+        openai-compatible server such as vLLM, under the adapter name `NAME-vK` it was
+        published as.
+        """
+        conductor = self.pool.conductor
+        wanted = parse_version(pinned or conductor.policy_version)
+        if wanted == 0 or (wanted is None and self.settings is None):
+            return conductor, version_label(0)
+        store = await shared_store(self._settings())
+        registry = PolicyRegistry(store.pool)
+        if wanted is None:
+            if self._versions is None:
+                self._versions = VersionCache(registry)
+            wanted = await self._versions.newest(conductor.id)
+            if wanted == 0:
+                return conductor, version_label(0)
+        label = version_label(wanted)
+        if conductor.provider == "local":
+            version = await registry.get(conductor.id, wanted)
+            where = await materialise(version, store.blobs, self._settings().data_dir / "policies")
+            return conductor.model_copy(update={"checkpoint": str(where)}), label
+        if conductor.provider == "openai-compatible":
+            await registry.get(conductor.id, wanted)  # a clear error for a version never made
+            return conductor.model_copy(update={"model": served_name(conductor.id, wanted)}), label
+        raise PolicyError(
+            f"the conductor {conductor.id!r} runs on {conductor.provider}, which cannot serve a "
+            f"trained version ({label}); serve it with vLLM (provider openai-compatible) or "
+            f"the local provider, or pin policy_version = 'base'"
+        )
+
+    def _settings(self) -> Settings:
+        assert self.settings is not None
+        return self.settings
 
     @activity.defn(name="write_plan")
     async def write_plan(self, req: PlanRequest) -> PlanAttempt:
@@ -53,7 +105,12 @@ class PlanActivities:
             workflow_id=info.workflow_id, run_id=info.workflow_run_id,
             agent=self.pool.conductor.id, round=req.round, plan_attempt=req.attempt,
         )
-        conductor, agents = self.pool.conductor, self.pool.available()
+        try:
+            conductor, label = await self.conductor_at(req.task.options.policy_version)
+        except PolicyError as e:
+            raise ApplicationError(str(e), type="PolicyVersionUnavailable",
+                                   non_retryable=True) from e
+        agents = self.pool.available()
         ids = [a.id for a in agents]
         opts = req.task.options
         json_mode = conductor.structured_output and conductor.provider in JSON_SCHEMA_PROVIDERS
@@ -68,7 +125,7 @@ class PlanActivities:
             max_tokens=conductor.params.max_tokens,
             json_schema=plan_json_schema(
                 ids, opts.max_steps, allow_empty=req.allow_empty,
-                subtask_max_chars=SUBTASK_MAX_CHARS,
+                subtask_max_chars=opts.subtask_max_chars,
             ) if json_mode else None,
         )
         started = time.monotonic()
@@ -80,7 +137,7 @@ class PlanActivities:
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
             cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
-            conductor_id=conductor.id, policy_version=conductor.policy_version,
+            conductor_id=conductor.id, policy_version=label,
             prompt=request.messages, finish_reason=completion.finish_reason,
             token_ids=completion.token_ids,
             logprobs=completion.logprobs,

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
         default="TEMPORAL_API_KEY", description="NAME of the env var with a Temporal Cloud API key"
     )
     task_queue: str = "conductor"
+    trainer_task_queue: str = Field(
+        default="trainer", description="where `conductor trainer` takes GRPO updates from"
+    )
     data_dir: Path = Path(".conductor")
     pool_file: Path | None = None
     embedded_port: int = 7233

@@ -262,14 +262,24 @@ class TraceStore:
         dataset: str | None = None,
         statuses: tuple[str, ...] = ("completed", "invalid_plan", "failed"),
         resolve_blobs: bool = True,
+        unconsumed: bool = False,
+        task_ids: list[str] | None = None,
     ) -> list[Group]:
         """Up to `limit` complete groups: tasks with at least `size` root traces under this
-        policy version, each group its `size` oldest traces. Two indexed queries."""
+        policy version, each group its `size` oldest traces. Two indexed queries.
+
+        `unconsumed` leaves out traces a published update already trained on (the trainer's
+        view); `task_ids` keeps only those tasks."""
         args: list[Any] = [policy.name, policy.version, list(statuses), size]
         dataset_sql = ""
         if dataset is not None:
             args.append(dataset)
             dataset_sql = f" AND dataset = ${len(args)}"
+        if task_ids is not None:
+            args.append(task_ids)
+            dataset_sql += f" AND task_id = ANY(${len(args)})"
+        if unconsumed:
+            dataset_sql += " AND consumed_by IS NULL"
         # a resumed run's earlier, failed run is superseded: only the latest run is a rollout
         base = (
             "depth = 0 AND NOT superseded AND policy_name = $1 AND policy_version = $2 "

@@ -16,6 +16,7 @@ from engine.settings import Settings
 from engine.trace_store import TraceStore
 from workflows.batch import BatchWorkflow
 from workflows.conduct import ConductWorkflow
+from workflows.train import TrainingWorkflow
 
 
 def build_worker(
@@ -30,13 +31,13 @@ def build_worker(
     a thread and serialises itself), so many concurrent activities cost little. Without a
     `store` the record activity opens the configured trace store on its first trace."""
     preload([pool.conductor, *pool.agents])
-    plans, agents = PlanActivities(pool), AgentActivities(pool)
+    plans, agents = PlanActivities(pool, settings), AgentActivities(pool)
     records = RecordActivities(settings, pool, store)
     batches = BatchActivities(settings)
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[ConductWorkflow, BatchWorkflow],
+        workflows=[ConductWorkflow, BatchWorkflow, TrainingWorkflow],
         activities=[plans.write_plan, agents.call_agent, score, records.record,
                     batches.write_batch_report],
         max_concurrent_activities=max_concurrent_activities,

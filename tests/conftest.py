@@ -133,3 +133,19 @@ def write_pool(pool: Pool, path: Path) -> Path:
 
     path.write_text(tomli_w.dumps(pool.model_dump(exclude_none=True)))
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real local model (SmolLM2-135M-Instruct) converted once per session."""
+    from tests.tiny_policy import smollm2_dir
+
+    return smollm2_dir(tmp_path_factory.mktemp("smollm2-data"))
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(smollm2_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-layer random Llama with SmolLM2's tokenizer, saved as a model directory."""
+    from tests.tiny_policy import build_tiny_policy
+
+    return build_tiny_policy(smollm2_model_dir, tmp_path_factory.mktemp("tiny-policy"))

