@@ -13,6 +13,7 @@ workers starting at once apply each file exactly once and a re-start applies not
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import warnings
@@ -145,6 +146,18 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     return applied
 
 
+_NUL_ESCAPE = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _without_nul(document: bytes) -> bytes:
+    """jsonb refuses the NUL character (a sampling model can emit one), which would fail the
+    write and every retry of it; it becomes U+FFFD, the replacement character. An escaped
+    backslash followed by `u0000` is text, not a NUL, and is left alone."""
+    if b"\\u0000" not in document:
+        return document
+    return _NUL_ESCAPE.sub(rb"\1\\ufffd", document)
+
+
 async def connect_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A connection pool with jsonb as Python objects, migrated; clear errors if unreachable."""
 
@@ -153,7 +166,7 @@ async def connect_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> as
         # bytes are taken as JSON already serialised (pydantic's model_dump_json is fast).
         await conn.set_type_codec(
             "jsonb", schema="pg_catalog", format="binary",
-            encoder=lambda value: b"\x01" + (
+            encoder=lambda value: b"\x01" + _without_nul(
                 value if isinstance(value, bytes) else json.dumps(value).encode()),
             decoder=lambda data: json.loads(data[1:]),
         )

@@ -651,6 +651,9 @@ class _GrammarMask:
             if not self._matcher.accept_token(token):
                 raise RuntimeError(f"the JSON grammar rejected token {token}")
         self._started = True
+        # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
+        # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
+        scores = scores.clone()
         self._matcher.fill_next_token_bitmask(self._bitmask)
         self._xgr.apply_token_bitmask_inplace(
             scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size
