@@ -1,0 +1,315 @@
+"""Update throughput: `trainer.grpo.train_step` against TRL's GRPOTrainer doing the same update.
+
+    python tests/benchmarks/bench_trainer.py [--runs 5] [--warmup 1] [--gpu]
+
+Both train the same model (same initial weights, float32 on the CPU, bfloat16 on the GPU) on the
+same batch of rollouts (prompts, completions of varied length, advantages, behaviour log-probs)
+with the same loss (dapo by default), micro-batch size and gradient clipping, with AdamW. No
+generation: only the update is timed, i.e. for every micro-batch the log-probs, the loss and
+the backward pass, then clipping and the optimiser step.
+
+  ours: train_step(model, optimizer, samples, cfg)
+  TRL:  GRPOTrainer.compute_loss on each micro-batch of the inputs its
+        _generate_and_score_completions hands its training step (the whole generation batch
+        padded to one length, split into micro-batches), accelerator.backward, then the clip
+        and optimiser step of transformers' Trainer loop
+
+Each update is timed `--runs` times after `--warmup` updates, the two interleaved, and the
+median tokens/s (completion tokens in the loss per second) is compared: goal ours/TRL >= 1.0.
+
+Peak memory of an update, beyond what was in use before it (weights, gradients and optimiser
+state, the same for both): on CUDA, torch.cuda.max_memory_allocated; on the CPU, the process's
+peak resident set (VmHWM, reset before each update through /proc/self/clear_refs) minus its
+resident set before the update. The CPU figure is approximate: memory the allocator kept from an
+earlier update is reused without showing up.
+
+Models: on the CPU, the tiny policy of the tests (tests/tiny_policy.py: a 2-layer Llama, hidden
+64, SmolLM2's 49,152-token vocabulary, random weights); with --gpu (or when CUDA is present)
+also a model of Qwen2.5-0.5B's shape built from its config (no download), in bfloat16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tests.benchmarks._harness import table  # noqa: E402
+from trainer.config import LossConfig  # noqa: E402
+from trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
+
+GOAL = 1.0
+PAD, EOS = 0, 2
+
+TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=2048, tie_word_embeddings=True)
+QWEN_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1000000.0,
+                rms_norm_eps=1e-6)
+
+
+def build_model(shape: dict[str, Any], dtype: torch.dtype, device: str, seed: int = 0) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in shape.items() if k != "model_type"}
+    config = AutoConfig.for_model(shape["model_type"], **fields, pad_token_id=PAD,
+                                  eos_token_id=EOS, bos_token_id=None)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    model.config.use_cache = False
+    return model
+
+
+def make_samples(n: int, vocab: int, prompt_len: int, completion_len: int, seed: int = 0
+                 ) -> list[Sample]:
+    """Rollouts as a GRPO update sees them: prompts of about `prompt_len` tokens, completions of
+    1/4 to all of `completion_len`, advantages of both signs, behaviour log-probs recorded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        completion = [rng.randrange(3, vocab) for _ in
+                      range(rng.randint(completion_len // 4, completion_len))]
+        out.append(Sample(
+            prompt_ids=[rng.randrange(3, vocab) for _ in
+                        range(rng.randint(prompt_len * 3 // 4, prompt_len))],
+            completion_ids=completion,
+            advantage=rng.choice([-1, 1]) * rng.uniform(0.2, 1.5),
+            behaviour_logprobs=[-rng.uniform(9.0, 12.0) for _ in completion],
+        ))
+    return out
+
+
+def tiny_tokenizer() -> Any:
+    """TRL needs a tokenizer for its pad and end ids; nothing is tokenized here."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<unk>": 1, "<eos>": EOS}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")),
+                                   pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+# ------------------------------------------------------------------------------ the two updates
+
+
+def ours(model: Any, samples: list[Sample], cfg: LossConfig) -> Callable[[], int]:
+    optimizer = make_optimizer(model, cfg)
+
+    def update() -> int:
+        step = train_step(model, optimizer, samples, cfg, pad_id=PAD)
+        assert step.skipped is None, step.skipped
+        return step.tokens
+
+    return update
+
+
+def no_reward(completions: list[Any], **_: Any) -> list[float | None]:
+    return [0.0] * len(completions)  # never called: no generation here
+
+
+def trl(model: Any, samples: list[Sample], cfg: LossConfig, tmp: str) -> Callable[[], int]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import pad, split_tensor_dict
+
+    accumulation = -(-len(samples) // cfg.micro_batch_size)
+    cuda = next(model.parameters()).device.type == "cuda"
+    args = GRPOConfig(
+        output_dir=tmp, report_to=[], use_cpu=not cuda, bf16=cuda, activation_checkpointing=False,
+        per_device_train_batch_size=cfg.micro_batch_size, gradient_accumulation_steps=accumulation,
+        num_generations=len(samples), loss_type=cfg.loss_type, epsilon=cfg.epsilon_low,
+        epsilon_high=cfg.epsilon_high, beta=cfg.beta,
+        max_completion_length=cfg.max_completion_length, learning_rate=cfg.learning_rate,
+        max_grad_norm=cfg.max_grad_norm, weight_decay=0.0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=no_reward, args=args,
+                          processing_class=tiny_tokenizer(),
+                          train_dataset=Dataset.from_dict({"prompt": ["x"] * len(samples)}))
+    optimizer = trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = accumulation
+    device = next(model.parameters()).device
+
+    def padded(rows: list[list[Any]], side: str, value: int = 0, **kw: Any) -> torch.Tensor:
+        return pad([torch.tensor(r, **kw) for r in rows], padding_value=value, padding_side=side)
+
+    completion_mask = padded([[1] * len(s.completion_ids) for s in samples], "right")
+    inputs = {
+        "prompt_ids": padded([s.prompt_ids for s in samples], "left", PAD),
+        "prompt_mask": padded([[1] * len(s.prompt_ids) for s in samples], "left"),
+        "completion_ids": padded([s.completion_ids for s in samples], "right", PAD),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([s.advantage for s in samples]),
+        "old_per_token_logps": padded([s.behaviour_logprobs or [] for s in samples], "right",
+                                      dtype=torch.float32),
+    }
+    generation_batch: dict[str, torch.Tensor | None] = {
+        k: v.to(device) for k, v in inputs.items()}
+    micro_batches = split_tensor_dict(generation_batch, accumulation)
+    for mb in micro_batches:
+        mb["num_items_in_batch"] = completion_mask.sum().to(device)
+    tokens = int(completion_mask.sum())
+
+    def update() -> int:
+        model.train()
+        for micro_batch in micro_batches:
+            with trainer.compute_loss_context_manager():
+                loss = trainer.compute_loss(model, micro_batch)
+            trainer.accelerator.backward(loss)
+        trainer.accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        model.zero_grad(set_to_none=True)
+        return tokens
+
+    return update
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(updates: dict[str, Callable[[], int]], device: str, runs: int, warmup: int
+            ) -> dict[str, dict[str, list[float]]]:
+    """Interleaved timed updates: tokens/s of each, and its peak memory beyond its baseline."""
+    out: dict[str, dict[str, list[float]]] = {n: {"tps": [], "peak_mib": []} for n in updates}
+    for i in range(warmup + runs):
+        for name, update in updates.items():
+            before = reset_peak(device)
+            sync(device)
+            started = time.perf_counter()
+            tokens = update()
+            sync(device)
+            elapsed = time.perf_counter() - started
+            peak = peak_since(device, before)
+            if i >= warmup:
+                out[name]["tps"].append(tokens / elapsed)
+                if peak is not None:
+                    out[name]["peak_mib"].append(peak)
+    return out
+
+
+def reset_peak(device: str) -> float:
+    """Forget the peak so far; return the memory in use now (MiB)."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2**20
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return float("nan")
+    return proc_status_mib("VmRSS")
+
+
+def peak_since(device: str, before: float) -> float | None:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20 - before
+    return None if before != before else proc_status_mib("VmHWM") - before  # nan: unmeasured
+
+
+def proc_status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def setup(which: str, args: argparse.Namespace, shape: dict[str, Any], device: str,
+          dtype: torch.dtype, tmp: str) -> Callable[[], int]:
+    cfg = LossConfig(loss_type=args.loss_type, micro_batch_size=args.micro_batch,
+                     epsilon_high=0.28, max_completion_length=args.completion_len)
+    samples = make_samples(args.samples, shape["vocab_size"], args.prompt_len,
+                           args.completion_len)
+    model = build_model(shape, dtype, device)
+    return ours(model, samples, cfg) if which == "ours" else trl(model, samples, cfg, tmp)
+
+
+def report(title: str, results: dict[str, dict[str, list[float]]]) -> float:
+    def median(name: str, key: str) -> float | None:
+        values = results[name][key]
+        return statistics.median(values) if values else None
+
+    rows = []
+    for name, r in results.items():
+        tps, peak = r["tps"], median(name, "peak_mib")
+        rows.append([name, f"{statistics.median(tps):,.0f}", f"{min(tps):,.0f}",
+                     f"{max(tps):,.0f}", len(tps), "-" if peak is None else f"{peak:,.0f}"])
+    print(f"\n{title}")
+    print(table(["trainer", "median tok/s", "min", "max", "n", "peak MiB"], rows))
+    ratio = statistics.median(results["ours"]["tps"]) / statistics.median(results["TRL"]["tps"])
+    print(f"ratio ours / TRL (median tokens/s) = {ratio:.2f}   goal >= {GOAL:.2f}: "
+          f"{'MET' if ratio >= GOAL else 'MISSED'}")
+    mine, theirs = median("ours", "peak_mib"), median("TRL", "peak_mib")
+    if mine is None or theirs is None:
+        print("peak memory: not measured here (no /proc/self/clear_refs)")
+    else:
+        print(f"peak memory of an update, ours / TRL = {mine:,.0f} / {theirs:,.0f} MiB = "
+              f"{mine / theirs:.2f} ({'lower or equal' if mine <= theirs else 'HIGHER'})")
+    return ratio
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=16, help="rollouts per update")
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--completion-len", type=int, default=128, help="the longest completion")
+    parser.add_argument("--loss-type", default="dapo", choices=["grpo", "dr_grpo", "dapo"])
+    parser.add_argument("--gpu", action="store_true", help="also the Qwen2.5-0.5B shape on CUDA")
+    args = parser.parse_args()
+
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("trl").setLevel(logging.ERROR)
+
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        print(f"{args.samples} rollouts per update (prompts ~{args.prompt_len} tokens, "
+              f"completions up to {args.completion_len}), micro-batches of {args.micro_batch}, "
+              f"loss {args.loss_type}; {args.runs} timed updates each after {args.warmup} "
+              f"warm-up, interleaved; torch {torch.__version__}, {torch.get_num_threads()} threads")
+        updates = {n: setup(n, args, TINY, "cpu", torch.float32, tmp) for n in ("ours", "TRL")}
+        results = measure(updates, "cpu", args.runs, args.warmup)
+        ratios = [report("CPU, tiny policy (2 layers, hidden 64, vocab 49,152), float32",
+                         results)]
+        del updates
+
+        if args.gpu or torch.cuda.is_available():
+            if not torch.cuda.is_available():
+                print("\n--gpu: no CUDA device here; skipped")
+                return 1
+            updates = {n: setup(n, args, QWEN_05B, "cuda", torch.bfloat16, tmp)
+                       for n in ("ours", "TRL")}
+            results = measure(updates, "cuda", args.runs, args.warmup)
+            ratios.append(report(f"CUDA ({torch.cuda.get_device_name()}), Qwen2.5-0.5B shape, "
+                                 "bfloat16", results))
+    return 0 if min(ratios) >= GOAL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

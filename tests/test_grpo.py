@@ -1,0 +1,369 @@
+"""The GRPO core (trainer/grpo.py) and policy checkpoints (trainer/policy.py), on a tiny random
+Llama built from a config (no download): advantages, clipping, importance correction, masking,
+gradient accumulation, checkpoint and optimiser round trips, and that training learns."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trainer.config import LossConfig, PolicyConfig  # noqa: E402
+from trainer.grpo import (  # noqa: E402
+    Sample,
+    collate,
+    group_advantages,
+    grpo_loss,
+    loss_normaliser,
+    make_optimizer,
+    per_token_logprobs,
+    train_step,
+)
+
+# A word-level vocabulary: w0 .. w60, then padding, end of turn, unknown.
+PAD, EOS, VOCAB = 61, 62, 64
+
+
+def tiny_tokenizer() -> Any:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(PAD)} | {"<pad>": PAD, "<eos>": EOS, "<unk>": VOCAB - 1}
+    tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def tiny_model(seed: int = 0, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2) -> Any:
+    """A random Llama with tied embeddings (as SmolLM2 and Qwen2.5-0.5B), float32, seeded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).float()
+
+
+def tiny_model_dir(out: Path, seed: int = 0) -> Path:
+    tiny_model(seed).save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+def random_samples(n: int, seed: int = 0, *, old: bool | None = None, truncated: int = 0,
+                   zero: int = 0) -> list[Sample]:
+    """n samples of varied prompt and completion lengths; advantages of both signs (the first
+    `zero` are 0); behaviour log-probs on every row (old=True), none (False) or every other
+    row (None); the last `truncated` samples truncated."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        completion = [rng.randrange(PAD) for _ in range(rng.randint(2, 9))]
+        has_old = old if old is not None else i % 2 == 0
+        out.append(Sample(
+            prompt_ids=[rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
+            completion_ids=completion,
+            advantage=0.0 if i < zero else rng.choice([-1, 1]) * rng.uniform(0.3, 1.5),
+            behaviour_logprobs=[rng.uniform(-6.0, -2.0) for _ in completion] if has_old else None,
+            truncated=i >= n - truncated,
+        ))
+    return out
+
+
+class GradRecorder(torch.optim.SGD):  # type: ignore[misc,name-defined]
+    """An optimiser that records the gradients it is asked to apply, and applies none."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.0)
+        self.grads: list[Any] = []
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                      for g in self.param_groups for p in g["params"]]
+
+
+# ---------------------------------------------------------------------------------- advantages
+
+
+def test_advantages_are_group_mean_centred() -> None:
+    rewards = [0.0, 0.5, 1.0, 1.0]
+    a = group_advantages(rewards, scale=False)
+    assert a == pytest.approx([r - 0.625 for r in rewards])
+    assert sum(a) == pytest.approx(0.0)
+
+
+def test_scaled_advantages_divide_by_the_sample_std_plus_1e4_as_trl() -> None:
+    rewards = [0.0, 0.5, 1.0, 1.0, 0.0]
+    std = float(torch.tensor(rewards).std())  # unbiased (n - 1), as TRL's nanstd
+    expected = [(r - statistics.fmean(rewards)) / (std + 1e-4) for r in rewards]
+    assert group_advantages(rewards, scale=True) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_a_group_of_equal_rewards_gets_zero_advantages(scale: bool) -> None:
+    assert group_advantages([0.5] * 4, scale=scale) == [0.0] * 4
+    assert group_advantages([1.0], scale=scale) == [0.0]
+
+
+# ----------------------------------------------------------------------------- the surrogate
+
+
+def _batch_with_ratios(ratios: list[float], advantages: list[float]) -> tuple[Any, Any]:
+    """One-token samples whose ratio pi/pi_old is exactly `ratios`; log-probs as a leaf."""
+    logp = [-2.0] * len(ratios)
+    samples = [Sample(prompt_ids=[1], completion_ids=[2], advantage=a,
+                      behaviour_logprobs=[lp - torch.log(torch.tensor(r)).item()])
+               for r, a, lp in zip(ratios, advantages, logp, strict=True)]
+    return torch.tensor(logp)[:, None].requires_grad_(), collate(samples, PAD)
+
+
+def test_a_token_outside_the_clip_range_gets_no_gradient_in_the_clipped_direction() -> None:
+    cfg = LossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28)
+    # above 1 + eps_high with A > 0, below 1 - eps_low with A < 0: clipped, no gradient;
+    # the same ratios with the other sign of A, and one inside the range: gradient -A r / N
+    ratios = [1.5, 0.5, 1.5, 0.5, 1.1]
+    advantages = [1.0, -1.0, -1.0, 1.0, 1.0]
+    logp, batch = _batch_with_ratios(ratios, advantages)
+    loss, metrics = grpo_loss(logp, batch, cfg)
+    loss.backward()
+    expected = [0.0, 0.0, 1.5 / 5, -0.5 / 5, -1.1 / 5]
+    assert logp.grad[:, 0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert metrics["clip_high"] == pytest.approx(1 / 5)
+    assert metrics["clip_low"] == pytest.approx(1 / 5)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 5)
+    assert metrics["ratio"] == pytest.approx(sum(ratios) / 5)
+
+
+def test_the_importance_ratio_uses_the_behaviour_logprobs_when_the_trace_has_them() -> None:
+    cfg = LossConfig(loss_type="dapo")
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], requires_grad=True)
+    samples = [Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=1.0,
+                      behaviour_logprobs=[-1.1, -2.1]),  # pi/pi_old = e^0.1 on both tokens
+               Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=1.0)]  # no record: r = 1
+    loss, metrics = grpo_loss(logp, collate(samples, PAD), cfg)
+    loss.backward()
+    r = torch.exp(torch.tensor(0.1)).item()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-r / 4, -r / 4], [-1 / 4, -1 / 4]]))
+    assert metrics["ratio"] == pytest.approx((2 * r + 2) / 4)
+    assert metrics["kl"] == pytest.approx(2 * (r - 1 - 0.1) / 4, rel=1e-4)  # KL(pi_old || pi)
+
+
+def test_truncated_completions_are_dropped_from_the_loss_when_masked() -> None:
+    samples = random_samples(4, truncated=1)
+    for mask in (True, False):
+        cfg = LossConfig(loss_type="dapo", mask_truncated=mask)
+        logp = torch.full((4, max(len(s.completion_ids) for s in samples)), -3.0,
+                          requires_grad=True)
+        loss, metrics = grpo_loss(logp, collate(samples, PAD), cfg)
+        loss.backward()
+        assert (logp.grad[3] == 0).all() == mask
+        kept = samples[:3] if mask else samples
+        assert metrics["tokens"] == sum(len(s.completion_ids) for s in kept)
+        assert loss_normaliser(samples, cfg) == metrics["tokens"]
+
+
+# --------------------------------------------------------------------------------- log-probs
+
+
+def test_per_token_logprobs_equal_a_full_log_softmax_of_the_models_logits() -> None:
+    model = tiny_model()
+    batch = collate(random_samples(5), PAD)
+    got = per_token_logprobs(model, batch, temperature=0.7)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    p = batch.prompt_len
+    full = (logits[:, p - 1 : -1] / 0.7).log_softmax(-1)
+    want = full.gather(-1, batch.input_ids[:, p:, None]).squeeze(-1) * batch.completion_mask
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, beta: float) -> None:
+    samples = random_samples(7, seed=1, truncated=1, zero=1)
+    cfg = LossConfig.model_validate(dict(loss_type=loss_type, beta=beta, mask_truncated=True,
+                                         epsilon_high=0.28, max_completion_length=16))
+    ref = tiny_model(seed=7) if beta else None
+
+    # the whole batch in one pass, written out by hand
+    model = tiny_model()
+    batch = collate(samples, PAD)
+    ref_logp = per_token_logprobs(ref, batch).detach() if ref is not None else None
+    loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg, ref_logprobs=ref_logp)
+    loss.backward()
+    full = [p.grad for p in model.parameters()]
+
+    for micro in (1, 3):
+        model = tiny_model()
+        recorder = GradRecorder(model.parameters())
+        step = train_step(model, recorder, samples,
+                          cfg.model_copy(update={"micro_batch_size": micro, "max_grad_norm": 1e9}),
+                          ref_model=ref, pad_id=PAD)
+        assert step.skipped is None and step.loss == pytest.approx(loss.item(), rel=1e-5)
+        for got, want in zip(recorder.grads, full, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_where_every_advantage_is_zero_is_skipped() -> None:
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    samples = random_samples(4, zero=4)
+    step = train_step(model, make_optimizer(model, LossConfig(learning_rate=0.1)), samples,
+                      LossConfig(), pad_id=PAD)
+    assert step.skipped and step.samples == 4 and step.tokens == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_train_steps_raise_the_logprob_of_positive_advantage_completions() -> None:
+    model = tiny_model()
+    prompt = [5, 6, 7]
+    completions = [[10, 11, 12, EOS], [13, 14, EOS], [20, 21, 22, 23, EOS], [24, EOS]]
+    advantages = group_advantages([1.0, 1.0, 0.0, 0.0], scale=True)
+    samples = [Sample(prompt_ids=prompt, completion_ids=c, advantage=a)
+               for c, a in zip(completions, advantages, strict=True)]
+    batch = collate(samples, PAD)
+
+    def mean_logp() -> Any:
+        with torch.no_grad():
+            lp = per_token_logprobs(model, batch)
+        return (lp * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1)
+
+    before = mean_logp()
+    cfg = LossConfig(learning_rate=1e-2, micro_batch_size=2)
+    optimizer = make_optimizer(model, cfg)
+    for _ in range(5):
+        step = train_step(model, optimizer, samples, cfg, pad_id=PAD)
+        assert step.skipped is None and step.tokens == 14 and step.grad_norm > 0
+    change = mean_logp() - before
+    assert (change[:2] > 0.1).all() and (change[2:] < -0.1).all(), change
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def test_the_lora_reference_is_the_base_model(tmp_path: Path) -> None:
+    """beta > 0 with a LoRA policy: the reference is the policy with its adapter disabled, so the
+    KL starts at 0 (a new adapter changes nothing) and grows as the adapter trains."""
+    from trainer.policy import load_policy, reference_model
+
+    policy = load_policy(PolicyConfig(base=str(tiny_model_dir(tmp_path)), lora_r=4, device="cpu"))
+    ref = reference_model(policy)
+    assert ref is policy.model
+    cfg = LossConfig(beta=0.1, learning_rate=1e-2)
+    optimizer = make_optimizer(policy.model, cfg)
+    samples = random_samples(4, old=False)
+    kls = [train_step(policy.model, optimizer, samples, cfg, ref_model=ref).kl for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > 1e-4, kls
+    assert all(p.grad is None for p in policy.model.parameters())  # zeroed after the step
+
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_a_saved_checkpoint_loads_back_with_identical_logprobs(lora: bool, tmp_path: Path
+                                                               ) -> None:
+    from trainer.policy import load_optimizer, load_policy, save_checkpoint, save_optimizer
+
+    cfg = PolicyConfig(base=str(tiny_model_dir(tmp_path / "base")), lora=lora, lora_r=4,
+                       device="cpu")
+    policy = load_policy(cfg)
+    assert policy.kind == ("lora" if lora else "full") and policy.pad_id == PAD
+    loss_cfg = LossConfig(learning_rate=1e-2)
+    optimizer = make_optimizer(policy.model, loss_cfg)
+    train_step(policy.model, optimizer, random_samples(4), loss_cfg)
+    save_optimizer(optimizer, tmp_path / "optimizer.safetensors")
+    batch = collate(random_samples(4, seed=3), policy.pad_id)
+    with torch.no_grad():
+        trained = per_token_logprobs(policy.model, batch)
+        base = per_token_logprobs(load_policy(cfg).model, batch)
+    assert not torch.allclose(trained, base)  # the step changed the policy
+
+    files = save_checkpoint(policy, tmp_path / "ckpt")
+    expected = ({"adapter_model.safetensors", "adapter_config.json"} if lora else
+                {"model.safetensors", "config.json", "generation_config.json"})
+    assert {f.name for f in files} == expected
+
+    loaded = load_policy(cfg, checkpoint_dir=tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(per_token_logprobs(loaded.model, batch), trained)
+    assert any(p.requires_grad for p in loaded.model.parameters())  # trainable again
+    # the optimiser state lines up with the reloaded policy's parameters, one for one
+    restored = make_optimizer(loaded.model, loss_cfg)
+    load_optimizer(restored, tmp_path / "optimizer.safetensors")
+    for p in restored.param_groups[0]["params"]:
+        assert restored.state[p]["exp_avg"].shape == p.shape
+
+
+def test_the_optimizer_state_survives_a_save_and_load(tmp_path: Path) -> None:
+    from trainer.policy import load_optimizer, save_optimizer
+
+    cfg = LossConfig(learning_rate=1e-2)
+    model = tiny_model()
+    optimizer = make_optimizer(model, cfg)
+    for seed in range(2):
+        train_step(model, optimizer, random_samples(4, seed=seed), cfg, pad_id=PAD)
+    save_optimizer(optimizer, tmp_path / "optimizer.safetensors")
+
+    restored_model = tiny_model()
+    restored_model.load_state_dict(model.state_dict())
+    restored = make_optimizer(restored_model, cfg)
+    load_optimizer(restored, tmp_path / "optimizer.safetensors")
+    assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
+
+    samples = random_samples(4, seed=5)
+    train_step(model, optimizer, samples, cfg, pad_id=PAD)
+    train_step(restored_model, restored, samples, cfg, pad_id=PAD)
+    for a, b in zip(model.parameters(), restored_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_the_local_default_trains_and_its_adapter_is_what_the_engine_serves(
+        smollm2_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2-135M-Instruct (the engine's converted cache) as a LoRA policy: one step, saved,
+    then loaded by the local provider as a published version (adapter merged into the base):
+    the served model's log-probs are the trained policy's."""
+    from engine.pool import AgentSpec
+    from engine.providers import local
+    from trainer.policy import load_policy, save_checkpoint
+
+    monkeypatch.setenv("CONDUCTOR_DATA_DIR", str(smollm2_model_dir.parents[1]))
+    policy = load_policy(PolicyConfig(base=local.SMOLLM2, lora_r=4, device="cpu"))
+    assert policy.kind == "lora" and policy.tokenizer.chat_template
+    tok = policy.tokenizer
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "Plan: 2 + 2?"}],
+                                         add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    samples = [Sample(prompt_ids=prompt, completion_ids=tok(text)["input_ids"], advantage=a)
+               for text, a in (('{"steps": []}', 1.0), ("I cannot plan.", -1.0))]
+    cfg = LossConfig(learning_rate=1e-3)
+    step = train_step(policy.model, make_optimizer(policy.model, cfg), samples, cfg,
+                      pad_id=policy.pad_id)
+    assert step.skipped is None and step.tokens == sum(len(s.completion_ids) for s in samples)
+
+    batch = collate(samples, policy.pad_id)
+    with torch.no_grad():
+        trained = per_token_logprobs(policy.model, batch)
+        with policy.model.disable_adapter():
+            base = per_token_logprobs(policy.model, batch)
+    assert not torch.allclose(trained, base, atol=1e-3)  # the step moved the policy
+    save_checkpoint(policy, tmp_path / "v1")
+    served = local.load_model(AgentSpec(id="conductor", provider="local", model=local.SMOLLM2,
+                                        checkpoint=str(tmp_path / "v1")))
+    with torch.no_grad():
+        torch.testing.assert_close(per_token_logprobs(served.model, batch), trained,
+                                   rtol=1e-4, atol=1e-4)

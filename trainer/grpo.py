@@ -1,0 +1,353 @@
+"""GRPO, top to bottom: samples -> advantages -> batch -> log-probs -> loss -> optimiser step.
+
+The objective is TRL's `GRPOTrainer` loss for `loss_type` in {grpo, dr_grpo, dapo}, with the same
+names and meanings (tests/test_grpo_trl.py checks loss and gradients against TRL itself). For one
+completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
+
+    logp_it = log pi(o_it | q, o_i<t)        (the policy being trained)
+    old_it  = log pi_old(o_it | q, o_i<t)    (recorded when the rollout was sampled)
+
+    r_it   = exp(logp_it - old_it)                                   importance ratio
+    l_it   = -min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)
+           + beta * r_it * (exp(ref_it - logp_it) - (ref_it - logp_it) - 1)    k3 KL to pi_ref
+
+and the per-token losses l_it (over the completion mask m_it) are aggregated per `loss_type`:
+
+    grpo     L = 1/B * sum_i ( sum_t m_it l_it / sum_t m_it )      mean per sequence, then mean
+    dr_grpo  L = sum_it m_it l_it / (B * max_completion_length)    a constant normaliser
+    dapo     L = sum_it m_it l_it / sum_it m_it                    tokens of the whole batch
+
+B and the token count are those of the whole update (all micro-batches), so accumulating the
+micro-batches' gradients gives exactly the full-batch gradient for every loss type.
+
+`dapo` is the default (TRL's current default, from the DAPO paper): every token weighs the same,
+so a long completion is not down-weighted per token as under `grpo` (the length bias Dr. GRPO and
+DAPO point out), and the normaliser adapts to the batch, unlike dr_grpo's constant.
+
+Where the trace has no behaviour log-probs (an API conductor), old = logp.detach(): the ratio is 1
+and its gradient is the plain policy gradient A * grad logp. The KL term is weighted by r_it as
+TRL does by default (`use_bias_correction_kl=True`, DeepSeek-V3.2): the unbiased gradient of the
+reverse KL, which differs from the unweighted k3 gradient even where r_it = 1.
+
+The configuration (`LossConfig`) and the step report (`StepMetrics`) are defined, free of torch,
+in trainer/config.py, so that workflows can carry them; they are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from trainer.config import LossConfig, StepMetrics
+
+__all__ = [
+    "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",
+    "loss_normaliser", "make_optimizer", "per_token_logprobs", "train_step",
+]
+
+# ---------------------------------------------------------------------------------- samples
+
+
+@dataclass
+class Sample:
+    """One completion to train on: a rollout's prompt and completion tokens and its advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    behaviour_logprobs: list[float] | None = None  # per completion token, as sampled; None: unknown
+    truncated: bool = False  # the completion hit max_tokens (no end-of-turn token)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("a sample needs a prompt: the first completion token needs a prefix")
+        lp = self.behaviour_logprobs
+        if lp is not None and len(lp) != len(self.completion_ids):
+            raise ValueError(f"{len(lp)} behaviour log-probs for {len(self.completion_ids)} "
+                             f"completion tokens")
+
+
+def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
+    """Group-relative advantages A_i = r_i - mean(r), divided by (std(r) + 1e-4) when `scale`.
+
+    std is the sample standard deviation (Bessel's correction, n - 1), as TRL's `nanstd`; a group
+    of one has no spread and gets A = 0. `scale=False` is Dr. GRPO's unbiased choice. A group whose
+    rewards are all equal gets zeros either way: it carries no learning signal.
+    """
+    mean = statistics.fmean(rewards)
+    centred = [r - mean for r in rewards]
+    if not scale:
+        return centred
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    std = statistics.stdev(rewards)
+    return [a / (std + 1e-4) for a in centred]
+
+
+def loss_normaliser(samples: Sequence[Sample], cfg: LossConfig) -> float:
+    """The denominator of the loss over a whole update (see the module docstring)."""
+    tokens = sum(len(s.completion_ids) for s in samples if not (cfg.mask_truncated and s.truncated))
+    return _normaliser(len(samples), tokens, cfg)
+
+
+def _normaliser(n_samples: int, n_tokens: int | float, cfg: LossConfig) -> float:
+    if cfg.loss_type == "grpo":
+        return float(max(n_samples, 1))
+    if cfg.loss_type == "dr_grpo":
+        return float(max(n_samples, 1) * cfg.max_completion_length)
+    return float(max(n_tokens, 1))
+
+
+# ------------------------------------------------------------------------------------ batch
+
+
+@dataclass
+class Batch:
+    """Samples as tensors, laid out as TRL lays them: prompts padded on the left, completions on
+    the right, so every completion starts at column `prompt_len` of `input_ids`."""
+
+    input_ids: Tensor  # [B, P + T]  prompt + completion token ids
+    attention_mask: Tensor  # [B, P + T]  1 on real tokens
+    completion_mask: Tensor  # [B, T]   1 on completion tokens
+    advantages: Tensor  # [B]
+    old_logprobs: Tensor  # [B, T]   behaviour log-probs (0 where unknown)
+    has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
+    truncated: Tensor  # [B] bool
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
+    """Pad a list of samples into one Batch."""
+
+    def pad(rows: list[list[Any]], side: str, value: float = 0, dtype: torch.dtype = torch.long
+            ) -> Tensor:
+        tensors = [torch.tensor(r, dtype=dtype) for r in rows]
+        return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=value,
+                                               padding_side=side)
+
+    prompts = [s.prompt_ids for s in samples]
+    completions = [s.completion_ids for s in samples]
+    prompt_mask = pad([[1] * len(p) for p in prompts], "left")
+    completion_mask = pad([[1] * len(c) for c in completions], "right")
+    return Batch(
+        input_ids=torch.cat([pad(prompts, "left", pad_id), pad(completions, "right", pad_id)], 1),
+        attention_mask=torch.cat([prompt_mask, completion_mask], 1),
+        completion_mask=completion_mask,
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        old_logprobs=pad([s.behaviour_logprobs or [0.0] * len(s.completion_ids) for s in samples],
+                         "right", dtype=torch.float32),
+        has_old=torch.tensor([s.behaviour_logprobs is not None for s in samples]),
+        truncated=torch.tensor([s.truncated for s in samples]),
+    )
+
+
+# -------------------------------------------------------------------------------- log-probs
+
+# Logits are computed for this many elements (tokens x vocabulary) at a time: 64 Mi floats,
+# 256 MiB in float32, whatever the batch. When there is more than one chunk, each is recomputed
+# in the backward pass rather than kept, so the logits of the whole batch never exist at once.
+_LOGIT_CHUNK = 2**26
+
+
+def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0
+                       ) -> Tensor:
+    """log pi(token | prefix) of every completion token, [B, T] float32, 0 on padding.
+
+    The transformer runs over prompt + completion, but the LM head and the log-softmax run only
+    over the hidden states that predict real completion tokens (position t predicts token t+1),
+    in chunks: log p = log_softmax(z)[token], z = lm_head(h) / temperature, in float32.
+    """
+    unwrap = getattr(model, "get_base_model", None)  # a peft model: LoRA layers sit inside
+    hf: Any = unwrap() if unwrap is not None else model
+    hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           use_cache=False).last_hidden_state  # [B, P + T, H]
+    p = batch.prompt_len
+    mask = batch.completion_mask.bool()
+    h = hidden[:, p - 1 : -1][mask]  # [N, H] hidden states before each completion token
+    targets = batch.input_ids[:, p:][mask]  # [N]
+    head = hf.get_output_embeddings()
+    step = max(1, _LOGIT_CHUNK // head.weight.shape[0])
+    if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
+        logps = _token_logprobs(head, h, targets, temperature)
+    else:
+        logps = torch.cat([
+            checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
+                       temperature, use_reentrant=False)
+            for i in range(0, h.shape[0], step)
+        ])
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
+    return out.masked_scatter(mask, logps)
+
+
+def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, temperature: float
+                    ) -> Tensor:
+    # z / T = head(h / T) for a head without bias: divide [n, H], not [n, V]
+    z = head(h / temperature) if head.bias is None else head(h) / temperature
+    return -torch.nn.functional.cross_entropy(z.float(), targets, reduction="none")
+
+
+# ------------------------------------------------------------------------------------- loss
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    batch: Batch,
+    cfg: LossConfig,
+    *,
+    ref_logprobs: Tensor | None = None,
+    normaliser: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The clipped GRPO surrogate of one (micro-)batch, divided by `normaliser`.
+
+    `normaliser` is `loss_normaliser(all samples of the update, cfg)` when this batch is one of
+    several micro-batches; None normalises over this batch alone. `ref_logprobs` (the frozen
+    reference's log-probs) is needed when cfg.beta > 0.
+
+    Metrics (means over the tokens in the loss; "tokens" is their count): clip_low / clip_high,
+    the fraction of tokens whose ratio sits beyond the lower bound with A < 0 / the upper bound
+    with A > 0 (the clipped side of min(), where the token gets no gradient), clip_fraction their
+    sum; ratio, the mean r; kl, the k3 estimate of KL(pi || pi_ref) when beta > 0, else of
+    KL(pi_old || pi), how far the policy is from the one that sampled (0 where no behaviour
+    log-probs were recorded).
+    """
+    mask = batch.completion_mask.to(logprobs.dtype)
+    if cfg.mask_truncated:
+        mask = mask * (~batch.truncated)[:, None]
+    adv = batch.advantages[:, None]
+    old = torch.where(batch.has_old[:, None], batch.old_logprobs, logprobs.detach())
+
+    ratio = torch.exp(logprobs - old)  # r = pi / pi_old
+    clipped = ratio.clamp(1 - cfg.epsilon_low, 1 + cfg.epsilon_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    if cfg.beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs the reference model's log-probs")
+        d = ref_logprobs - logprobs
+        kl = torch.exp(d) - d - 1  # k3 estimate of KL(pi || pi_ref), >= 0
+        per_token = per_token + cfg.beta * ratio * kl
+    else:
+        kl = ratio - 1 - (logprobs - old)  # k3 estimate of KL(pi_old || pi)
+
+    if cfg.loss_type == "grpo":
+        total = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+    else:
+        total = (per_token * mask).sum()
+    n_tokens = mask.sum()
+    if normaliser is None:
+        normaliser = _normaliser(logprobs.shape[0], n_tokens.item(), cfg)
+    loss = total / normaliser
+
+    with torch.no_grad():
+
+        def mean(x: Tensor) -> float:
+            return ((x * mask).sum() / n_tokens.clamp(min=1)).item()
+
+        low = ((ratio < 1 - cfg.epsilon_low) & (adv < 0)).to(mask.dtype)
+        high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0)).to(mask.dtype)
+        metrics = {
+            "loss": loss.item(), "clip_low": mean(low), "clip_high": mean(high),
+            "clip_fraction": mean(low + high), "ratio": mean(ratio), "kl": mean(kl),
+            "tokens": n_tokens.item(),
+        }
+    return loss, metrics
+
+
+# ------------------------------------------------------------------------------------- step
+
+
+def make_optimizer(model: torch.nn.Module, cfg: LossConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, as TRL's default (no weight decay, fused on CUDA)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and params[0].device.type == "cuda"
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0, fused=fused)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[Sample],
+    cfg: LossConfig,
+    *,
+    ref_model: torch.nn.Module | None = None,
+    pad_id: int | None = None,
+) -> StepMetrics:
+    """One optimiser step on `samples`: micro-batches of `cfg.micro_batch_size`, gradients
+    accumulated (each normalised over the whole update), norm clipped to cfg.max_grad_norm.
+
+    Samples that cannot change the loss are not run at all: those with A = 0 when beta = 0 (their
+    loss is identically 0) and truncated ones under `mask_truncated`; they still count in the
+    normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding.
+    No step is taken when every advantage is 0 or the gradient is not finite (`skipped` says
+    why). `ref_model` is the frozen reference for beta > 0; a peft model is used with its
+    adapters disabled (see trainer.policy.reference_model).
+    """
+    started = time.perf_counter()
+    if cfg.beta > 0 and ref_model is None:
+        raise ValueError("beta > 0 needs a reference model")
+
+    def done(skipped: str | None = None, **values: Any) -> StepMetrics:
+        return StepMetrics(samples=len(samples), seconds=time.perf_counter() - started,
+                           skipped=skipped, **values)
+
+    if all(s.advantage == 0 for s in samples):
+        return done("every advantage is 0: no learning signal")
+    live = [s for s in samples if not (cfg.mask_truncated and s.truncated)
+            and (s.advantage != 0 or cfg.beta > 0)]
+    if not live:
+        return done("every sample with an advantage is truncated and masked")
+
+    device = next(model.parameters()).device
+    if pad_id is None:
+        pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+    normaliser = loss_normaliser(samples, cfg)
+    live.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+    model.train()
+    totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
+    for i in range(0, len(live), cfg.micro_batch_size):
+        batch = collate(live[i : i + cfg.micro_batch_size], pad_id).to(device)
+        ref = None
+        if cfg.beta > 0 and ref_model is not None:
+            with torch.no_grad(), _as_reference(ref_model):
+                ref = per_token_logprobs(ref_model, batch, temperature=cfg.temperature)
+        logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
+        loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
+        loss.backward()
+        totals["loss"] += m["loss"]
+        totals["clip_fraction"] += m["clip_fraction"] * m["tokens"]  # token-weighted means
+        totals["kl"] += m["kl"] * m["tokens"]
+        totals["tokens"] += m["tokens"]
+
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+    tokens = max(totals["tokens"], 1)
+    values: dict[str, Any] = {
+        "loss": totals["loss"], "grad_norm": grad_norm, "tokens": int(totals["tokens"]),
+        "clip_fraction": totals["clip_fraction"] / tokens, "kl": totals["kl"] / tokens,
+    }
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return done(f"the gradient norm is {grad_norm}: no step taken", **values)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return done(**values)
+
+
+def _as_reference(model: torch.nn.Module) -> Any:
+    """A peft model with its adapters switched off is the base model: the reference."""
+    disable = getattr(model, "disable_adapter", None)
+    return disable() if disable is not None else nullcontext()
