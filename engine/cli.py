@@ -868,3 +868,8 @@ def main() -> None:  # pragma: no cover
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+# `conductor train ...` and `conductor trainer` live in their own module; importing it
+# registers them on `app`.
+from engine import cli_train  # noqa: E402, F401

@@ -36,10 +36,12 @@ from engine.task import Task
 
 if TYPE_CHECKING:
     from workflows.batch import BatchProgress
+    from workflows.train import TrainInput, TrainProgress
 
 WORKFLOW_NAME = "ConductWorkflow"
 STARTING_SERVER_GRACE_S = 30.0
 BATCH_WORKFLOW_NAME = "BatchWorkflow"
+TRAINING_WORKFLOW_NAME = "TrainingWorkflow"
 
 
 class ConnectError(RuntimeError):
@@ -250,6 +252,52 @@ class ConductorClient:
                                               rpc_timeout=timedelta(seconds=5))
         except (RPCError, WorkflowQueryFailedError):
             return status, None
+
+    # --- training ---------------------------------------------------------------------------
+
+    async def start_training(self, inp: TrainInput) -> tuple[str, bool]:
+        """Start training run NAME (`train-NAME`); returns its workflow id and whether this
+        call started it (False: one is running already)."""
+        from workflows.train import training_workflow_id
+
+        wid = training_workflow_id(inp.name)
+        try:
+            await self.client.start_workflow(
+                TRAINING_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                static_summary=f"train {inp.policy}: {inp.iterations} iterations",
+            )
+        except WorkflowAlreadyStartedError:
+            return wid, False
+        return wid, True
+
+    async def training_progress(self, name: str) -> tuple[str, TrainProgress | None]:
+        """The training run's status and progress (None when no worker answers the query)."""
+        from workflows.train import TrainProgress, training_workflow_id
+
+        handle = self.client.get_workflow_handle(training_workflow_id(name),
+                                                 result_type=TrainProgress)
+        try:
+            desc = await handle.describe()
+        except RPCError as e:
+            raise LookupError(f"no training run {name!r}: {e.message}") from e
+        status = desc.status.name.lower() if desc.status else "unknown"
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            return status, await handle.result()
+        try:
+            return status, await handle.query("progress", result_type=TrainProgress,
+                                              rpc_timeout=timedelta(seconds=5))
+        except (RPCError, WorkflowQueryFailedError):
+            return status, None
+
+    async def stop_training(self, name: str) -> None:
+        """Ask training run NAME to stop after the iteration in flight."""
+        from workflows.train import training_workflow_id
+
+        handle = self.client.get_workflow_handle(training_workflow_id(name))
+        try:
+            await handle.signal("stop")
+        except RPCError as e:
+            raise LookupError(f"no running training run {name!r}: {e.message}") from e
 
 
 def batch_workflow_id(name: str) -> str:

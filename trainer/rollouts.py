@@ -1,0 +1,110 @@
+"""Rollouts: complete GRPO groups from the trace store, turned into token-level samples.
+
+A *group* is G finished root runs of one task under one policy version. The trainer takes groups
+of the version it trains from, and of up to `max_staleness` versions before it (older ones wait
+forever: they are never consumed); a group k versions old has its advantages multiplied by
+`stale_discount ** k`. Only traces no published update has trained on are taken; the registry
+marks them consumed in the same transaction that publishes the new version.
+
+From each run the trainer takes the conductor's completions that decided the outcome: the last
+plan attempt of every round (the plan that ran, or the final unparseable one). Each gets the
+run's group-relative advantage. Token ids and behaviour logprobs come from the trace when the
+backend returned them; otherwise the raw text is tokenized again and the update is on-policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from engine.policies import version_label
+from engine.providers.local import render_chat
+from engine.records import PlanAttempt
+from engine.trace_store import Group, TraceStore
+from engine.traces import PolicyRef, Trace
+from trainer.config import RolloutConfig
+from trainer.grpo import Sample, group_advantages
+
+
+async def select_groups(
+    store: TraceStore, name: str, version: int, cfg: RolloutConfig
+) -> list[tuple[Group, int]]:
+    """Up to `groups_per_update` unconsumed groups, newest version first, with their age."""
+    picked: list[tuple[Group, int]] = []
+    for age in range(0, min(cfg.max_staleness, version) + 1):
+        room = cfg.groups_per_update - len(picked)
+        if room <= 0:
+            break
+        found = await store.groups(
+            PolicyRef(name=name, version=version_label(version - age)), size=cfg.group_size,
+            limit=room, dataset=cfg.dataset, task_ids=cfg.task_ids, unconsumed=True,
+        )
+        picked.extend((g, age) for g in found)
+    return picked
+
+
+def deciding_attempts(trace: Trace) -> list[PlanAttempt]:
+    """The conductor completions that decided the run: the last attempt of each round."""
+    return [r.attempts[-1] for r in trace.rounds if r.attempts]
+
+
+def group_samples(
+    group: Group, age: int, tokenizer: Any, cfg: RolloutConfig
+) -> list[Sample]:
+    """The samples of one group: group-relative advantages over its runs' rewards."""
+    advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
+    weight = cfg.stale_discount**age
+    out: list[Sample] = []
+    for trace, advantage in zip(group.traces, advantages, strict=True):
+        for attempt in deciding_attempts(trace):
+            sample = attempt_sample(attempt, tokenizer, advantage * weight)
+            if sample is not None:
+                out.append(sample)
+    return out
+
+
+def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sample | None:
+    """One plan attempt as a Sample, or None when it has no prompt or no completion."""
+    if not attempt.prompt:
+        return None
+    prompt_ids = tokenizer(
+        render_chat(tokenizer, attempt.prompt), add_special_tokens=False
+    )["input_ids"]
+    completion_ids = attempt.token_ids
+    logprobs = attempt.logprobs
+    if completion_ids is None:  # an API conductor: re-tokenize what it wrote
+        completion_ids = tokenizer(attempt.raw_text, add_special_tokens=False)["input_ids"]
+        if attempt.finish_reason == "stop" and tokenizer.eos_token_id is not None:
+            completion_ids = [*completion_ids, tokenizer.eos_token_id]
+        logprobs = None
+    if not completion_ids:
+        return None
+    if logprobs is not None and len(logprobs) != len(completion_ids):
+        logprobs = None
+    return Sample(
+        prompt_ids=list(prompt_ids), completion_ids=list(completion_ids), advantage=advantage,
+        behaviour_logprobs=logprobs, truncated=attempt.finish_reason == "length",
+    )
+
+
+class GroupStats(BaseModel):
+    """What the groups of one update say about the policy that sampled them."""
+
+    groups: int = 0
+    rollouts: int = 0
+    mean_reward: float | None = None
+    valid_plan_rate: float | None = None
+    tokens: int = 0
+
+
+def group_stats(groups: list[tuple[Group, int]]) -> GroupStats:
+    traces = [t for g, _ in groups for t in g.traces]
+    if not traces:
+        return GroupStats()
+    rewards = [r for g, _ in groups for r in g.rewards]
+    return GroupStats(
+        groups=len(groups), rollouts=len(traces), mean_reward=sum(rewards) / len(rewards),
+        valid_plan_rate=sum(t.valid_plan for t in traces) / len(traces),
+        tokens=sum(t.totals.usage.input_tokens + t.totals.usage.output_tokens for t in traces),
+    )

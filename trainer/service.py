@@ -1,0 +1,204 @@
+"""The trainer service: a Temporal worker on the `trainer` task queue running `grpo_update`.
+
+One process holds one policy in memory (model and optimiser state) between updates, so an
+update costs the training step, not a reload. Everything durable lives elsewhere: checkpoints
+and optimiser state in the blob store, versions and consumed traces in PostgreSQL. A trainer
+that dies mid-update therefore loses nothing: Temporal notices the missing heartbeats and runs
+the update again on the next trainer, which loads the parent version, selects the same
+(still unconsumed) groups and publishes once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from activities.agent import heartbeating
+from activities.record import shared_store
+from engine.policies import (
+    PolicyError,
+    PolicyRegistry,
+    PolicyVersion,
+    StaleParent,
+    TraceAlreadyConsumed,
+    materialise,
+    version_label,
+)
+from engine.settings import Settings
+from engine.trace_store import TraceStore
+from trainer.config import Recipe, UpdateRequest, UpdateResult
+from trainer.rollouts import group_samples, group_stats, select_groups
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class _Held:
+    """The policy this process holds: which version, trained with which recipe."""
+
+    name: str
+    version: int
+    recipe: Recipe
+    policy: Any  # trainer.policy.Policy
+    optimizer: Any
+    reference: Any = None  # the frozen reference model, when beta > 0
+
+
+class Trainer:
+    """Runs updates one at a time (one model, one device) and keeps the policy between them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._held: _Held | None = None
+        self._lock = asyncio.Lock()
+
+    async def update(self, req: UpdateRequest) -> UpdateResult:
+        async with self._lock:
+            return await self._update(req)
+
+    async def _update(self, req: UpdateRequest) -> UpdateResult:
+        started = time.monotonic()
+        store = await shared_store(self.settings)
+        registry = PolicyRegistry(store.pool)
+        done = await registry.by_update(req.update_id)
+        if done is not None:  # a retry of an update that was published: report it again
+            return _published(done, started)
+        newest = await registry.latest_version(req.name)
+        if newest != req.parent:
+            raise StaleParent(
+                f"update {req.update_id} trains {req.name!r} from {version_label(req.parent)}, "
+                f"but {version_label(newest)} is the newest; start the update from the newest"
+            )
+        groups = await select_groups(store, req.name, req.parent, req.recipe.rollouts)
+        stats = group_stats(groups)
+        if not groups:
+            return UpdateResult(
+                name=req.name, version=req.parent, published=False,
+                reason=(f"no complete unconsumed group of {req.recipe.rollouts.group_size} "
+                        f"rollouts under {version_label(req.parent)} or up to "
+                        f"{req.recipe.rollouts.max_staleness} versions before it"),
+                seconds=time.monotonic() - started,
+            )
+        held = await self._hold(req, registry, store)
+        samples = [s for g, age in groups
+                   for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts)]
+        self._held = None  # the weights are about to change: unusable until published
+        step = await asyncio.to_thread(self._train, held, samples, req.recipe)
+        consumed = [(t.workflow_id, t.run_id) for g, _ in groups for t in g.traces]
+        metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
+                   "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
+                   "rollout_tokens": stats.tokens}
+        version = await self._save(held, req, store, metrics)
+        try:
+            published = await registry.publish(version, consumed)
+        except TraceAlreadyConsumed as e:
+            raise ApplicationError(str(e), type="TraceAlreadyConsumed") from e  # retry: reselect
+        held.version = published.version
+        self._held = held
+        log.info("policy published", policy=req.name, version=published.label,
+                 groups=stats.groups, loss=round(step.loss, 5), grad_norm=round(step.grad_norm, 4),
+                 seconds=round(time.monotonic() - started, 2))
+        result = _published(published, started)
+        result.reason = step.skipped
+        return result
+
+    async def _hold(self, req: UpdateRequest, registry: PolicyRegistry,
+                    store: TraceStore) -> _Held:
+        """The policy at `req.parent` with its optimiser state: kept from the last update when it
+        is that version, else loaded from the registry (or the base model for version 0)."""
+        held = self._held
+        if (held is not None and held.name == req.name and held.version == req.parent
+                and held.recipe == req.recipe):
+            return held
+        self._held = None
+        checkpoint, optimizer_state = None, None
+        if req.parent > 0:
+            parent = await registry.get(req.name, req.parent)
+            checkpoint = await materialise(parent, store.blobs, self.settings.data_dir / "policies")
+            if parent.optimizer is not None:
+                optimizer_state = await store.blobs.get(parent.optimizer)
+        return await asyncio.to_thread(_load, req, checkpoint, optimizer_state)
+
+    def _train(self, held: _Held, samples: list[Any], recipe: Recipe) -> Any:
+        from trainer.grpo import train_step
+        from trainer.policy import reference_model
+
+        if recipe.loss.beta > 0 and held.reference is None:
+            held.reference = reference_model(held.policy)
+        return train_step(held.policy.model, held.optimizer, samples, recipe.loss,
+                          ref_model=held.reference, pad_id=held.policy.pad_id)
+
+    async def _save(self, held: _Held, req: UpdateRequest, store: TraceStore,
+                    metrics: dict[str, Any]) -> PolicyVersion:
+        """Checkpoint and optimiser state into the blob store; the version row to publish."""
+        from trainer.policy import save_checkpoint, save_optimizer
+
+        with tempfile.TemporaryDirectory(prefix="conductor-ckpt-") as tmp:
+            out = Path(tmp)
+            paths = await asyncio.to_thread(save_checkpoint, held.policy, out / "checkpoint")
+            await asyncio.to_thread(save_optimizer, held.optimizer, out / "optimizer.safetensors")
+            files = {p.name: await store.blobs.put(p.read_bytes()) for p in paths}
+            optimizer = await store.blobs.put((out / "optimizer.safetensors").read_bytes())
+        return PolicyVersion(
+            name=req.name, version=req.parent + 1, parent=req.parent,
+            base_model=req.recipe.policy.base, kind=held.policy.kind, files=files,
+            optimizer=optimizer, metrics=metrics, update_id=req.update_id,
+        )
+
+
+def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | None) -> _Held:
+    from trainer.grpo import make_optimizer
+    from trainer.policy import load_optimizer, load_policy
+
+    policy = load_policy(req.recipe.policy, checkpoint_dir=checkpoint)
+    optimizer = make_optimizer(policy.model, req.recipe.loss)
+    if optimizer_state is not None:
+        with tempfile.NamedTemporaryFile(suffix=".safetensors") as f:
+            f.write(optimizer_state)
+            f.flush()
+            load_optimizer(optimizer, Path(f.name))
+    log.info("policy loaded", policy=req.name, version=version_label(req.parent),
+             kind=policy.kind, device=str(policy.device))
+    return _Held(req.name, req.parent, req.recipe, policy, optimizer)
+
+
+def _published(version: PolicyVersion, started: float) -> UpdateResult:
+    from trainer.config import StepMetrics
+
+    m = version.metrics
+    return UpdateResult(
+        name=version.name, version=version.version, published=True,
+        groups=m.get("groups", 0), rollouts=m.get("rollouts", 0),
+        mean_reward=m.get("mean_reward"), valid_plan_rate=m.get("valid_plan_rate"),
+        rollout_tokens=m.get("rollout_tokens", 0),
+        step=StepMetrics.model_validate(m), seconds=time.monotonic() - started,
+    )
+
+
+class TrainerActivities:
+    def __init__(self, settings: Settings) -> None:
+        self.trainer = Trainer(settings)
+
+    @activity.defn(name="grpo_update")
+    async def grpo_update(self, req: UpdateRequest) -> UpdateResult:
+        try:
+            return await heartbeating(self.trainer.update(req))
+        except (StaleParent, PolicyError) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+
+
+def build_trainer_worker(client: Client, settings: Settings) -> Worker:
+    """The trainer service's worker: one update at a time on the settings' trainer queue."""
+    activities = TrainerActivities(settings)
+    return Worker(client, task_queue=settings.trainer_task_queue,
+                  activities=[activities.grpo_update], max_concurrent_activities=1)

@@ -1,0 +1,214 @@
+"""TrainingWorkflow: the conductor learns from its own rollouts, one GRPO iteration per run.
+
+    pick tasks ─▶ G ConductWorkflow rollouts per task at temperature 1.0, pinned to version K
+               ─▶ wait ─▶ grpo_update on the trainer task queue ─▶ version K+1 published
+               ─▶ continue-as-new (one iteration per run keeps every history short)
+
+Rollouts are ordinary conductor runs: they record traces, and the trainer reads its groups from
+the trace store, not from this workflow. So the update is an activity like any other: when the
+trainer dies mid-update, Temporal runs it again on the next trainer (heartbeat timeout), and the
+registry's transaction makes sure the groups are consumed once. A `stop` signal ends the run at
+the next iteration boundary; `conductor train start` with the same name resumes from there.
+In `from_traces` mode there are no rollouts: each iteration trains on groups already stored,
+until none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from engine.policies import version_label
+    from engine.records import RunResult
+    from engine.search_attributes import task_search_attributes
+    from engine.task import Task
+    from trainer.config import TRAINER_TASK_QUEUE, Recipe, UpdateRequest, UpdateResult
+    from workflows.conduct import ConductWorkflow
+
+Phase = Literal["starting", "rollouts", "update", "stopped", "finished"]
+
+
+class IterationStats(BaseModel):
+    """One iteration: how the sampling version did, and what the update did."""
+
+    iteration: int
+    version: str = Field(description="the policy version that wrote the rollouts")
+    rollouts: int = 0
+    failed: int = 0
+    mean_reward: float | None = None
+    valid_plan_rate: float | None = None
+    tokens: int = 0
+    published: str | None = Field(default=None, description="the version the update made")
+    loss: float | None = None
+    clip_fraction: float | None = None
+    kl: float | None = None
+    grad_norm: float | None = None
+    trained_tokens: int = 0
+    rollout_seconds: float = 0.0
+    update_seconds: float = 0.0
+    note: str | None = None
+
+
+class TrainProgress(BaseModel):
+    """What `conductor train status` shows; carried across continue-as-new."""
+
+    iteration: int = Field(default=0, description="iterations finished")
+    version: int = Field(default=0, description="the newest published version")
+    phase: Phase = "starting"
+    stop_requested: bool = False
+    history: list[IterationStats] = Field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return version_label(self.version)
+
+
+class TrainInput(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    policy: str = Field(description="the conductor's pool id: the policy being trained")
+    tasks: list[Task] = Field(default_factory=list)
+    iterations: int = Field(default=20, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    from_traces: bool = Field(default=False, description="train on stored traces, no rollouts")
+    recipe: Recipe = Field(default_factory=Recipe)
+    concurrency: int = Field(default=64, ge=1, description="rollouts in flight at once")
+    trainer_task_queue: str = TRAINER_TASK_QUEUE
+    update_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="one update attempt")
+    update_heartbeat_s: float = Field(
+        default=120.0, gt=0, description="a silent trainer is presumed dead after this long"
+    )
+    progress: TrainProgress = Field(default_factory=TrainProgress)
+
+
+def training_workflow_id(name: str) -> str:
+    return f"train-{name}"
+
+
+def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:
+    """The iteration's tasks: the next k of the list, wrapping round (the CLI shuffles it)."""
+    if not tasks:
+        return []
+    start = iteration * k
+    return [tasks[(start + i) % len(tasks)] for i in range(min(k, len(tasks)))]
+
+
+@workflow.defn
+class TrainingWorkflow:
+    def __init__(self) -> None:
+        self._progress = TrainProgress()
+
+    @workflow.query
+    def progress(self) -> TrainProgress:
+        return self._progress
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Finish the iteration in flight, then end (resumable with `train start`)."""
+        self._progress.stop_requested = True
+
+    @workflow.run
+    async def run(self, inp: TrainInput) -> TrainProgress:
+        p = self._progress = inp.progress
+        if p.stop_requested or p.iteration >= inp.iterations:
+            p.phase = "stopped" if p.iteration < inp.iterations else "finished"
+            return p
+        stats = IterationStats(iteration=p.iteration, version=p.label)
+        recipe = inp.recipe
+        if not inp.from_traces:
+            p.phase = "rollouts"
+            tasks = pick_tasks(inp.tasks, p.iteration, recipe.rollouts.groups_per_update)
+            started = workflow.time()
+            await self._rollouts(inp, tasks, stats)
+            stats.rollout_seconds = workflow.time() - started
+            rollouts = recipe.rollouts.model_copy(update={"task_ids": [t.id for t in tasks]})
+            recipe = recipe.model_copy(update={"rollouts": rollouts})
+        p.phase = "update"
+        result = await self._update(inp, recipe)
+        self._record(stats, result)
+        p.history.append(stats)
+        p.version = result.version
+        p.iteration += 1
+        if inp.from_traces and not result.published:
+            p.phase = "finished"  # every stored group is trained on
+            return p
+        if p.stop_requested or p.iteration >= inp.iterations:
+            p.phase = "stopped" if p.stop_requested else "finished"
+            return p
+        workflow.continue_as_new(inp.model_copy(update={"progress": p}))
+
+    async def _rollouts(self, inp: TrainInput, tasks: list[Task], stats: IterationStats) -> None:
+        """G runs of each task at the rollout temperature, pinned to the current version."""
+        p, g = self._progress, inp.recipe.rollouts.group_size
+        chain = workflow.info().first_execution_run_id[:8]
+        slots = asyncio.Semaphore(inp.concurrency)
+        rewards: list[float] = []
+        valid: list[bool] = []
+
+        async def one(task: Task, sample: int) -> None:
+            async with slots:
+                await rollout(task, sample)
+
+        async def rollout(task: Task, sample: int) -> None:
+            options = task.options.model_copy(update={
+                "temperature": inp.temperature, "policy_version": p.label, "sample": sample})
+            task = task.model_copy(update={"options": options})
+            wid = f"{training_workflow_id(inp.name)}/{chain}/it{p.iteration}/{task.id}/{sample}"
+            try:
+                res: RunResult = await workflow.execute_child_workflow(
+                    ConductWorkflow.run, task, id=wid,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                    search_attributes=task_search_attributes(task),
+                    static_summary=f"rollout {sample} · {inp.name} it{p.iteration}",
+                )
+                rewards.append(res.reward.value if res.reward and res.reward.value is not None
+                               else 0.0)
+                valid.append(res.status != "invalid_plan")
+                stats.tokens += res.totals.usage.input_tokens + res.totals.usage.output_tokens
+            except WorkflowAlreadyStartedError:
+                pass  # ran before a reset of this workflow: its trace is in the store
+            except ChildWorkflowError:
+                stats.failed += 1
+
+        await asyncio.gather(*(one(task, sample) for task in tasks for sample in range(g)))
+        stats.rollouts = len(rewards)
+        if rewards:
+            stats.mean_reward = sum(rewards) / len(rewards)
+            stats.valid_plan_rate = sum(valid) / len(valid)
+
+    async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:
+        p = self._progress
+        info = workflow.info()
+        req = UpdateRequest(
+            name=inp.policy, parent=p.version, recipe=recipe,
+            update_id=f"{info.workflow_id}/{info.first_execution_run_id}/it{p.iteration}",
+        )
+        return await workflow.execute_activity(
+            "grpo_update", req, result_type=UpdateResult,
+            task_queue=inp.trainer_task_queue,
+            start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
+            heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),
+            retry_policy=RetryPolicy(
+                maximum_interval=timedelta(seconds=30),
+                non_retryable_error_types=["StaleParent", "PolicyError"],
+            ),
+            summary=f"grpo_update · {inp.policy} {p.label} → v{p.version + 1}",
+        )
+
+    def _record(self, stats: IterationStats, result: UpdateResult) -> None:
+        if not stats.rollouts and result.rollouts:  # from_traces: the groups' own figures
+            stats.rollouts, stats.mean_reward = result.rollouts, result.mean_reward
+            stats.valid_plan_rate, stats.tokens = result.valid_plan_rate, result.rollout_tokens
+        stats.published = version_label(result.version) if result.published else None
+        stats.update_seconds = result.seconds
+        stats.note = result.reason
+        if result.step is not None:
+            s = result.step
+            stats.loss, stats.clip_fraction, stats.kl = s.loss, s.clip_fraction, s.kl
+            stats.grad_norm, stats.trained_tokens = s.grad_norm, s.tokens
