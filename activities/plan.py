@@ -29,6 +29,7 @@ from engine.pool import AgentSpec, Pool
 from engine.prompts import conductor_messages
 from engine.providers import AgentCallError, CompletionRequest, complete
 from engine.records import PlanAttempt
+from engine.serving import LORA_ADAPTER_LOST, ensure_lora_adapter, forget_lora_adapter
 from engine.settings import Settings
 from engine.task import Task
 
@@ -65,8 +66,8 @@ class PlanActivities:
         The task may pin a version (training does, per iteration); otherwise the pool file's
         `policy_version`, where 'latest' follows the registry. A trained version is served by
         the local provider from its checkpoint (fetched from the blob store once) or, for an
-        openai-compatible server such as vLLM, under the adapter name `NAME-vK` it was
-        published as.
+        openai-compatible server such as vLLM, under the adapter name `NAME-vK`, which is
+        loaded into vLLM (runtime LoRA) on first use; see engine/serving.py.
         """
         conductor = self.pool.conductor
         wanted = parse_version(pinned or conductor.policy_version)
@@ -86,7 +87,10 @@ class PlanActivities:
             where = await materialise(version, store.blobs, self._settings().data_dir / "policies")
             return conductor.model_copy(update={"checkpoint": str(where)}), label
         if conductor.provider == "openai-compatible":
-            await registry.get(conductor.id, wanted)  # a clear error for a version never made
+            version = await registry.get(conductor.id, wanted)  # clear error if never made
+            if version.kind == "lora":  # full weights are served by a vLLM of their own
+                where = await materialise(version, store.blobs, self._settings().lora_root)
+                await ensure_lora_adapter(conductor, version, where)
             return conductor.model_copy(update={"model": served_name(conductor.id, wanted)}), label
         raise PolicyError(
             f"the conductor {conductor.id!r} runs on {conductor.provider}, which cannot serve a "
@@ -110,6 +114,9 @@ class PlanActivities:
         except PolicyError as e:
             raise ApplicationError(str(e), type="PolicyVersionUnavailable",
                                    non_retryable=True) from e
+        except AgentCallError as e:  # vLLM could not load the version's adapter
+            log.warning("conductor version not served", error=e.message, retryable=e.retryable)
+            raise to_application_error(e) from e
         agents = self.pool.available()
         ids = [a.id for a in agents]
         opts = req.task.options
@@ -132,8 +139,10 @@ class PlanActivities:
         try:
             completion = await complete(conductor, request)
         except AgentCallError as e:
-            log.warning("conductor call failed", error=e.message, retryable=e.retryable)
-            raise to_application_error(e) from e
+            failure = _adapter_lost(conductor, e) or e
+            log.warning("conductor call failed", error=failure.message,
+                        retryable=failure.retryable)
+            raise to_application_error(failure) from e
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
             cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
@@ -152,3 +161,15 @@ class PlanActivities:
             out.error = str(e)
             log.warning("plan rejected", error=out.error)
         return out
+
+
+def _adapter_lost(conductor: AgentSpec, error: AgentCallError) -> AgentCallError | None:
+    """A 404 for an adapter this process loaded means vLLM lost it (it restarted): forget the
+    load, and retry, which loads it again. None for every other error."""
+    if error.status != 404 or not forget_lora_adapter(conductor, conductor.model):
+        return None
+    return AgentCallError(
+        f"agent {conductor.id}: {conductor.base_url} no longer serves adapter "
+        f"{conductor.model} (vLLM restarted?); it is loaded again on the next attempt",
+        retryable=True, status=404, kind=LORA_ADAPTER_LOST,
+    )

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
         default=256 * 1024, ge=0,
         description="Temporal payloads above this many bytes go to external storage",
     )
+    # --- serving trained policy versions ------------------------------------------------------
+    lora_dir: Path | None = Field(
+        default=None,
+        description="where policy versions are written for vLLM to load (runtime LoRA); a "
+        "directory the vLLM server reads at the same path; default data_dir/policies",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -78,6 +84,10 @@ class Settings(BaseSettings):
     @property
     def blobs_path(self) -> Path:
         return self.blob_dir or self.data_dir / "blobs"
+
+    @property
+    def lora_root(self) -> Path:
+        return self.lora_dir or self.data_dir / "policies"
 
     @property
     def embedded(self) -> bool:

@@ -18,6 +18,15 @@ Routes (what the SDKs request when given the base URLs below):
     Gemini     POST /{v1,v1beta}/models/{m}:generateContent
                                                      base_url = server.gemini_base_url
 (google-genai 3.x calls /v1/...; older releases called /v1beta/...; both are served.)
+    vLLM LoRA  POST /v1/load_lora_adapter, /v1/unload_lora_adapter   (runtime LoRA, below)
+
+Runtime LoRA, as vLLM started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+answers it: a load is 200 the first time, 400 "has already been loaded" for a name it holds,
+404 "No adapter found for PATH" for a directory that does not exist here; an unload of a name
+it does not hold is 404. A chat completion for an adapter-style model name (`NAME-vK`) is 404
+"The model `NAME-vK` does not exist." until that name is loaded. `vllm_lora(runtime_updating=
+False)` makes the routes 404 "Not Found", as a server without runtime updating does;
+`drop_adapters()` forgets every adapter, as a restarted vLLM does; `lora_calls()` records them.
 
 Web search: a reply scripted with `citations` carries them in the family's own wire format (URL
 citation annotations, `web_search_result_location` citations after a search's tool blocks,
@@ -41,6 +50,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import pytest
@@ -157,6 +167,17 @@ class AgentRequest:
     @property
     def system(self) -> str:
         return "\n".join(m["content"] for m in self.messages if m["role"] == "system")
+
+
+@dataclass(frozen=True)
+class LoraCall:
+    """One request to the runtime LoRA routes and the status it was answered with."""
+
+    route: Literal["load", "unload"]
+    lora_name: str | None
+    lora_path: str | None
+    api_key: str | None
+    status: int
 
 
 Responder = Callable[[str], "str | Reply"]
@@ -545,6 +566,18 @@ def _api_key(headers: Mapping[str, str], query: str) -> str | None:
     return match[1] if match else None
 
 
+# ---------------------------------------------------------------- vLLM's runtime LoRA routes
+
+_LORA_ROUTES: dict[str, Literal["load", "unload"]] = {
+    "/v1/load_lora_adapter": "load", "/v1/unload_lora_adapter": "unload",
+}
+_ADAPTER_NAME = re.compile(r"-v\d+$")  # engine.policies.served_name: NAME-vK
+
+
+def _vllm_error(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
 # ---------------------------------------------------------------- the server
 
 
@@ -580,6 +613,10 @@ class AgentServer:
         self._lock = threading.Lock()
         self._scripts: dict[str, _Script] = {}
         self._requests: list[AgentRequest] = []
+        self._adapters: dict[str, str] = {}  # runtime LoRA: name -> path
+        self._lora_calls: list[LoraCall] = []
+        self._runtime_lora = True
+        self._lora_delay_s = 0.0
         self._closing = threading.Event()
         self._http = _HttpServer(("127.0.0.1", 0), _Handler)
         self._http.agents = self
@@ -671,10 +708,79 @@ class AgentServer:
             return [r for r in self._requests if model is None or r.model == model]
 
     def reset(self) -> None:
-        """Forget every script, responder and recorded request."""
+        """Forget every script, responder and recorded request (and every LoRA adapter)."""
         with self._lock:
             self._scripts.clear()
             self._requests.clear()
+            self._adapters.clear()
+            self._lora_calls.clear()
+            self._runtime_lora, self._lora_delay_s = True, 0.0
+
+    # -- runtime LoRA (vLLM)
+
+    def vllm_lora(self, *, runtime_updating: bool = True, load_delay_s: float = 0.0) -> None:
+        """Serve the LoRA routes (or 404 them, as vLLM without runtime updating); each load
+        takes `load_delay_s` (so concurrent loads overlap)."""
+        with self._lock:
+            self._runtime_lora, self._lora_delay_s = runtime_updating, load_delay_s
+
+    def lora_calls(self, route: Literal["load", "unload"] | None = None) -> list[LoraCall]:
+        with self._lock:
+            return [c for c in self._lora_calls if route is None or c.route == route]
+
+    def adapters(self) -> dict[str, str]:
+        """The adapters loaded now: name -> path."""
+        with self._lock:
+            return dict(self._adapters)
+
+    def drop_adapters(self) -> None:
+        """Forget every loaded adapter, as a restarted vLLM does."""
+        with self._lock:
+            self._adapters.clear()
+
+    def _lora(self, route: Literal["load", "unload"], body: dict[str, Any],
+              api_key: str | None) -> tuple[int, bytes | dict[str, Any]]:
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if route == "load" and self._lora_delay_s > 0:
+            self._closing.wait(self._lora_delay_s)
+        with self._lock:
+            status, payload = self._lora_answer(route, name, path)
+            self._lora_calls.append(LoraCall(route, name, path, api_key, status))
+        return status, payload
+
+    def _lora_answer(self, route: Literal["load", "unload"], name: str | None,
+                     path: str | None) -> tuple[int, bytes | dict[str, Any]]:
+        """vLLM's answer (OpenAIServingModels.load_lora_adapter / unload_lora_adapter)."""
+        if not self._runtime_lora:
+            return 404, {"detail": "Not Found"}
+        if route == "unload":
+            if name not in self._adapters:
+                return 404, _vllm_error(404, f"The lora adapter '{name}' cannot be found.",
+                                        "NotFoundError")
+            del self._adapters[name]
+            return 200, f"Success: LoRA adapter '{name}' removed successfully.".encode()
+        if not name or not path:
+            return 400, _vllm_error(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                                    "InvalidUserInput")
+        if name in self._adapters:
+            return 400, _vllm_error(
+                400, f"The lora adapter '{name}' has already been loaded. If you want to load "
+                "the adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
+        if not Path(path).is_dir():
+            return 404, _vllm_error(
+                404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+        self._adapters[name] = path
+        return 200, f"Success: LoRA adapter '{name}' added successfully.".encode()
+
+    def _unknown_adapter(self, request: AgentRequest) -> bool:
+        """A chat completion for an adapter name vLLM does not hold (recorded all the same)."""
+        if request.api != "openai" or not _ADAPTER_NAME.search(request.model):
+            return False
+        with self._lock:
+            if request.model in self._adapters:
+                return False
+            self._requests.append(request)
+        return True
 
     def _next_reply(self, request: AgentRequest) -> Reply:
         """Record the request and choose its reply (responders run outside the lock)."""
@@ -696,6 +802,15 @@ class AgentServer:
         path, _, query = h.path.partition("?")
         length = int(h.headers.get("content-length") or 0)
         raw = h.rfile.read(length) if length else b""
+        if path in _LORA_ROUTES:
+            try:
+                lora_body = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                lora_body = {}
+            key = _api_key({k.lower(): v for k, v in h.headers.items()}, query)
+            status, lora_payload = self._lora(_LORA_ROUTES[path], lora_body, key)
+            self._send(h, status, lora_payload, {})
+            return
         route = _route(path)
         if route is None:
             self._send(h, 404, {"error": {"message": f"no route for POST {path}"}}, {})
@@ -710,6 +825,10 @@ class AgentServer:
         request = codec.decode(body, path_model)
         request.api_key = _api_key({k.lower(): v for k, v in h.headers.items()}, query)
         request.path, request.body = path, body
+        if self._unknown_adapter(request):
+            self._send(h, 404, _vllm_error(
+                404, f"The model `{request.model}` does not exist.", "NotFoundError"), {})
+            return
         reply = self._next_reply(request)
         if reply.delay_s > 0 and self._wait(h, request, reply.delay_s):
             return

@@ -24,6 +24,7 @@ from engine.pool import AgentSpec, Pool
 from engine.settings import Settings
 from engine.trace_store import TraceStore
 from engine.traces import PolicyRef
+from tests.agent_server import AgentServer
 from tests.test_trace_store import make_trace
 
 
@@ -114,7 +115,7 @@ async def test_a_version_materialises_as_a_directory_once(
 
 
 async def test_the_plan_activity_follows_the_newest_version_unless_pinned(
-    trace_store: TraceStore, settings: Settings,
+    trace_store: TraceStore, settings: Settings, agent_server: AgentServer,
 ) -> None:
     registry, name = PolicyRegistry(trace_store.pool), _name()
     agent = AgentSpec(id="helper", provider="sim", model="sim")
@@ -130,10 +131,11 @@ async def test_the_plan_activity_follows_the_newest_version_unless_pinned(
     assert label == "base" and spec.checkpoint is None
 
     vllm = local.model_copy(update={"provider": "openai-compatible",
-                                    "base_url": "http://127.0.0.1:1/v1"})
+                                    "base_url": agent_server.openai_base_url})
     spec, label = await PlanActivities(Pool(conductor=vllm, agents=[agent]),
                                        settings).conductor_at("v1")
     assert (spec.model, label) == (f"{name}-v1", "v1")
+    assert [c.lora_name for c in agent_server.lora_calls("load")] == [f"{name}-v1"]
     api = local.model_copy(update={"provider": "anthropic"})
     with pytest.raises(PolicyError, match="cannot serve a trained version"):
         await PlanActivities(Pool(conductor=api, agents=[agent]), settings).conductor_at("v1")
