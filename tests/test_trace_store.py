@@ -287,3 +287,14 @@ async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
         assert "traces_groups" in "\n".join(r[0] for r in rows)
     finally:
         await pool.close()
+
+
+async def test_a_sampled_nul_character_is_stored_as_a_replacement_character(
+    trace_store: TraceStore,
+) -> None:
+    trace = make_trace(f"nul-{uuid.uuid4().hex[:6]}", output="a\x00b \\u0000 kept")
+    trace.rounds[0].attempts[0].raw_text = "plan\x00"
+    await trace_store.write(trace)  # jsonb refuses NUL: this used to fail on every retry
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None and back.answer == "a\ufffdb \\u0000 kept"
+    assert back.rounds[0].attempts[0].raw_text == "plan\ufffd"
