@@ -392,6 +392,21 @@ def plan_check(
 # --- batch -----------------------------------------------------------------------------------
 
 
+def _load_task_file(source: str) -> list[Task]:
+    """The valid tasks of a JSONL file (or hf:NAME); bad lines are reported and skipped."""
+    from engine.tasks import TaskFileError, load_tasks
+
+    try:
+        loaded = load_tasks(source)
+    except TaskFileError as e:
+        raise _fail(str(e)) from None
+    for bad in loaded.errors:
+        err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
+    if not loaded.tasks:
+        raise _fail(f"no valid task in {source}")
+    return list(loaded.tasks)
+
+
 @app.command()
 def batch(
     source: Annotated[str, typer.Argument(
@@ -420,16 +435,7 @@ def batch(
         else:
             _report_batch(settings, batch_name, out_dir or Path("batches") / batch_name)
         return
-    from engine.tasks import TaskFileError, load_tasks
-
-    try:
-        loaded = load_tasks(source)
-    except TaskFileError as e:
-        raise _fail(str(e)) from None
-    for bad in loaded.errors:
-        err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
-    if not loaded.tasks:
-        raise _fail(f"no valid task in {source}")
+    loaded = _load_task_file(source)
     name = name or Path(source.split(":")[-1]).stem
     agents = _load_pool(settings)
 
@@ -437,10 +443,10 @@ def batch(
         conductor = await ConductorClient.connect(settings)
         in_process = settings.embedded if worker is None else worker
         async with _in_process_worker(conductor, agents, in_process):
-            wid, started = await conductor.submit_batch(name, loaded.tasks,
+            wid, started = await conductor.submit_batch(name, loaded,
                                                         concurrency=concurrency)
             err.print(f"batch [bold]{name}[/] {'started' if started else 'already running'}: "
-                      f"{len(loaded.tasks)} tasks, {concurrency} at a time · "
+                      f"{len(loaded)} tasks, {concurrency} at a time · "
                       f"{settings.workflow_url(wid)}", soft_wrap=True)
             if watch or in_process:
                 await _watch_batch(settings, name, conductor)

@@ -17,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 
 from engine.cli import (
@@ -25,6 +24,7 @@ from engine.cli import (
     _fail,
     _in_process_worker,
     _load_pool,
+    _load_task_file,
     _run,
     _settings,
     _trace_store,
@@ -115,15 +115,7 @@ def train_start(
     agents = _load_pool(settings)
     loaded_tasks: list[Any] = []
     if tasks is not None:
-        from engine.tasks import TaskFileError, load_tasks
-
-        try:
-            loaded = load_tasks(tasks)
-        except TaskFileError as e:
-            raise _fail(str(e)) from None
-        for bad in loaded.errors:
-            err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
-        loaded_tasks = list(loaded.tasks)
+        loaded_tasks = _load_task_file(tasks)
         random.Random(seed).shuffle(loaded_tasks)
     elif not from_traces:
         raise _fail("give a task file to sample rollouts from, or --from-traces")

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from pydantic import BaseModel
 from temporalio.client import (
     Client,
     TLSConfig,
@@ -42,6 +43,7 @@ WORKFLOW_NAME = "ConductWorkflow"
 STARTING_SERVER_GRACE_S = 30.0
 BATCH_WORKFLOW_NAME = "BatchWorkflow"
 TRAINING_WORKFLOW_NAME = "TrainingWorkflow"
+P = TypeVar("P", bound=BaseModel)
 
 
 class ConnectError(RuntimeError):
@@ -238,17 +240,21 @@ class ConductorClient:
         """The batch's status and progress (None when no worker answers the query)."""
         from workflows.batch import BatchProgress
 
-        handle = self.client.get_workflow_handle(batch_workflow_id(name),
-                                                 result_type=BatchProgress)
+        return await self._progress(batch_workflow_id(name), BatchProgress, f"batch {name!r}")
+
+    async def _progress(self, workflow_id: str, kind: type[P], what: str) -> tuple[str, P | None]:
+        """Status and `progress` of a long workflow: its result once completed, else its
+        progress query (None when no worker answers it). LookupError when there is none."""
+        handle = self.client.get_workflow_handle(workflow_id, result_type=kind)
         try:
             desc = await handle.describe()
         except RPCError as e:
-            raise LookupError(f"no batch {name!r}: {e.message}") from e
+            raise LookupError(f"no {what}: {e.message}") from e
         status = desc.status.name.lower() if desc.status else "unknown"
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             return status, await handle.result()
         try:
-            return status, await handle.query("progress", result_type=BatchProgress,
+            return status, await handle.query("progress", result_type=kind,
                                               rpc_timeout=timedelta(seconds=5))
         except (RPCError, WorkflowQueryFailedError):
             return status, None
@@ -274,20 +280,8 @@ class ConductorClient:
         """The training run's status and progress (None when no worker answers the query)."""
         from workflows.train import TrainProgress, training_workflow_id
 
-        handle = self.client.get_workflow_handle(training_workflow_id(name),
-                                                 result_type=TrainProgress)
-        try:
-            desc = await handle.describe()
-        except RPCError as e:
-            raise LookupError(f"no training run {name!r}: {e.message}") from e
-        status = desc.status.name.lower() if desc.status else "unknown"
-        if desc.status == WorkflowExecutionStatus.COMPLETED:
-            return status, await handle.result()
-        try:
-            return status, await handle.query("progress", result_type=TrainProgress,
-                                              rpc_timeout=timedelta(seconds=5))
-        except (RPCError, WorkflowQueryFailedError):
-            return status, None
+        return await self._progress(training_workflow_id(name), TrainProgress,
+                                    f"training run {name!r}")
 
     async def stop_training(self, name: str) -> None:
         """Ask training run NAME to stop after the iteration in flight."""

@@ -237,6 +237,8 @@ async def test_a_trainer_killed_mid_update_is_retried_and_consumes_each_group_on
                 proc.wait()
 
     assert final.version == 2 and [s.published for s in final.history] == ["v1", "v2"]
+    status, shown = await ConductorClient(client, settings).training_progress(inp.name)
+    assert status == "completed" and shown == final, "what `conductor train status` shows"
     registry = PolicyRegistry(trace_store.pool)
     versions = await registry.history(pool.conductor.id)
     assert [v.version for v in versions] == [1, 2]
