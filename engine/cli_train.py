@@ -88,7 +88,7 @@ def train_start(
         help="JSONL task file (or hf:NAME) to sample rollouts from")] = None,
     name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
     recipe: Annotated[Path | None, typer.Option(
-        help="TOML recipe: [policy], [loss], [rollouts] (see trainer/config.py)")] = None,
+        help=r"TOML recipe: \[policy], \[loss], \[rollouts] (see trainer/config.py)")] = None,
     iterations: Annotated[int, typer.Option(help="updates to run")] = 20,
     group_size: Annotated[int | None, typer.Option(help="G: rollouts per task")] = None,
     tasks_per_iteration: Annotated[int | None, typer.Option(help="tasks per update")] = None,
