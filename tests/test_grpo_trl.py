@@ -23,6 +23,7 @@ trl = pytest.importorskip("trl", reason="TRL is not installed (pip install trl):
 pytest.importorskip("datasets", reason="TRL's GRPOTrainer needs the datasets package")
 
 from tests.test_grpo import PAD, random_samples, tiny_model, tiny_tokenizer  # noqa: E402
+from tests.trl_inputs import trl_inputs  # noqa: E402
 from trainer.config import LossConfig  # noqa: E402
 from trainer.grpo import Sample, collate, grpo_loss, per_token_logprobs  # noqa: E402
 
@@ -63,33 +64,6 @@ def trl_trainer(model_dir: Path, cfg: LossConfig, out: Path) -> Any:
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which we skip
     return trainer
-
-
-def trl_inputs(samples: list[Sample], cfg: LossConfig, ref_logprobs: Any) -> dict[str, Any]:
-    """The batch as TRL's _generate_and_score_completions lays it out."""
-    from trl.trainer.utils import pad
-
-    def padded(rows: list[list[Any]], side: str, value: int = 0, **kw: Any) -> Any:
-        return pad([torch.tensor(r, **kw) for r in rows], padding_value=value, padding_side=side)
-
-    completion_mask = padded([[1] * len(s.completion_ids) for s in samples], "right")
-    if cfg.mask_truncated:
-        truncated = torch.tensor([s.truncated for s in samples])
-        completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
-    inputs = {
-        "prompt_ids": padded([s.prompt_ids for s in samples], "left", PAD),
-        "prompt_mask": padded([[1] * len(s.prompt_ids) for s in samples], "left"),
-        "completion_ids": padded([s.completion_ids for s in samples], "right", PAD),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor([s.advantage for s in samples]),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-    if samples[0].behaviour_logprobs is not None:
-        inputs["old_per_token_logps"] = padded(
-            [s.behaviour_logprobs or [] for s in samples], "right", dtype=torch.float32)
-    if cfg.beta > 0:
-        inputs["ref_per_token_logps"] = ref_logprobs
-    return inputs
 
 
 def near_policy_samples(model: Any, *, old: bool, truncated: int, seed: int) -> list[Sample]:
@@ -134,7 +108,8 @@ def test_loss_and_gradients_agree_with_trl(loss_type: str, case: dict[str, Any],
     loss, metrics = grpo_loss(per_token_logprobs(ours, batch, temperature=0.9), batch, cfg,
                               ref_logprobs=ref_logprobs)
     loss.backward()
-    theirs = trainer.compute_loss(trainer.model, trl_inputs(samples, cfg, ref_logprobs))
+    inputs = trl_inputs(samples, cfg, pad_id=PAD, ref_logprobs=ref_logprobs)
+    theirs = trainer.compute_loss(trainer.model, inputs)
     theirs.backward()
 
     torch.testing.assert_close(loss, theirs, rtol=1e-5, atol=1e-7)

@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tests.benchmarks._harness import table  # noqa: E402
+from tests.trl_inputs import trl_inputs  # noqa: E402
 from trainer.config import LossConfig  # noqa: E402
 from trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
 
@@ -126,7 +127,7 @@ def no_reward(completions: list[Any], **_: Any) -> list[float | None]:
 def trl(model: Any, samples: list[Sample], cfg: LossConfig, tmp: str) -> Callable[[], int]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import pad, split_tensor_dict
+    from trl.trainer.utils import split_tensor_dict
 
     accumulation = -(-len(samples) // cfg.micro_batch_size)
     cuda = next(model.parameters()).device.type == "cuda"
@@ -145,25 +146,14 @@ def trl(model: Any, samples: list[Sample], cfg: LossConfig, tmp: str) -> Callabl
     trainer.current_gradient_accumulation_steps = accumulation
     device = next(model.parameters()).device
 
-    def padded(rows: list[list[Any]], side: str, value: int = 0, **kw: Any) -> torch.Tensor:
-        return pad([torch.tensor(r, **kw) for r in rows], padding_value=value, padding_side=side)
-
-    completion_mask = padded([[1] * len(s.completion_ids) for s in samples], "right")
-    inputs = {
-        "prompt_ids": padded([s.prompt_ids for s in samples], "left", PAD),
-        "prompt_mask": padded([[1] * len(s.prompt_ids) for s in samples], "left"),
-        "completion_ids": padded([s.completion_ids for s in samples], "right", PAD),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor([s.advantage for s in samples]),
-        "old_per_token_logps": padded([s.behaviour_logprobs or [] for s in samples], "right",
-                                      dtype=torch.float32),
-    }
+    inputs = trl_inputs(samples, cfg, pad_id=PAD)
+    items = inputs.pop("num_items_in_batch")  # a scalar: not split into micro-batches
     generation_batch: dict[str, torch.Tensor | None] = {
         k: v.to(device) for k, v in inputs.items()}
     micro_batches = split_tensor_dict(generation_batch, accumulation)
     for mb in micro_batches:
-        mb["num_items_in_batch"] = completion_mask.sum().to(device)
-    tokens = int(completion_mask.sum())
+        mb["num_items_in_batch"] = items.to(device)
+    tokens = int(items)
 
     def update() -> int:
         model.train()
