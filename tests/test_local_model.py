@@ -6,11 +6,13 @@ CONDUCTOR_LOCAL_WHEEL when it already points at one), converted into a per-sessi
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +167,72 @@ async def test_json_schema_output_always_parses(first_load: local.LoadedModel, s
     assert completion.finish_reason == "stop", completion.text  # the grammar ended it, not max
     validate_plan(json.loads(completion.text))
     check_tokens(completion, first_load)
+
+
+def solo_logprobs(loaded: local.LoadedModel, request: CompletionRequest, completion: Any) -> Any:
+    """The completion's raw log-probs recomputed for it alone: no batch, no padding."""
+    import torch
+
+    prompt = local._prompt_ids(loaded, request)
+    ids = torch.tensor([prompt + completion.token_ids])
+    with torch.inference_mode():
+        logits = loaded.model(ids).logits[0, len(prompt) - 1 : -1].float()
+    picked = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
+    return picked[:, 0]
+
+
+@needs_local_extra
+@pytest.mark.slow
+async def test_requests_that_wait_together_are_generated_as_one_batch(
+    first_load: local.LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    # a gathering window wide enough that a loaded test machine cannot split the four
+    monkeypatch.setattr(local, "_queue", local._GenerationQueue(window_s=1.0))
+    questions = ["add 17 and 25, then check the sum", "name the capital of Peru", "sort 3 1 2"]
+    plans = [
+        chat(("system", "Write a plan as JSON. Agents: a (solves maths), b (checks answers)."),
+             ("user", f"Task: {q}."), temperature=1.0, max_tokens=400, json_schema=PLAN_SCHEMA)
+        for q in questions
+    ]
+    short = chat(("user", "Tell me a long story about a cat."), temperature=1.0, max_tokens=5)
+    local._compile_grammar(SPEC, first_load, plans[0])  # the first compile takes seconds
+    done = await asyncio.gather(*(local.complete(SPEC, r) for r in [*plans, short]))
+
+    assert local._queue.batch_sizes == Counter({4: 1})  # one generate call for all four
+    for request, completion in zip(plans, done[:3], strict=True):
+        assert completion.finish_reason == "stop", completion.text
+        validate_plan(json.loads(completion.text))  # each row kept to its own grammar
+        check_tokens(completion, first_load)
+        # left padding changed nothing: the recorded log-probs are the unbatched model's
+        torch.testing.assert_close(
+            torch.tensor(completion.logprobs), solo_logprobs(first_load, request, completion),
+            atol=1e-3, rtol=1e-3,
+        )
+    assert done[3].finish_reason == "length" and len(done[3].token_ids or []) == 5  # its own limit
+    check_tokens(done[3], first_load)
+
+
+@needs_local_extra
+@pytest.mark.slow
+async def test_a_cancelled_request_stops_without_disturbing_its_batch(
+    first_load: local.LoadedModel,
+) -> None:
+    story = chat(("user", "Tell me a long story about a cat."), temperature=1.0, max_tokens=60)
+    doomed = asyncio.create_task(local.complete(SPEC, story))
+    kept = asyncio.create_task(local.complete(SPEC, story))
+    await asyncio.sleep(0.5)  # both are generating by now
+    doomed.cancel()
+
+    completion = await kept
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    assert len(completion.token_ids or []) == 60 or completion.finish_reason == "stop"
+    check_tokens(completion, first_load)
+    again = await local.complete(SPEC, chat(("user", "Hi"), max_tokens=3))  # the queue goes on
+    assert again.usage.output_tokens <= 3
 
 
 @needs_local_extra

