@@ -64,17 +64,21 @@ def tiny_model_dir(out: Path, seed: int = 0) -> Path:
 
 
 def random_samples(n: int, seed: int = 0, *, old: bool | None = None, truncated: int = 0,
-                   zero: int = 0) -> list[Sample]:
+                   zero: int = 0, groups: int = 0, completion_len: tuple[int, int] = (2, 9)
+                   ) -> list[Sample]:
     """n samples of varied prompt and completion lengths; advantages of both signs (the first
     `zero` are 0); behaviour log-probs on every row (old=True), none (False) or every other
-    row (None); the last `truncated` samples truncated."""
+    row (None); the last `truncated` samples truncated. With `groups`, sample i has the prompt
+    of group i % groups, as GRPO groups do; otherwise every prompt is its own."""
     rng = random.Random(seed)
+    prompts = [[rng.randrange(PAD) for _ in range(rng.randint(3, 8))] for _ in range(groups)]
     out = []
     for i in range(n):
-        completion = [rng.randrange(PAD) for _ in range(rng.randint(2, 9))]
+        completion = [rng.randrange(PAD) for _ in range(rng.randint(*completion_len))]
         has_old = old if old is not None else i % 2 == 0
         out.append(Sample(
-            prompt_ids=[rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
+            prompt_ids=prompts[i % groups] if groups else
+            [rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
             completion_ids=completion,
             advantage=0.0 if i < zero else rng.choice([-1, 1]) * rng.uniform(0.3, 1.5),
             behaviour_logprobs=[rng.uniform(-6.0, -2.0) for _ in completion] if has_old else None,
@@ -178,24 +182,45 @@ def test_truncated_completions_are_dropped_from_the_loss_when_masked() -> None:
 # --------------------------------------------------------------------------------- log-probs
 
 
-def test_per_token_logprobs_equal_a_full_log_softmax_of_the_models_logits() -> None:
+def full_pass_logprobs(model: Any, samples: list[Sample], temperature: float) -> Any:
+    """Each sample's completion log-probs from its own full forward pass, padded to [B, T]."""
+    rows = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1] / temperature
+        rows.append(logits.log_softmax(-1).gather(-1, ids[0, len(s.prompt_ids) :, None])[:, 0])
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+@pytest.mark.parametrize("groups", [0, 1], ids=["own-prompts", "one-shared-prompt"])
+@pytest.mark.parametrize("completion_len", [(2, 9), (1, 1)], ids=["varied", "one-token"])
+def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
+    groups: int, completion_len: tuple[int, int]
+) -> None:
+    """Also when a group's prompt runs once and its completions read it as a KV cache."""
     model = tiny_model()
-    batch = collate(random_samples(5), PAD)
-    got = per_token_logprobs(model, batch, temperature=0.7)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    p = batch.prompt_len
-    full = (logits[:, p - 1 : -1] / 0.7).log_softmax(-1)
-    want = full.gather(-1, batch.input_ids[:, p:, None]).squeeze(-1) * batch.completion_mask
+    samples = random_samples(5, groups=groups, completion_len=completion_len)
+    got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
+    got.sum().backward()
+    fast = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = full_pass_logprobs(model, samples, 0.7)
+    want.sum().backward()
+
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(fast, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5)
 
 
 # -------------------------------------------------------------------------- gradient accumulation
 
 
+@pytest.mark.parametrize("groups", [0, 2], ids=["own-prompts", "two-groups"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, beta: float) -> None:
-    samples = random_samples(7, seed=1, truncated=1, zero=1)
+def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, beta: float,
+                                                            groups: int) -> None:
+    samples = random_samples(7, seed=1, truncated=1, zero=1, groups=groups)
     cfg = LossConfig.model_validate(dict(loss_type=loss_type, beta=beta, mask_truncated=True,
                                          epsilon_high=0.28, max_completion_length=16))
     ref = tiny_model(seed=7) if beta else None

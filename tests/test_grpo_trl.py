@@ -66,10 +66,11 @@ def trl_trainer(model_dir: Path, cfg: LossConfig, out: Path) -> Any:
     return trainer
 
 
-def near_policy_samples(model: Any, *, old: bool, truncated: int, seed: int) -> list[Sample]:
+def near_policy_samples(model: Any, *, old: bool, truncated: int, seed: int, groups: int = 0
+                        ) -> list[Sample]:
     """Samples whose behaviour log-probs are the model's own plus noise: ratios spread around 1,
     a good share of them beyond the clip range."""
-    samples = random_samples(SAMPLES, seed=seed, old=False, truncated=truncated)
+    samples = random_samples(SAMPLES, seed=seed, old=False, truncated=truncated, groups=groups)
     if old:
         with torch.no_grad():
             logp = per_token_logprobs(model, collate(samples, PAD))
@@ -86,6 +87,8 @@ CASES = [
     pytest.param(dict(old=True, beta=0.0, mask_truncated=True), id="masked-truncation"),
     pytest.param(dict(old=False, beta=0.1, mask_truncated=False), id="kl-on-policy"),
     pytest.param(dict(old=True, beta=0.1, mask_truncated=True), id="kl-behaviour-logprobs"),
+    # one GRPO group: its prompt runs once, and its completions read it as a KV cache
+    pytest.param(dict(old=True, beta=0.1, mask_truncated=True, groups=1), id="one-group"),
 ]
 
 
@@ -98,7 +101,8 @@ def test_loss_and_gradients_agree_with_trl(loss_type: str, case: dict[str, Any],
         mask_truncated=case["mask_truncated"], max_completion_length=12, temperature=0.9))
     trainer = trl_trainer(model_dir, cfg, tmp_path)
     ours = tiny_model()
-    samples = near_policy_samples(ours, old=case["old"], truncated=2, seed=len(loss_type))
+    samples = near_policy_samples(ours, old=case["old"], truncated=2, seed=len(loss_type),
+                                  groups=case.get("groups", 0))
     batch = collate(samples, PAD)
     ref_logprobs = None
     if cfg.beta > 0:  # a reference some way from the policy, so the KL term is not zero

@@ -174,11 +174,14 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     """
     unwrap = getattr(model, "get_base_model", None)  # a peft model: LoRA layers sit inside
     hf: Any = unwrap() if unwrap is not None else model
-    hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                           use_cache=False).last_hidden_state  # [B, P + T, H]
     p = batch.prompt_len
+    if _shares_one_prompt(hf, batch):
+        hidden = _hidden_with_shared_prompt(hf, batch)  # [B, T, H], already shifted
+    else:
+        hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               use_cache=False).last_hidden_state[:, p - 1 : -1]  # [B, T, H]
     mask = batch.completion_mask.bool()
-    h = hidden[:, p - 1 : -1][mask]  # [N, H] hidden states before each completion token
+    h = hidden[mask]  # [N, H] hidden states before each completion token
     targets = batch.input_ids[:, p:][mask]  # [N]
     head = hf.get_output_embeddings()
     step = max(1, _LOGIT_CHUNK // head.weight.shape[0])
@@ -192,6 +195,51 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
         ])
     out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
     return out.masked_scatter(mask, logps)
+
+
+def _shares_one_prompt(hf: Any, batch: Batch) -> bool:
+    """Every row has the same prompt (a GRPO group) and the prefix can be run once for all.
+
+    Not under gradient checkpointing, which turns the KV cache off while training."""
+    p = batch.prompt_len
+    return (
+        batch.input_ids.shape[0] > 1
+        and not _checkpointing(hf)
+        and bool(batch.attention_mask[:, :p].all())
+        and bool((batch.input_ids[:, :p] == batch.input_ids[:1, :p]).all())
+    )
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether gradient (activation) checkpointing is on; transformers 5 renamed the flag."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value)
+    return False
+
+
+def _hidden_with_shared_prompt(hf: Any, batch: Batch) -> Tensor:
+    """The hidden states before each completion token, [B, T, H], running the shared prompt once.
+
+    A group's G completions share their prompt, and the prompt is usually most of the tokens
+    (the conductor's instructions and pool, then a plan of a few dozen tokens), so the prompt
+    runs once with batch 1 and its keys and values are repeated for the G completions, which
+    attend to them as a KV cache. Gradients flow back through the repeated cache into the one
+    prompt pass, so loss and gradients are those of G full passes (tests/test_grpo.py checks)
+    at a fraction of the compute.
+    """
+    p, b = batch.prompt_len, batch.input_ids.shape[0]
+    prompt = hf.base_model(input_ids=batch.input_ids[:1, :p], use_cache=True)
+    last_prompt = prompt.last_hidden_state[:, -1:].expand(b, -1, -1)
+    if batch.input_ids.shape[1] == p + 1:  # one completion token: the prompt predicts it
+        return last_prompt
+    cache = prompt.past_key_values
+    cache.batch_repeat_interleave(b)
+    completion = hf.base_model(input_ids=batch.input_ids[:, p:-1],
+                               attention_mask=batch.attention_mask[:, :-1],
+                               past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([last_prompt, completion], 1)
 
 
 def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, temperature: float
@@ -315,11 +363,11 @@ def train_step(
     if pad_id is None:
         pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     normaliser = loss_normaliser(samples, cfg)
-    live.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
     model.train()
     totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
-    for i in range(0, len(live), cfg.micro_batch_size):
-        batch = collate(live[i : i + cfg.micro_batch_size], pad_id).to(device)
+    share = not _checkpointing(model)
+    for micro in _micro_batches(live, cfg.micro_batch_size, by_prompt=share):
+        batch = collate(micro, pad_id).to(device)
         ref = None
         if cfg.beta > 0 and ref_model is not None:
             with torch.no_grad(), _as_reference(ref_model):
@@ -345,6 +393,30 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return done(**values)
+
+
+def _micro_batches(samples: Sequence[Sample], size: int, *, by_prompt: bool
+                   ) -> list[list[Sample]]:
+    """Micro-batches of at most `size` samples, sorted by length so they carry little padding.
+
+    With `by_prompt`, the samples of one prompt (a group) go together, so that each micro-batch
+    runs its prompt once (see _hidden_with_shared_prompt); prompts with one sample are batched
+    as usual.
+    """
+    def chunks(rows: list[Sample]) -> list[list[Sample]]:
+        return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+    def length(s: Sample) -> int:
+        return len(s.prompt_ids) + len(s.completion_ids)
+
+    if not by_prompt:
+        return chunks(sorted(samples, key=length))
+    groups: dict[tuple[int, ...], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(tuple(s.prompt_ids), []).append(s)
+    shared = [sorted(g, key=length) for g in groups.values() if len(g) > 1]
+    alone = sorted((g[0] for g in groups.values() if len(g) == 1), key=length)
+    return [c for g in shared for c in chunks(g)] + chunks(alone)
 
 
 def _as_reference(model: torch.nn.Module) -> Any:

@@ -3,7 +3,8 @@
     python tests/benchmarks/bench_trainer.py [--runs 5] [--warmup 1] [--gpu]
 
 Both train the same model (same initial weights, float32 on the CPU, bfloat16 on the GPU) on the
-same batch of rollouts (prompts, completions of varied length, advantages, behaviour log-probs)
+same batch of rollouts (groups of completions of varied length sharing a prompt, advantages,
+behaviour log-probs)
 with the same loss (dapo by default), micro-batch size and gradient clipping, with AdamW. No
 generation: only the update is timed, i.e. for every micro-batch the log-probs, the loss and
 the backward pass, then clipping and the optimiser step.
@@ -76,18 +77,22 @@ def build_model(shape: dict[str, Any], dtype: torch.dtype, device: str, seed: in
     return model
 
 
-def make_samples(n: int, vocab: int, prompt_len: int, completion_len: int, seed: int = 0
-                 ) -> list[Sample]:
-    """Rollouts as a GRPO update sees them: prompts of about `prompt_len` tokens, completions of
-    1/4 to all of `completion_len`, advantages of both signs, behaviour log-probs recorded."""
+def make_samples(n: int, vocab: int, prompt_len: int, completion_len: int, group_size: int,
+                 seed: int = 0) -> list[Sample]:
+    """Rollouts as a GRPO update sees them: groups of `group_size` completions of one prompt of
+    about `prompt_len` tokens, completions of 1/4 to all of `completion_len`, advantages of both
+    signs, behaviour log-probs recorded."""
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
+    prompt: list[int] = []
+    for i in range(n):
+        if i % group_size == 0:
+            prompt = [rng.randrange(3, vocab) for _ in
+                      range(rng.randint(prompt_len * 3 // 4, prompt_len))]
         completion = [rng.randrange(3, vocab) for _ in
                       range(rng.randint(completion_len // 4, completion_len))]
         out.append(Sample(
-            prompt_ids=[rng.randrange(3, vocab) for _ in
-                        range(rng.randint(prompt_len * 3 // 4, prompt_len))],
+            prompt_ids=prompt,
             completion_ids=completion,
             advantage=rng.choice([-1, 1]) * rng.uniform(0.2, 1.5),
             behaviour_logprobs=[-rng.uniform(9.0, 12.0) for _ in completion],
@@ -229,7 +234,7 @@ def setup(which: str, args: argparse.Namespace, shape: dict[str, Any], device: s
     cfg = LossConfig(loss_type=args.loss_type, micro_batch_size=args.micro_batch,
                      epsilon_high=0.28, max_completion_length=args.completion_len)
     samples = make_samples(args.samples, shape["vocab_size"], args.prompt_len,
-                           args.completion_len)
+                           args.completion_len, args.group_size)
     model = build_model(shape, dtype, device)
     return ours(model, samples, cfg) if which == "ours" else trl(model, samples, cfg, tmp)
 
@@ -263,6 +268,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--samples", type=int, default=16, help="rollouts per update")
+    parser.add_argument("--group-size", type=int, default=8,
+                        help="completions per prompt (1: every prompt its own)")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--completion-len", type=int, default=128, help="the longest completion")
@@ -279,7 +286,8 @@ def main() -> int:
     logging.getLogger("trl").setLevel(logging.ERROR)
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        print(f"{args.samples} rollouts per update (prompts ~{args.prompt_len} tokens, "
+        print(f"{args.samples} rollouts per update in groups of {args.group_size} "
+              f"(prompts ~{args.prompt_len} tokens, "
               f"completions up to {args.completion_len}), micro-batches of {args.micro_batch}, "
               f"loss {args.loss_type}; {args.runs} timed updates each after {args.warmup} "
               f"warm-up, interleaved; torch {torch.__version__}, {torch.get_num_threads()} threads")
