@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
+    worker_shutdown_grace: float = Field(
+        default=30.0, ge=0,
+        description="seconds a stopping worker lets its running agent calls finish (a deploy "
+        "then pays for no call twice); what is still running after that is retried elsewhere",
+    )
 
     # --- traces -------------------------------------------------------------------------------
     database_url: str | None = Field(

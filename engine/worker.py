@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -41,4 +43,5 @@ def build_worker(
         activities=[plans.write_plan, agents.call_agent, score, records.record,
                     batches.write_batch_report],
         max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=settings.worker_shutdown_grace),
     )
