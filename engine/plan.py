@@ -144,7 +144,9 @@ def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
 
 
 def _json_candidates(text: str) -> list[Any]:
-    decoder, out = json.JSONDecoder(), []
+    # strict=False: raw control characters inside strings, which JSON forbids but grammar-
+    # constrained decoders (xgrammar) let a model write, do not cost a whole plan
+    decoder, out = json.JSONDecoder(strict=False), []
     i = 0
     while i < len(text):
         if text[i] in "[{":

@@ -55,6 +55,12 @@ def test_json_form_as_object_or_bare_list() -> None:
                                  Step(agent="conductor", subtask="Check.", access=[0])])
 
 
+def test_a_raw_control_character_in_a_subtask_does_not_invalidate_the_plan() -> None:
+    """xgrammar's JSON strings admit raw control characters, which strict JSON refuses."""
+    text = '{"steps": [{"agent": "gpt-5", "subtask": "Solve\tit\x17", "access": []}]}'
+    assert parse_plan(text, POOL).steps[0].subtask == "Solve\tit\x17"
+
+
 def test_integer_agents_are_positions_in_the_pool_listing() -> None:
     text = 'model_id = [0, 3]\nsubtasks = ["a", "b"]\naccess_list = [[], [0]]'
     assert [s.agent for s in parse_plan(text, POOL).steps] == ["gpt-5", "conductor"]
