@@ -150,6 +150,7 @@ class PlanActivities:
             prompt=request.messages, finish_reason=completion.finish_reason,
             token_ids=completion.token_ids,
             logprobs=completion.logprobs,
+            forced_positions=completion.forced_positions,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )
         try:

@@ -33,6 +33,9 @@ class PlanAttempt(BaseModel):
     finish_reason: str | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    forced_positions: list[int] | None = Field(
+        default=None, description="indices into token_ids the plan grammar forced"
+    )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
     )

@@ -107,6 +107,25 @@ def check_tokens(completion: Any, loaded: local.LoadedModel) -> None:
         assert completion.token_ids[-1] in loaded.eos_ids
 
 
+def check_forced(completion: Any, loaded: local.LoadedModel, schema: dict[str, Any]) -> None:
+    """Wherever the grammar forced text, the row got that text's own first token and says so:
+    replaying the tokens through the grammar, a position is in forced_positions exactly when
+    the grammar had forced text there, and its token is the tokenizer's first for that text."""
+    import xgrammar as xgr
+
+    grammar = local._grammar_compiler(loaded).compile_json_schema(schema, any_whitespace=False)
+    matcher, expected = xgr.GrammarMatcher(grammar), []
+    for k, token in enumerate(completion.token_ids):
+        text = matcher.find_jump_forward_string()
+        if text:
+            expected.append(k)
+            assert token == loaded.tokenizer(text, add_special_tokens=False)["input_ids"][0], (
+                f"token {k} of {completion.text!r} is not the first of {text!r}")
+        assert matcher.accept_token(token)
+    assert completion.forced_positions == expected
+    assert expected[:1] == [0], "a JSON plan opens with forced text"
+
+
 # ---------------------------------------------------------------------------------------------
 # With the model
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +186,7 @@ async def test_json_schema_output_always_parses(first_load: local.LoadedModel, s
     assert completion.finish_reason == "stop", completion.text  # the grammar ended it, not max
     validate_plan(json.loads(completion.text))
     check_tokens(completion, first_load)
+    check_forced(completion, first_load, PLAN_SCHEMA)
 
 
 def solo_logprobs(loaded: local.LoadedModel, request: CompletionRequest, completion: Any) -> Any:
@@ -206,12 +226,14 @@ async def test_requests_that_wait_together_are_generated_as_one_batch(
         assert completion.finish_reason == "stop", completion.text
         validate_plan(json.loads(completion.text))  # each row kept to its own grammar
         check_tokens(completion, first_load)
+        check_forced(completion, first_load, PLAN_SCHEMA)
         # left padding changed nothing: the recorded log-probs are the unbatched model's
         torch.testing.assert_close(
             torch.tensor(completion.logprobs), solo_logprobs(first_load, request, completion),
             atol=1e-3, rtol=1e-3,
         )
     assert done[3].finish_reason == "length" and len(done[3].token_ids or []) == 5  # its own limit
+    assert done[3].forced_positions is None  # no grammar, nothing forced
     check_tokens(done[3], first_load)
 
 

@@ -99,6 +99,10 @@ class Completion(BaseModel):
     finish_reason: str | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    forced_positions: list[int] | None = Field(
+        default=None, description="indices into token_ids of tokens a JSON grammar forced (it "
+        "allowed no other); a trainer leaves them out of the loss",
+    )
     citations: list[Citation] = Field(
         default_factory=list, description="web sources cited, when web search was on"
     )

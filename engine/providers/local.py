@@ -19,6 +19,7 @@ cheap.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import os
 import shutil
@@ -29,6 +30,7 @@ import time
 import uuid
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -592,7 +594,8 @@ def _run_batch(jobs: list[_Job]) -> None:
     rows = _Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
                  loaded.eos_ids)
     grammars = [j.grammar for j in jobs]
-    processors = [_GrammarMask(grammars, loaded.vocab_size, rows)] if any(grammars) else []
+    mask = _GrammarMask(grammars, loaded.vocab_size, rows, _encoder(loaded)) if any(
+        grammars) else None
     try:
         with torch.inference_mode():
             out = loaded.model.generate(
@@ -601,7 +604,7 @@ def _run_batch(jobs: list[_Job]) -> None:
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,
-                logits_processor=processors,
+                logits_processor=[mask] if mask else [],
                 stopping_criteria=[rows],
                 return_dict_in_generate=True,
                 output_logits=True,
@@ -619,7 +622,7 @@ def _run_batch(jobs: list[_Job]) -> None:
         try:
             if j.cancelled.is_set():
                 raise AgentCallError(f"agent {j.spec.id}: cancelled", retryable=True)
-            j.future.set_result(_completion(j, out, r, width))
+            j.future.set_result(_completion(j, out, r, width, mask.forced[r] if mask else []))
         except Exception as e:  # settle every future, whatever happens: a caller waits on it
             j.future.set_exception(e if isinstance(e, AgentCallError) else AgentCallError(
                 f"agent {j.spec.id}: reading the local generation failed: {e!r}",
@@ -627,8 +630,9 @@ def _run_batch(jobs: list[_Job]) -> None:
             ))
 
 
-def _completion(job: _Job, out: Any, row: int, width: int) -> Completion:
-    """Row `row` of a batch's output: its tokens up to its end of turn or its own limit."""
+def _completion(job: _Job, out: Any, row: int, width: int, forced: list[int]) -> Completion:
+    """Row `row` of a batch's output: its tokens up to its end of turn or its own limit;
+    `forced`, the steps at which the row's grammar allowed one token only."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
     for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
@@ -645,6 +649,7 @@ def _completion(job: _Job, out: Any, row: int, width: int) -> Completion:
         logprobs=_sampled_logprobs(
             [step[row] for step in out.logits[: len(token_ids)]], token_ids, job.request.temperature
         ),
+        forced_positions=[k for k in forced if k < len(token_ids)] if job.grammar else None,
     )
 
 
@@ -773,6 +778,12 @@ def _grammar_compiler(loaded: LoadedModel) -> Any:
         return loaded._grammar_compiler
 
 
+def _encoder(loaded: LoadedModel) -> Callable[[str], list[int]]:
+    """Text to token ids the way the model's tokenizer splits it, with no special tokens."""
+    tokenizer = loaded.tokenizer
+    return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class _GrammarMask:
     """A logits processor (duck-typed, see _Rows) that keeps each row of a batch inside its own
     grammar; a row without one (no json_schema) is left alone.
@@ -781,9 +792,17 @@ class _GrammarMask:
     and masks what that row's grammar does not allow next. Written here rather than taken from
     xgrammar.contrib.hf because that one asserts on a rejected token, moves the logits between
     devices, and knows nothing of rows that have finished.
+
+    Where the grammar forces the text that comes next (the JSON keys and brackets around the
+    choices), the row gets that text's own tokenization, one token at a time, instead of sampling
+    one of the many token splits the grammar would accept (`{"` or `{` then `"`, `ch` `arl` `ie`
+    or `c` `h` ...). Every plan of a task then reaches each of its choices through the same
+    tokens: the choice is made in the same context in every rollout of a group, which is what
+    lets GRPO credit it, and a model reads the structure as it was trained to read it.
     """
 
-    def __init__(self, grammars: list[Any], vocab_size: int, rows: _Rows) -> None:
+    def __init__(self, grammars: list[Any], vocab_size: int, rows: _Rows,
+                 encode: Callable[[str], list[int]]) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -792,9 +811,12 @@ class _GrammarMask:
         self._vocab_size = vocab_size
         self._rows = rows
         self._started = False
+        self._step = 0  # the index of the token each unfinished row generates next
+        self.forced: list[list[int]] = [[] for _ in grammars]  # per row: steps it was forced
+        self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        masked = []
+        masked, forcing = [], []
         for r, matcher in enumerate(self._matchers):
             if matcher is None or self._rows.finished[r]:
                 continue
@@ -804,6 +826,9 @@ class _GrammarMask:
                     raise RuntimeError(f"the JSON grammar rejected token {token}")
             matcher.fill_next_token_bitmask(self._bitmask, r)
             masked.append(r)
+            forced = self._forced_token(matcher, r)
+            if forced is not None:
+                forcing.append((r, forced))
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
         # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
@@ -813,4 +838,22 @@ class _GrammarMask:
                 scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
                 indices=masked,
             )
+        for r, token in forcing:
+            keep = scores[r, token].clone()
+            scores[r] = float("-inf")
+            scores[r, token] = keep
+            self.forced[r].append(self._step)
+        self._step += 1
         return scores
+
+    def _forced_token(self, matcher: Any, row: int) -> int | None:
+        """The first token of the text the grammar forces next, when the grammar allows it."""
+        text = matcher.find_jump_forward_string()
+        if not text:
+            return None
+        tokens = self._encode(text)
+        if not tokens:
+            return None
+        token = tokens[0]
+        allowed = (int(self._bitmask[row, token // 32]) >> (token % 32)) & 1
+        return token if token < self._vocab_size and allowed else None
