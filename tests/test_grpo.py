@@ -4,6 +4,7 @@ gradient accumulation, checkpoint and optimiser round trips, and that training l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from pathlib import Path
@@ -177,6 +178,36 @@ def test_truncated_completions_are_dropped_from_the_loss_when_masked() -> None:
         kept = samples[:3] if mask else samples
         assert metrics["tokens"] == sum(len(s.completion_ids) for s in kept)
         assert loss_normaliser(samples, cfg) == metrics["tokens"]
+
+
+def test_tokens_a_grammar_forced_stay_out_of_the_loss_but_are_still_read() -> None:
+    """A forced token's probability under the grammar is 1: no gradient, no count, and the
+    tokens around it score exactly as without the flag (it is still context)."""
+    model = tiny_model()
+    samples = random_samples(3, old=False, groups=1, completion_len=(6, 8))
+    flags = [[k % 3 == 0 for k in range(len(s.completion_ids))] for s in samples]
+    forced = [dataclasses.replace(s, forced=f) for s, f in zip(samples, flags, strict=True)]
+    cfg = LossConfig(loss_type="dapo")
+
+    plain = per_token_logprobs(model, collate(samples, PAD))
+    got = per_token_logprobs(model, collate(forced, PAD))
+    keep = collate(forced, PAD).loss_mask.bool()
+    assert not keep.all() and (got[~keep] == 0).all()
+    torch.testing.assert_close(got[keep], plain[keep], rtol=1e-5, atol=1e-6)
+
+    loss, metrics = grpo_loss(got, collate(forced, PAD), cfg)
+    trained = sum(f.count(False) for f in flags)
+    assert metrics["tokens"] == trained == loss_normaliser(forced, cfg)
+    assert sum(s.trained_tokens for s in forced) == trained
+    # the same loss as scoring the unflagged tokens alone, token by token
+    adv = torch.tensor([s.advantage for s in samples])[:, None]
+    expected = -(adv * keep).sum() / trained  # on-policy: ratio 1, so l = -A per token
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_sample_with_the_wrong_number_of_forced_flags_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 forced flags for 3 completion tokens"):
+        Sample(prompt_ids=[1], completion_ids=[2, 3, 4], advantage=1.0, forced=[True, False])
 
 
 # --------------------------------------------------------------------------------- log-probs

@@ -11,7 +11,8 @@ completion o_i of a group, sampled by the behaviour policy pi_old, with token lo
     l_it   = -min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)
            + beta * r_it * (exp(ref_it - logp_it) - (ref_it - logp_it) - 1)    k3 KL to pi_ref
 
-and the per-token losses l_it (over the completion mask m_it) are aggregated per `loss_type`:
+and the per-token losses l_it (over the mask m_it: 1 on completion tokens, 0 on padding and on
+tokens a plan grammar forced, see Sample.forced) are aggregated per `loss_type`:
 
     grpo     L = 1/B * sum_i ( sum_t m_it l_it / sum_t m_it )      mean per sequence, then mean
     dr_grpo  L = sum_it m_it l_it / (B * max_completion_length)    a constant normaliser
@@ -66,14 +67,24 @@ class Sample:
     advantage: float
     behaviour_logprobs: list[float] | None = None  # per completion token, as sampled; None: unknown
     truncated: bool = False  # the completion hit max_tokens (no end-of-turn token)
+    # per completion token: the plan grammar allowed no other token. The policy that sampled
+    # (the model under the grammar) gave it probability 1, so its policy gradient is 0 and it
+    # stays out of the loss and the token count; it is still read as context.
+    forced: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("a sample needs a prompt: the first completion token needs a prefix")
-        lp = self.behaviour_logprobs
-        if lp is not None and len(lp) != len(self.completion_ids):
-            raise ValueError(f"{len(lp)} behaviour log-probs for {len(self.completion_ids)} "
-                             f"completion tokens")
+        for name, values in (("behaviour log-probs", self.behaviour_logprobs),
+                             ("forced flags", self.forced)):
+            if values is not None and len(values) != len(self.completion_ids):
+                raise ValueError(f"{len(values)} {name} for {len(self.completion_ids)} "
+                                 f"completion tokens")
+
+    @property
+    def trained_tokens(self) -> int:
+        """Completion tokens in the loss: all but the forced ones."""
+        return len(self.completion_ids) - sum(self.forced or ())
 
 
 def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
@@ -95,7 +106,7 @@ def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
 
 def loss_normaliser(samples: Sequence[Sample], cfg: LossConfig) -> float:
     """The denominator of the loss over a whole update (see the module docstring)."""
-    tokens = sum(len(s.completion_ids) for s in samples if not (cfg.mask_truncated and s.truncated))
+    tokens = sum(s.trained_tokens for s in samples if not (cfg.mask_truncated and s.truncated))
     return _normaliser(len(samples), tokens, cfg)
 
 
@@ -118,6 +129,7 @@ class Batch:
     input_ids: Tensor  # [B, P + T]  prompt + completion token ids
     attention_mask: Tensor  # [B, P + T]  1 on real tokens
     completion_mask: Tensor  # [B, T]   1 on completion tokens
+    loss_mask: Tensor  # [B, T]   1 on completion tokens in the loss (not forced by a grammar)
     advantages: Tensor  # [B]
     old_logprobs: Tensor  # [B, T]   behaviour log-probs (0 where unknown)
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
@@ -148,6 +160,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
         input_ids=torch.cat([pad(prompts, "left", pad_id), pad(completions, "right", pad_id)], 1),
         attention_mask=torch.cat([prompt_mask, completion_mask], 1),
         completion_mask=completion_mask,
+        loss_mask=pad([[0 if f else 1 for f in (s.forced or [False] * len(s.completion_ids))]
+                       for s in samples], "right"),
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         old_logprobs=pad([s.behaviour_logprobs or [0.0] * len(s.completion_ids) for s in samples],
                          "right", dtype=torch.float32),
@@ -166,7 +180,8 @@ _LOGIT_CHUNK = 2**26
 
 def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0
                        ) -> Tensor:
-    """log pi(token | prefix) of every completion token, [B, T] float32, 0 on padding.
+    """log pi(token | prefix) of every completion token in the loss, [B, T] float32, 0 on
+    padding and on forced tokens (see Sample.forced), whose log-probs are not computed.
 
     The transformer runs over prompt + completion, but the LM head and the log-softmax run only
     over the hidden states that predict real completion tokens (position t predicts token t+1),
@@ -180,7 +195,7 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     else:
         hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                use_cache=False).last_hidden_state[:, p - 1 : -1]  # [B, T, H]
-    mask = batch.completion_mask.bool()
+    mask = batch.loss_mask.bool()
     h = hidden[mask]  # [N, H] hidden states before each completion token
     targets = batch.input_ids[:, p:][mask]  # [N]
     head = hf.get_output_embeddings()
@@ -273,7 +288,7 @@ def grpo_loss(
     KL(pi_old || pi), how far the policy is from the one that sampled (0 where no behaviour
     log-probs were recorded).
     """
-    mask = batch.completion_mask.to(logprobs.dtype)
+    mask = batch.loss_mask.to(logprobs.dtype)
     if cfg.mask_truncated:
         mask = mask * (~batch.truncated)[:, None]
     adv = batch.advantages[:, None]

@@ -73,11 +73,13 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
     )["input_ids"]
     completion_ids = attempt.token_ids
     logprobs = attempt.logprobs
+    forced_at = set(attempt.forced_positions or ())
     if completion_ids is None:  # an API conductor: re-tokenize what it wrote
         completion_ids = tokenizer(attempt.raw_text, add_special_tokens=False)["input_ids"]
         if attempt.finish_reason == "stop" and tokenizer.eos_token_id is not None:
             completion_ids = [*completion_ids, tokenizer.eos_token_id]
         logprobs = None
+        forced_at = set()
     if not completion_ids:
         return None
     if logprobs is not None and len(logprobs) != len(completion_ids):
@@ -85,6 +87,7 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
     return Sample(
         prompt_ids=list(prompt_ids), completion_ids=list(completion_ids), advantage=advantage,
         behaviour_logprobs=logprobs, truncated=attempt.finish_reason == "length",
+        forced=[k in forced_at for k in range(len(completion_ids))] if forced_at else None,
     )
 
 
