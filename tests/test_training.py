@@ -93,39 +93,46 @@ async def wait_for(handle: WorkflowHandle[Any, Any], check: Any, timeout: float)
         await asyncio.sleep(0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not os.environ.get("CONDUCTOR_TEST_LEARNING"),
-    reason="does not pass yet: a randomly initialised tiny conductor stays at chance on this "
-    "pool (its hidden state at the agent choice barely differs between questions, so updates "
-    "move every task alike); set CONDUCTOR_TEST_LEARNING=1 to run it",
+    reason="passes, but in 4 to 10 minutes (17 and 45 iterations in the two runs measured), "
+    "too long and too variable for the default run; set CONDUCTOR_TEST_LEARNING=1 to run it",
 )
 async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
     client: Client, settings: Settings, tiny_policy_dir: Path,
 ) -> None:
+    """From chance (about 0.66) to 0.9 of perfect routing (0.8775) on two iterations running,
+    on fresh rollouts of a one-layer conductor (tests/tiny_policy.py): 4 groups of 16 an
+    iteration, about 12 s each; reached at iterations 16-17 in one run, 44-45 in another."""
     settings = trainer_settings(settings)
     pool = sim_pool(str(tiny_policy_dir))
     tasks = one_task_per_tag()
     target = 0.9 * best_routing_reward(pool)
     recipe = Recipe(
         policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
-        loss=LossConfig(learning_rate=1e-2, micro_batch_size=32, max_grad_norm=1.0),
-        rollouts=RolloutConfig(group_size=8, groups_per_update=len(tasks), max_staleness=0),
+        loss=LossConfig(learning_rate=5e-3, micro_batch_size=32, max_grad_norm=1.0),
+        rollouts=RolloutConfig(group_size=16, groups_per_update=len(tasks), max_staleness=0,
+                               scale_rewards=False),
     )
     inp = TrainInput(name=f"learn-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
-                     tasks=tasks, iterations=40, recipe=recipe,
+                     tasks=tasks, iterations=50, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue)
     async with training_stack(client, settings, pool) as conductor:
         await conductor.start_training(inp)
-        handle = client.get_workflow_handle(training_workflow_id(inp.name))
+        handle = client.get_workflow_handle(training_workflow_id(inp.name),
+                                            result_type=TrainProgress)
 
         def learned(p: TrainProgress) -> bool:
             last = [s.mean_reward or 0.0 for s in p.history[-2:]]
             return len(last) == 2 and min(last) >= target or p.iteration >= inp.iterations
 
-        p = await wait_for(handle, learned, timeout=1200)
+        p = await wait_for(handle, learned, timeout=900)
         await handle.signal(TrainingWorkflow.stop)
         final: TrainProgress = await handle.result()
-    curve = [round(s.mean_reward or 0.0, 3) for s in final.history]
+    # judged on the progress that ended the wait: an iteration under way when stop came may
+    # still finish and be recorded
+    curve = [round(s.mean_reward or 0.0, 3) for s in p.history]
     print("reward curve:", curve)
     assert curve[0] < 0.8, f"an untrained conductor routes by chance: {curve}"
     assert min(curve[-2:]) >= target, f"no learning in {p.iteration} iterations: {curve}"
