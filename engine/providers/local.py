@@ -632,7 +632,8 @@ def _run_batch(jobs: list[_Job]) -> None:
 
 def _completion(job: _Job, out: Any, row: int, width: int, forced: list[int]) -> Completion:
     """Row `row` of a batch's output: its tokens up to its end of turn or its own limit;
-    `forced`, the steps at which the row's grammar allowed one token only."""
+    `forced`, the steps at which the row was given the next token of its grammar's forced text
+    (the only token it was allowed)."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
     for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
