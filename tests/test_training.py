@@ -165,6 +165,20 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
                for t in runs]
         results = await asyncio.gather(*(conductor.result(i) for i in ids))
         assert all(r.rounds[0].attempts[0].policy_version == "base" for r in results)
+        # the stored trace says which plan tokens the grammar forced, and the trainer's sample
+        # leaves exactly those out of the loss
+        from transformers import AutoTokenizer
+
+        from trainer.rollouts import attempt_sample, deciding_attempts
+
+        stored = await trace_store.get(ids[0])
+        assert stored is not None
+        attempt = deciding_attempts(stored)[-1]
+        assert attempt.forced_positions and attempt.token_ids
+        sample = attempt_sample(attempt, AutoTokenizer.from_pretrained(smollm2_model_dir), 1.0)
+        assert sample is not None and sample.forced is not None
+        assert [k for k, f in enumerate(sample.forced) if f] == attempt.forced_positions
+        assert 0 < sample.trained_tokens < len(attempt.token_ids)
 
         recipe = Recipe(policy=PolicyConfig(base=str(smollm2_model_dir), lora=True, lora_r=8),
                         loss=LossConfig(learning_rate=1e-4, micro_batch_size=4),
