@@ -309,6 +309,33 @@ def test_train_steps_raise_the_logprob_of_positive_advantage_completions() -> No
     assert (change[:2] > 0.1).all() and (change[2:] < -0.1).all(), change
 
 
+@pytest.mark.parametrize("old", [True, False], ids=["behaviour-logprobs", "none-recorded"])
+def test_later_steps_of_an_update_are_clipped_against_the_policy_that_sampled(old: bool) -> None:
+    """steps_per_update = 2 is one step, then one whose ratio is measured against the sampling
+    policy: the recorded behaviour log-probs, or where none were recorded, the policy before the
+    first step (not the moving one, which would make every ratio 1 and nothing clipped)."""
+    samples = random_samples(6, seed=3, old=old, groups=2)
+    cfg = LossConfig(learning_rate=5e-2, micro_batch_size=4)
+
+    model = tiny_model()
+    update = train_step(model, make_optimizer(model, cfg), samples,
+                        cfg.model_copy(update={"steps_per_update": 2}), pad_id=PAD)
+    assert update.skipped is None and update.steps == 2 and update.clip_fraction > 0
+
+    by_hand = tiny_model()
+    optimizer = make_optimizer(by_hand, cfg)
+    second = samples
+    if not old:
+        with torch.no_grad():
+            sampled = per_token_logprobs(by_hand, collate(samples, PAD))
+        second = [dataclasses.replace(s, behaviour_logprobs=sampled[i, :len(s.completion_ids)]
+                                      .tolist()) for i, s in enumerate(samples)]
+    train_step(by_hand, optimizer, samples, cfg, pad_id=PAD)
+    train_step(by_hand, optimizer, second, cfg, pad_id=PAD)
+    for got, want in zip(model.parameters(), by_hand.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------ checkpoints
 
 

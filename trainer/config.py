@@ -44,6 +44,11 @@ class LossConfig(BaseModel):
     learning_rate: float = Field(default=1e-6, gt=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=8, ge=1, description="gradient accumulation unit")
+    steps_per_update: int = Field(
+        default=1, ge=1,
+        description="mu: optimiser steps on the same rollouts (TRL's num_iterations); past the "
+        "first, the clipped ratio against the sampling policy keeps each step near it",
+    )
 
 
 class PolicyConfig(BaseModel):
@@ -81,7 +86,8 @@ class UpdateRequest(BaseModel):
 
 
 class StepMetrics(BaseModel):
-    """What one optimiser step did."""
+    """What one update did: loss, grad norm, clip fraction and KL are means over its optimiser
+    steps; tokens counts the completion tokens in the loss once."""
 
     loss: float = 0.0
     grad_norm: float = 0.0
@@ -89,6 +95,7 @@ class StepMetrics(BaseModel):
     kl: float = 0.0
     tokens: int = 0
     samples: int = 0
+    steps: int = Field(default=0, description="optimiser steps taken (steps_per_update)")
     seconds: float = 0.0
     skipped: str | None = Field(default=None, description="why no step was taken, if none")
 

@@ -349,8 +349,14 @@ def train_step(
     ref_model: torch.nn.Module | None = None,
     pad_id: int | None = None,
 ) -> StepMetrics:
-    """One optimiser step on `samples`: micro-batches of `cfg.micro_batch_size`, gradients
-    accumulated (each normalised over the whole update), norm clipped to cfg.max_grad_norm.
+    """One update on `samples`: `cfg.steps_per_update` optimiser steps (mu), each over all the
+    samples in micro-batches of `cfg.micro_batch_size`, gradients accumulated (each normalised
+    over the whole update), norm clipped to cfg.max_grad_norm.
+
+    The first step is on-policy; later steps reuse the same rollouts, and the ratio r_it against
+    the policy that sampled them, clipped to [1 - eps_low, 1 + eps_high], stops a token's
+    gradient once its probability has moved that far: GRPO's mu inner iterations (TRL's
+    num_iterations). Rows without behaviour log-probs take the first step's as theirs.
 
     Samples that cannot change the loss are not run at all: those with A = 0 when beta = 0 (their
     loss is identically 0) and truncated ones under `mask_truncated`; they still count in the
@@ -378,16 +384,37 @@ def train_step(
     if pad_id is None:
         pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     normaliser = loss_normaliser(samples, cfg)
-    model.train()
-    totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
     share = not _checkpointing(model)
-    for micro in _micro_batches(live, cfg.micro_batch_size, by_prompt=share):
-        batch = collate(micro, pad_id).to(device)
-        ref = None
-        if cfg.beta > 0 and ref_model is not None:
-            with torch.no_grad(), _as_reference(ref_model):
-                ref = per_token_logprobs(ref_model, batch, temperature=cfg.temperature)
+    batches = [collate(m, pad_id).to(device)
+               for m in _micro_batches(live, cfg.micro_batch_size, by_prompt=share)]
+    refs: list[Tensor | None] = [None] * len(batches)
+    if cfg.beta > 0 and ref_model is not None:
+        with torch.no_grad(), _as_reference(ref_model):
+            refs = [per_token_logprobs(ref_model, b, temperature=cfg.temperature)
+                    for b in batches]
+    model.train()
+    steps: list[dict[str, float]] = []
+    for _ in range(cfg.steps_per_update):
+        step = _optimiser_step(model, optimizer, batches, refs, cfg, normaliser)
+        steps.append(step)
+        if not math.isfinite(step["grad_norm"]):
+            values = _mean_metrics(steps)
+            return done(f"the gradient norm is {step['grad_norm']}: no step taken", **values)
+    return done(**_mean_metrics(steps))
+
+
+def _optimiser_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
+    refs: list[Tensor | None], cfg: LossConfig, normaliser: float,
+) -> dict[str, float]:
+    """Accumulate the gradient of every micro-batch, clip its norm, step (unless not finite)."""
+    totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
+    for batch, ref in zip(batches, refs, strict=True):
         logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
+        if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
+            batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
+                                             logprobs.detach())
+            batch.has_old = torch.ones_like(batch.has_old)
         loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
         loss.backward()
         totals["loss"] += m["loss"]
@@ -398,16 +425,19 @@ def train_step(
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
     tokens = max(totals["tokens"], 1)
-    values: dict[str, Any] = {
-        "loss": totals["loss"], "grad_norm": grad_norm, "tokens": int(totals["tokens"]),
-        "clip_fraction": totals["clip_fraction"] / tokens, "kl": totals["kl"] / tokens,
-    }
-    if not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return done(f"the gradient norm is {grad_norm}: no step taken", **values)
-    optimizer.step()
+    if math.isfinite(grad_norm):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return done(**values)
+    return {"loss": totals["loss"], "grad_norm": grad_norm, "tokens": totals["tokens"],
+            "clip_fraction": totals["clip_fraction"] / tokens, "kl": totals["kl"] / tokens}
+
+
+def _mean_metrics(steps: list[dict[str, float]]) -> dict[str, Any]:
+    """One update's report: the steps' means, tokens counted once, and how many steps ran."""
+    taken = sum(math.isfinite(s["grad_norm"]) for s in steps)
+    means = {k: sum(s[k] for s in steps) / len(steps)
+             for k in ("loss", "grad_norm", "clip_fraction", "kl")}
+    return {**means, "tokens": int(steps[0]["tokens"]), "steps": taken}
 
 
 def _micro_batches(samples: Sequence[Sample], size: int, *, by_prompt: bool
