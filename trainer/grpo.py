@@ -399,7 +399,8 @@ def train_step(
         steps.append(step)
         if not math.isfinite(step["grad_norm"]):
             values = _mean_metrics(steps)
-            return done(f"the gradient norm is {step['grad_norm']}: no step taken", **values)
+            return done(f"the gradient norm is {step['grad_norm']}: step {len(steps)} of "
+                        f"{cfg.steps_per_update} not taken, nor any after it", **values)
     return done(**_mean_metrics(steps))
 
 
