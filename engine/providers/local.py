@@ -619,11 +619,13 @@ def _run_batch(jobs: list[_Job]) -> None:
                 kind=GENERATION_FAILED,
             ))
         return
+    logprobs = _sampled_logprobs(out.logits, out.sequences[:, width:], first.request.temperature)
     for r, j in enumerate(jobs):
         try:
             if j.cancelled.is_set():
                 raise AgentCallError(f"agent {j.spec.id}: cancelled", retryable=True)
-            j.future.set_result(_completion(j, out, r, width, mask.forced[r] if mask else []))
+            j.future.set_result(
+                _completion(j, out, r, width, mask.forced[r] if mask else [], logprobs[r]))
         except Exception as e:  # settle every future, whatever happens: a caller waits on it
             j.future.set_exception(e if isinstance(e, AgentCallError) else AgentCallError(
                 f"agent {j.spec.id}: reading the local generation failed: {e!r}",
@@ -631,10 +633,12 @@ def _run_batch(jobs: list[_Job]) -> None:
             ))
 
 
-def _completion(job: _Job, out: Any, row: int, width: int, forced: list[int]) -> Completion:
+def _completion(
+    job: _Job, out: Any, row: int, width: int, forced: list[int], logprobs: Any
+) -> Completion:
     """Row `row` of a batch's output: its tokens up to its end of turn or its own limit;
     `forced`, the steps at which the row was given the next token of its grammar's forced text
-    (the only token it was allowed)."""
+    (the only token it was allowed); `logprobs`, the row of `_sampled_logprobs`."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
     for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
@@ -648,9 +652,7 @@ def _completion(job: _Job, out: Any, row: int, width: int, forced: list[int]) ->
         model=job.spec.model,
         finish_reason=finish,
         token_ids=token_ids,
-        logprobs=_sampled_logprobs(
-            [step[row] for step in out.logits[: len(token_ids)]], token_ids, job.request.temperature
-        ),
+        logprobs=logprobs[: len(token_ids)].tolist(),
         forced_positions=[k for k in forced if k < len(token_ids)] if job.grammar else None,
     )
 
@@ -740,10 +742,9 @@ def _sampling_options(request: CompletionRequest) -> tuple[dict[str, Any], list[
     return {"do_sample": False}, [_Sampler(request.temperature, top_p)]
 
 
-def _sampled_logprobs(
-    logits: list[Any], token_ids: list[int], temperature: float | None
-) -> list[float]:
-    """Log-probability of each sampled token under the model at the sampling temperature.
+def _sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | None) -> Any:
+    """Log-probability of each sampled token (`tokens`, batch × steps) under the model at the
+    sampling temperature, batch × steps: one log-softmax over the batch per step.
 
     From the raw logits, before the grammar mask and top-p: the distribution the trainer
     recomputes, so the GRPO importance ratio is exactly 1 for an on-policy rollout (vLLM's
@@ -753,10 +754,10 @@ def _sampled_logprobs(
     import torch
 
     scale = temperature if temperature and temperature > 0 else 1.0
-    return [
-        float(torch.log_softmax(step.float() / scale, dim=-1)[token])
-        for step, token in zip(logits, token_ids, strict=True)
-    ]
+    return torch.stack([
+        torch.log_softmax(step.float() / scale, dim=-1).gather(1, tokens[:, k, None])[:, 0]
+        for k, step in enumerate(logits)
+    ], dim=1)
 
 
 class _Rows:
