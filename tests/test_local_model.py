@@ -305,12 +305,12 @@ def test_the_sampler_draws_each_token_as_often_as_its_probability() -> None:
     torch.manual_seed(0)
     # zero-probability tokens first, last and between, as a grammar mask leaves them
     probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0]).repeat(100_000, 1)
-    counts = torch.bincount(local.sample_rows(probs), minlength=6).double() / 100_000
+    counts = torch.bincount(local._sample_rows(probs), minlength=6).double() / 100_000
     assert counts[[0, 2, 5]].sum() == 0, "a masked token was drawn"
     # three standard errors of a 100k-draw frequency are under 0.005
     assert torch.allclose(counts, probs[0].double(), atol=0.005), counts
     one_hot = torch.zeros(1000, 6).index_fill_(1, torch.tensor([5]), 1.0)
-    assert (local.sample_rows(one_hot) == 5).all(), "a forced last token must always be drawn"
+    assert (local._sample_rows(one_hot) == 5).all(), "a forced last token must always be drawn"
 
 
 @needs_local_extra
@@ -327,12 +327,13 @@ def test_the_sampler_keeps_the_nucleus_transformers_keeps(top_p: float) -> None:
 
 
 @needs_local_extra
-def test_the_sampler_leaves_generate_only_the_token_it_drew() -> None:
+def test_the_sampler_draws_at_the_temperature_and_leaves_generate_only_that_token() -> None:
     import torch
 
     torch.manual_seed(2)
-    scores = torch.randn(4, 50)
-    scores[:, :10] = float("-inf")  # masked by a grammar
-    out = local._Sampler(temperature=0.7, top_p=1.0)(None, scores)
-    chosen = out.argmax(-1)
-    assert ((out > float("-inf")).sum(-1) == 1).all() and (chosen >= 10).all()
+    row = torch.tensor([float("-inf"), 1.0, 0.0, float("-inf"), -1.0])  # two masked by a grammar
+    out = local._Sampler(temperature=0.5, top_p=1.0)(None, row.repeat(50_000, 1))
+    assert ((out > float("-inf")).sum(-1) == 1).all(), "generate must have one token to take"
+    counts = torch.bincount(out.argmax(-1), minlength=5).double() / 50_000
+    expected = torch.softmax(row / 0.5, -1).double()  # 0.867, 0.117, 0.016 where allowed
+    assert torch.allclose(counts, expected, atol=0.007), counts

@@ -60,10 +60,6 @@ def sim_tasks(ids: Collection[str] | None = None) -> list[Task]:
     return tasks
 
 
-def one_task_per_tag() -> list[Task]:
-    return sim_tasks()
-
-
 # One task per tag, the four whose questions the tiny policy tells apart best. A one-layer random
 # model tells questions apart mostly by their last tokens: at the agent choice, the first task of
 # each tag leaves "What is the capital of France?" and "What is the opposite of hot?" 10% apart,
@@ -169,7 +165,7 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
     settings = trainer_settings(settings)
     pool = coin_pool(str(smollm2_model_dir))
     name = pool.conductor.id
-    tasks = one_task_per_tag()[:3]
+    tasks = sim_tasks()[:3]
     async with training_stack(client, settings, pool) as conductor:
         # rollouts first, as ordinary runs: three groups of four under the base model
         runs = [t.model_copy(update={"options": t.options.model_copy(update={"sample": i})})
@@ -238,7 +234,7 @@ async def test_a_trainer_killed_mid_update_is_retried_and_consumes_each_group_on
 ) -> None:
     settings = trainer_settings(settings)
     pool = coin_pool(str(tiny_policy_dir))
-    tasks = one_task_per_tag()[:2]
+    tasks = sim_tasks()[:2]
     recipe = Recipe(policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
                     loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
                     rollouts=RolloutConfig(group_size=4, groups_per_update=2, max_staleness=0))

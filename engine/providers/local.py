@@ -697,13 +697,13 @@ class _Sampler:
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs = _nucleus(probs, self.top_p)
-        tokens = sample_rows(probs)
+        tokens = _sample_rows(probs)
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, tokens[:, None], 0.0)
         return out
 
 
-def sample_rows(probs: Any) -> Any:
+def _sample_rows(probs: Any) -> Any:
     """One token per row of `probs` (rows need not be normalised), by inverse CDF.
 
     `right=True` skips the zero-probability tokens a grammar masked out; the second search is
