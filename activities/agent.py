@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from typing import TypeVar
 
 import structlog
+from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine.contracts.heartbeat import heartbeating
+from conductor_engine.engine.contracts.records import AgentReply
+from conductor_engine.engine.plan.prompts import agent_messages
+from conductor_engine.engine.providers import AgentCallError, CompletionRequest, TaskInfo, complete
+from conductor_engine.engine.providers.pool import Pool, PoolError
+from conductor_engine.engine.tasks.model import VisibleStep
 from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-
-from activities.errors import to_application_error
-from engine.pool import Pool, PoolError
-from engine.prompts import agent_messages
-from engine.providers import AgentCallError, CompletionRequest, TaskInfo, complete
-from engine.records import AgentReply
-from engine.task import VisibleStep
 
 T = TypeVar("T")
 
@@ -84,27 +83,3 @@ class AgentActivities:
             model=completion.model or spec.model, seconds=seconds, attempt=info.attempt,
             citations=completion.citations,
         )
-
-
-async def heartbeating(call: Awaitable[T]) -> T:
-    """Await `call`, heartbeating every third of the heartbeat timeout (at least every second)
-    so that a cancellation reaches it. No heartbeat timeout set: just await it.
-
-    The heartbeat task is cancelled when the call ends, however it ends, and the call's own
-    CancelledError propagates untouched: swallowing it would leave Temporal waiting.
-    """
-    timeout = activity.info().heartbeat_timeout
-    if not timeout:
-        return await call
-    every = max(1.0, timeout.total_seconds() / 3)
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(every)
-
-    beats = asyncio.create_task(beat())
-    try:
-        return await call
-    finally:
-        beats.cancel()

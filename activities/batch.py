@@ -3,11 +3,10 @@ worker's disk (data_dir/batches/NAME); `conductor batch report NAME` writes the 
 
 from __future__ import annotations
 
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.batch_report import write_report
+from conductor_engine.engine.storage.shared import shared_store
 from temporalio import activity
-
-from activities.record import shared_store
-from engine.batch_report import write_report
-from engine.settings import Settings
 
 
 class BatchActivities:

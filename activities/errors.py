@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from conductor_engine.engine.providers.base import AgentCallError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-
-from engine.providers.base import AgentCallError
 
 
 def to_application_error(error: AgentCallError) -> ApplicationError:

@@ -9,14 +9,19 @@ from __future__ import annotations
 import time
 
 import structlog
-from pydantic import BaseModel, Field
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
-from activities.errors import to_application_error
-from activities.record import shared_store
-from engine.plan import Plan, PlanError, parse_plan, plan_json_schema
-from engine.policies import (
+from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.plan.language import Plan, PlanError, parse_plan, plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.providers.serving import (
+    LORA_ADAPTER_LOST,
+    ensure_lora_adapter,
+    forget_lora_adapter,
+)
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.policies import (
     PolicyError,
     PolicyRegistry,
     VersionCache,
@@ -25,13 +30,11 @@ from engine.policies import (
     served_name,
     version_label,
 )
-from engine.pool import AgentSpec, Pool
-from engine.prompts import conductor_messages
-from engine.providers import AgentCallError, CompletionRequest, complete
-from engine.records import PlanAttempt
-from engine.serving import LORA_ADAPTER_LOST, ensure_lora_adapter, forget_lora_adapter
-from engine.settings import Settings
-from engine.task import Task
+from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.tasks.model import Task
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 # Backends that can constrain decoding to a JSON schema (Anthropic's API cannot, here).
 JSON_SCHEMA_PROVIDERS = frozenset({"openai", "openai-compatible", "google", "local"})

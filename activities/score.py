@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+from conductor_engine.engine.contracts.records import RunStatus
+from conductor_engine.engine.rewards import Reward, RewardWeights, score_run
 from pydantic import BaseModel
 from temporalio import activity
-
-from engine.records import RunStatus
-from engine.rewards import Reward, RewardWeights, score_run
 
 
 class ScoreRequest(BaseModel):

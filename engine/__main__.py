@@ -1,5 +1,5 @@
 """`python -m engine` is the `conductor` command."""
 
-from engine.cli import main
+from conductor_engine.engine.runtime.cli import main
 
 main()

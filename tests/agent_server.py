@@ -54,9 +54,8 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import pytest
-
-from engine.pool import AgentSpec
-from engine.providers.base import Citation
+from conductor_engine.engine.providers.base import Citation
+from conductor_engine.engine.providers.pool import AgentSpec
 
 Api = Literal["openai", "responses", "anthropic", "gemini"]
 FinishReason = Literal["stop", "length", "refusal"]

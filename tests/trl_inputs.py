@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-
-from trainer.config import LossConfig
-from trainer.grpo import Sample
+from conductor_engine.engine.contracts.training import LossConfig
+from conductor_engine.trainer.grpo import Sample
 
 
 def trl_inputs(samples: Sequence[Sample], cfg: LossConfig, *, pad_id: int,

@@ -45,10 +45,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
-
-from trainer.config import LossConfig, StepMetrics
 
 __all__ = [
     "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from conductor_engine.engine.contracts.training import PolicyConfig
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from trainer.config import PolicyConfig
 
 __all__ = [
     "Policy", "PolicyConfig", "base_model_dir", "load_optimizer", "load_policy",
@@ -47,8 +46,8 @@ class Policy:
 def base_model_dir(base: str) -> str:
     """Where `from_pretrained` finds the base model: the engine's converted SmolLM2 cache for
     the local default (built from the GGUF wheel on first use), else `base` as given."""
-    from engine.pool import AgentSpec
-    from engine.providers import local
+    from conductor_engine.engine.providers import local
+    from conductor_engine.engine.providers.pool import AgentSpec
 
     if base != local.SMOLLM2:
         return base

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.training import RolloutConfig
+from conductor_engine.engine.providers.local import render_chat
+from conductor_engine.engine.storage.policies import version_label
+from conductor_engine.engine.storage.trace_store import Group, TraceStore
+from conductor_engine.engine.storage.traces import PolicyRef, Trace
+from conductor_engine.trainer.grpo import Sample, group_advantages
 from pydantic import BaseModel
-
-from engine.policies import version_label
-from engine.providers.local import render_chat
-from engine.records import PlanAttempt
-from engine.trace_store import Group, TraceStore
-from engine.traces import PolicyRef, Trace
-from trainer.config import RolloutConfig
-from trainer.grpo import Sample, group_advantages
 
 
 async def select_groups(

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from temporalio import activity
-from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
-
-from activities.agent import heartbeating
-from activities.record import shared_store
-from engine.policies import (
+from conductor_engine.engine.contracts.heartbeat import heartbeating
+from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.policies import (
     PolicyError,
     PolicyRegistry,
     PolicyVersion,
@@ -34,10 +30,13 @@ from engine.policies import (
     materialise,
     version_label,
 )
-from engine.settings import Settings
-from engine.trace_store import TraceStore
-from trainer.config import Recipe, UpdateRequest, UpdateResult
-from trainer.rollouts import group_samples, group_stats, select_groups
+from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.trainer.rollouts import group_samples, group_stats, select_groups
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -130,8 +129,8 @@ class Trainer:
         return await asyncio.to_thread(_load, req, checkpoint, optimizer_state)
 
     def _train(self, held: _Held, samples: list[Any], recipe: Recipe) -> Any:
-        from trainer.grpo import train_step
-        from trainer.policy import reference_model
+        from conductor_engine.trainer.grpo import train_step
+        from conductor_engine.trainer.policy import reference_model
 
         if recipe.loss.beta > 0 and held.reference is None:
             held.reference = reference_model(held.policy)
@@ -141,7 +140,7 @@ class Trainer:
     async def _save(self, held: _Held, req: UpdateRequest, store: TraceStore,
                     metrics: dict[str, Any]) -> PolicyVersion:
         """Checkpoint and optimiser state into the blob store; the version row to publish."""
-        from trainer.policy import save_checkpoint, save_optimizer
+        from conductor_engine.trainer.policy import save_checkpoint, save_optimizer
 
         with tempfile.TemporaryDirectory(prefix="conductor-ckpt-") as tmp:
             out = Path(tmp)
@@ -157,8 +156,8 @@ class Trainer:
 
 
 def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | None) -> _Held:
-    from trainer.grpo import make_optimizer
-    from trainer.policy import load_optimizer, load_policy
+    from conductor_engine.trainer.grpo import make_optimizer
+    from conductor_engine.trainer.policy import load_optimizer, load_policy
 
     policy = load_policy(req.recipe.policy, checkpoint_dir=checkpoint)
     optimizer = make_optimizer(policy.model, req.recipe.loss)
@@ -173,7 +172,7 @@ def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | 
 
 
 def _published(version: PolicyVersion, started: float) -> UpdateResult:
-    from trainer.config import StepMetrics
+    from conductor_engine.engine.contracts.training import StepMetrics
 
     m = version.metrics
     return UpdateResult(

@@ -20,10 +20,10 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from engine.records import RunResult
-    from engine.search_attributes import task_search_attributes
-    from engine.task import Task
-    from workflows.conduct import ConductWorkflow
+    from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.search_attributes import task_search_attributes
+    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.workflows.conduct import ConductWorkflow
 
 
 class BatchProgress(BaseModel):

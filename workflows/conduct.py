@@ -26,15 +26,21 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.agent import AgentCallInput
-    from activities.plan import PlanRequest, PreviousRound
-    from activities.score import ScoreRequest
-    from engine.providers.base import TaskInfo
-    from engine.records import AgentReply, PlanAttempt, RoundRecord, RunResult, StepRecord
-    from engine.rewards import Reward
-    from engine.search_attributes import AGENTS, POLICY_VERSION, REWARD
-    from engine.task import Task, VisibleStep
-    from engine.traces import RecordRequest
+    from conductor_engine.activities.agent import AgentCallInput
+    from conductor_engine.activities.plan import PlanRequest, PreviousRound
+    from conductor_engine.activities.score import ScoreRequest
+    from conductor_engine.engine.contracts.records import (
+        AgentReply,
+        PlanAttempt,
+        RoundRecord,
+        RunResult,
+        StepRecord,
+    )
+    from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
+    from conductor_engine.engine.providers.base import TaskInfo
+    from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.storage.traces import RecordRequest
+    from conductor_engine.engine.tasks.model import Task, VisibleStep
 
 TRACES_PATCH = "score-and-record-traces"
 SEARCH_ATTRIBUTES_PATCH = "search-attributes"

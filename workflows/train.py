@@ -25,12 +25,17 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from engine.policies import version_label
-    from engine.records import RunResult
-    from engine.search_attributes import task_search_attributes
-    from engine.task import Task
-    from trainer.config import TRAINER_TASK_QUEUE, Recipe, UpdateRequest, UpdateResult
-    from workflows.conduct import ConductWorkflow
+    from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.search_attributes import task_search_attributes
+    from conductor_engine.engine.contracts.training import (
+        TRAINER_TASK_QUEUE,
+        Recipe,
+        UpdateRequest,
+        UpdateResult,
+    )
+    from conductor_engine.engine.storage.policies import version_label
+    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.workflows.conduct import ConductWorkflow
 
 Phase = Literal["starting", "rollouts", "update", "stopped", "finished"]
 

@@ -6,9 +6,8 @@ import importlib
 from collections.abc import Iterable
 from types import ModuleType
 
-from engine.pool import WEB_SEARCH_OPTIONS, AgentSpec
-from engine.providers import errors
-from engine.providers.base import (
+from conductor_engine.engine.providers import errors
+from conductor_engine.engine.providers.base import (
     AgentCallError,
     Citation,
     Completion,
@@ -17,6 +16,7 @@ from engine.providers.base import (
     TaskInfo,
     Usage,
 )
+from conductor_engine.engine.providers.pool import WEB_SEARCH_OPTIONS, AgentSpec
 
 __all__ = [
     "AgentCallError", "Citation", "Completion", "CompletionRequest", "Message", "TaskInfo",
@@ -26,12 +26,12 @@ __all__ = [
 
 
 _MODULES = {
-    "openai": "engine.providers.openai_provider",
-    "openai-compatible": "engine.providers.openai_provider",
-    "anthropic": "engine.providers.anthropic_provider",
-    "google": "engine.providers.google_provider",
-    "local": "engine.providers.local",
-    "sim": "engine.providers.sim",
+    "openai": "conductor_engine.engine.providers.openai_provider",
+    "openai-compatible": "conductor_engine.engine.providers.openai_provider",
+    "anthropic": "conductor_engine.engine.providers.anthropic_provider",
+    "google": "conductor_engine.engine.providers.google_provider",
+    "local": "conductor_engine.engine.providers.local",
+    "sim": "conductor_engine.engine.providers.sim",
 }
 
 

@@ -14,10 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-
-from engine.pool import AgentSpec, WebSearch
-from engine.providers import errors
-from engine.providers.base import (
+from conductor_engine.engine.providers import errors
+from conductor_engine.engine.providers.base import (
     Citation,
     ClientCache,
     Completion,
@@ -25,6 +23,7 @@ from engine.providers.base import (
     Usage,
     unique_citations,
 )
+from conductor_engine.engine.providers.pool import AgentSpec, WebSearch
 
 # The web search tool version: the one every current Claude model accepts.
 WEB_SEARCH_TOOL = "web_search_20250305"

@@ -11,12 +11,11 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from conductor_engine.engine.providers.pool import WebSearch
 from pydantic import BaseModel, Field
 
-from engine.pool import WebSearch
-
 if TYPE_CHECKING:
-    from engine.pool import AgentSpec
+    from conductor_engine.engine.providers.pool import AgentSpec
 
 C = TypeVar("C")
 

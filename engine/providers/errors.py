@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from engine.pool import AgentSpec
-from engine.providers.base import (
+from conductor_engine.engine.providers.base import (
     AgentCallError,
     Completion,
     is_retryable_status,
     parse_retry_after,
 )
+from conductor_engine.engine.providers.pool import AgentSpec
 
 # `kind` values: the activity can use them as Temporal error types, and tests can match them.
 KEY_MISSING = "AgentKeyMissing"

@@ -15,13 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types
-
-from engine.pool import AgentSpec
-from engine.providers import errors
-from engine.providers.base import (
+from conductor_engine.engine.providers import errors
+from conductor_engine.engine.providers.base import (
     AgentCallError,
     Citation,
     ClientCache,
@@ -30,6 +25,10 @@ from engine.providers.base import (
     Usage,
     unique_citations,
 )
+from conductor_engine.engine.providers.pool import AgentSpec
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
 
 
 def _transport_exceptions() -> tuple[

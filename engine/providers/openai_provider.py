@@ -18,10 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import openai
-
-from engine.pool import AgentSpec, WebSearch
-from engine.providers import errors
-from engine.providers.base import (
+from conductor_engine.engine.providers import errors
+from conductor_engine.engine.providers.base import (
     Citation,
     ClientCache,
     Completion,
@@ -29,6 +27,7 @@ from engine.providers.base import (
     Usage,
     unique_citations,
 )
+from conductor_engine.engine.providers.pool import AgentSpec, WebSearch
 
 # vLLM writes each logprob token as "token_id:<id>" when asked with this extra body field,
 # which is the only way to get exact ids back through the chat API on older vLLM versions.

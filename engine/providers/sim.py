@@ -26,10 +26,10 @@ import asyncio
 import hashlib
 import re
 
-from engine.pool import AgentSpec, SimSettings
-from engine.providers.base import Completion, CompletionRequest, TaskInfo, Usage
-from engine.rewards.extract import normalize_text
-from engine.rewards.verifiers import detect_verifier, reference_letter
+from conductor_engine.engine.providers.base import Completion, CompletionRequest, TaskInfo, Usage
+from conductor_engine.engine.providers.pool import AgentSpec, SimSettings
+from conductor_engine.engine.rewards.extract import normalize_text
+from conductor_engine.engine.rewards.verifiers import detect_verifier, reference_letter
 
 UNSURE = "I am not sure."
 _NUMBER = re.compile(r"^\s*([-+]?)(\d[\d,]*)(?:\.(\d+))?\s*(%?)\s*$")

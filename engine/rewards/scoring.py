@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from engine.rewards.models import Reward, RewardWeights, Verdict
-from engine.rewards.verifiers import verify
+from conductor_engine.engine.rewards.models import Reward, RewardWeights, Verdict
+from conductor_engine.engine.rewards.verifiers import verify
 
 RUN_STATUSES = ("completed", "invalid_plan", "failed", "cancelled")
 

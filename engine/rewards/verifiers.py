@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engine.rewards.extract import (
+from conductor_engine.engine.rewards.extract import (
     answer_candidates,
     answer_line,
     last_boxed,
@@ -30,9 +30,9 @@ from engine.rewards.extract import (
     normalize_text,
     strip_latex_text,
 )
-from engine.rewards.mathcheck import MathCheckError, check_math
-from engine.rewards.models import Verdict
-from engine.rewards.sandbox import SandboxLimits, SandboxResult, run_python_tests
+from conductor_engine.engine.rewards.mathcheck import MathCheckError, check_math
+from conductor_engine.engine.rewards.models import Verdict
+from conductor_engine.engine.rewards.sandbox import SandboxLimits, SandboxResult, run_python_tests
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
 """Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""

@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.runtime.client import connect_temporal
+from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.runtime.logging import configure_logging
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.database import EmbeddedPostgres
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from engine.client import connect_temporal
-from engine.database import EmbeddedPostgres
-from engine.embedded import EmbeddedTemporal
-from engine.logging import configure_logging
-from engine.pool import Pool
-from engine.settings import Settings
 from tests.agent_server import AgentServer, start_agent_server
 
 # The keys the benchmark pool names; the scripted server accepts anything.

@@ -38,11 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from activities.record import close_shared_stores, shared_store  # noqa: E402
-from engine.batch_report import write_report  # noqa: E402
-from engine.client import ConductorClient  # noqa: E402
-from engine.task import Task  # noqa: E402
-from engine.worker import build_worker  # noqa: E402
+from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
+from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.engine.tasks.model import Task  # noqa: E402
+
 from tests.agent_server import Reply, start_agent_server  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     PHASES,

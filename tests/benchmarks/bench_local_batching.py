@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.plan import plan_json_schema  # noqa: E402
-from engine.pool import Pool  # noqa: E402
-from engine.prompts import conductor_messages  # noqa: E402
-from engine.providers import local  # noqa: E402
-from engine.providers.base import CompletionRequest  # noqa: E402
-from engine.tasks import load_tasks  # noqa: E402
+from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
+from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
+from conductor_engine.engine.providers import local  # noqa: E402
+from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
+from conductor_engine.engine.providers.pool import Pool  # noqa: E402
+from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
 
 GOAL = 2.0  # batched plans/s over one-by-one plans/s, for a group of 8
 

@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.client import ConductorClient, workflow_id_for  # noqa: E402
-from engine.records import RunResult  # noqa: E402
-from engine.task import RunOptions, Task  # noqa: E402
-from engine.worker import build_worker  # noqa: E402
+from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
+from conductor_engine.engine.runtime.client import ConductorClient, workflow_id_for  # noqa: E402
+from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.engine.tasks.model import RunOptions, Task  # noqa: E402
+
 from tests.agent_server import Reply  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     PHASE_LEGEND,

@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.blobs import LocalBlobStore  # noqa: E402
-from engine.database import EmbeddedPostgres  # noqa: E402
-from engine.trace_store import _UPSERT, TraceStore  # noqa: E402
-from engine.traces import PolicyRef  # noqa: E402
-from tests.test_trace_store import make_trace  # noqa: E402
+from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
+from conductor_engine.engine.storage.database import EmbeddedPostgres  # noqa: E402
+from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
+from conductor_engine.engine.storage.traces import PolicyRef  # noqa: E402
+
+from tests.integration.test_trace_store import make_trace  # noqa: E402
 
 COLUMNS = _UPSERT.split("INSERT INTO traces (", 1)[1].split(")", 1)[0].replace("\n", " ")
 COLUMNS = COLUMNS.replace(", superseded", "")

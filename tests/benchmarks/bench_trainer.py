@@ -47,11 +47,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from conductor_engine.engine.contracts.training import LossConfig  # noqa: E402
+from conductor_engine.trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
 
 from tests.benchmarks._harness import table  # noqa: E402
 from tests.trl_inputs import trl_inputs  # noqa: E402
-from trainer.config import LossConfig  # noqa: E402
-from trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
 
 GOAL = 1.0
 PAD, EOS = 0, 2

@@ -1,0 +1,337 @@
+"""The agent pool: which models the conductor may delegate to, read from a TOML file.
+
+A pool file names API keys only by the environment variable that holds them, so a pool file
+can be committed and shared, and no key ever reaches a log line or a workflow history.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]
+
+# The providers with a web search tool of their own, and which WebSearch options each honours.
+# An option a provider lacks is an error in the pool file rather than silently dropped, so a
+# person who restricts domains never gets an unrestricted search without knowing it.
+WEB_SEARCH_OPTIONS: dict[str, frozenset[str]] = {
+    "openai": frozenset({"max_uses", "allowed_domains", "user_location"}),
+    "anthropic": frozenset({"max_uses", "allowed_domains", "blocked_domains", "user_location"}),
+    "google": frozenset(),
+}
+
+
+class PoolError(ValueError):
+    """A pool file that cannot be used; the message says which file and what to fix."""
+
+
+class GenerationParams(BaseModel):
+    """Sampling settings passed to the provider for every call to this agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int = Field(default=1024, gt=0)
+
+
+class UserLocation(BaseModel):
+    """Where the searcher should appear to be, so local questions get local results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    city: str | None = None
+    region: str | None = None
+    country: str | None = Field(
+        default=None, pattern=r"^[A-Z]{2}$", description="two-letter ISO code, e.g. GB"
+    )
+    timezone: str | None = Field(default=None, description="IANA name, e.g. Europe/London")
+
+
+class WebSearch(BaseModel):
+    """The provider's own web search tool for one agent (OpenAI web search, Anthropic web
+    search, Gemini grounding with Google Search). The provider runs the searches inside the one
+    API call and returns the sources it cited; the engine makes no search requests of its own.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_uses: int | None = Field(default=None, gt=0, description="searches per call, at most")
+    allowed_domains: list[str] = Field(default_factory=list)
+    blocked_domains: list[str] = Field(default_factory=list)
+    user_location: UserLocation | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, value: object) -> object:
+        """`web_search = true` in a pool file is short for the defaults."""
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _one_domain_list(self) -> WebSearch:
+        if self.allowed_domains and self.blocked_domains:
+            raise ValueError("web_search takes allowed_domains or blocked_domains, not both")
+        return self
+
+    def summary(self) -> str:
+        """A short description for listings such as `conductor pool show`."""
+        if not self.enabled:
+            return "off"
+        parts = [f"max {self.max_uses}"] if self.max_uses else []
+        if self.allowed_domains:
+            parts.append("only " + ", ".join(self.allowed_domains))
+        if self.blocked_domains:
+            parts.append("not " + ", ".join(self.blocked_domains))
+        if self.user_location is not None:
+            where = self.user_location.model_dump(exclude_none=True).values()
+            parts.append("from " + ", ".join(where))
+        return "on" + (f" ({'; '.join(parts)})" if parts else "")
+
+    def options_set(self) -> list[str]:
+        """The optional settings given, by field name (to check a provider honours them)."""
+        return [
+            name
+            for name in ("max_uses", "allowed_domains", "blocked_domains", "user_location")
+            if getattr(self, name)
+        ]
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class SimSettings(BaseModel):
+    """A simulated agent for rehearsals (provider "sim"): it answers a task with the task's
+    reference with probability `skills[tag]` (the best of the task's tags; `default_skill` for a
+    task with no listed tag) and with a wrong answer otherwise, drawn from a hash of (task,
+    agent, sample, attempt) so a rerun repeats exactly. Tags match case-insensitively."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skills: dict[str, Probability] = Field(
+        default_factory=dict, description="task tag -> probability of a right answer"
+    )
+    default_skill: Probability = Field(
+        default=0.5, description="probability of a right answer on a task with no listed tag"
+    )
+    latency_s: float = Field(default=0.0, ge=0, description="seconds every call takes")
+    latency_jitter_s: float = Field(
+        default=0.0, ge=0, description="up to this much more, drawn per call (repeatably)"
+    )
+    output_tokens: int = Field(
+        default=200, ge=0, description="reported per call (at most the call's max_tokens)"
+    )
+    input_tokens_per_char: float = Field(
+        default=0.25, ge=0, description="reported input tokens = prompt characters x this"
+    )
+
+    @field_validator("skills")
+    @classmethod
+    def _distinct_tags(cls, skills: dict[str, float]) -> dict[str, float]:
+        folded = [t.casefold() for t in skills]
+        dupes = sorted({t for t in folded if folded.count(t) > 1})
+        if dupes:
+            raise ValueError(f"skills names a tag twice (tags ignore case): {', '.join(dupes)}")
+        return skills
+
+    def skill(self, tags: list[str]) -> float:
+        """The probability of a right answer on a task with these tags."""
+        by_tag = {t.casefold(): p for t, p in self.skills.items()}
+        known = [by_tag[t.casefold()] for t in tags if t.casefold() in by_tag]
+        return max(known) if known else self.default_skill
+
+
+class AgentSpec(BaseModel):
+    """One model in the pool (or the conductor itself)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    provider: ProviderName
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    api_key_env: str | None = Field(
+        default=None, description="NAME of the environment variable holding the key, never a key"
+    )
+    description: str = ""
+    params: GenerationParams = Field(default_factory=GenerationParams)
+    price_input_per_mtok: float = Field(default=0.0, ge=0)
+    price_output_per_mtok: float = Field(default=0.0, ge=0)
+    timeout_s: float = Field(default=120.0, gt=0, description="one attempt (start-to-close)")
+    structured_output: bool = Field(
+        default=True,
+        description="ask for the plan as constrained JSON where the backend supports it",
+    )
+    policy_version: str = Field(
+        default="latest", pattern=r"^(base|latest|v?[0-9]+)$",
+        description="the conductor's weights version: 'latest' follows the newest version "
+        "published in the policy registry (base until one is), 'base' or 'v3' pins one; "
+        "recorded in every trace it plans",
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="local provider: a trained checkpoint directory (LoRA adapter or full "
+        "weights) applied to `model`; the engine sets it for published policy versions",
+    )
+    web_search: WebSearch | None = Field(
+        default=None, description="the provider's own web search tool, for agent steps"
+    )
+    sim: SimSettings | None = Field(
+        default=None,
+        description='provider "sim" only: its skill matrix, latency and token counts '
+        "(defaults when left out)",
+    )
+
+    @model_validator(mode="after")
+    def _key_is_a_name(self) -> AgentSpec:
+        env = self.api_key_env
+        if env is not None and not env.replace("_", "").isalnum():
+            raise ValueError(
+                f"api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), "
+                f"got something else for agent {self.id!r}; never put a key in a pool file"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sim_settings_for_sim_agents(self) -> AgentSpec:
+        if self.provider == "sim":
+            if self.sim is None:
+                self.sim = SimSettings()
+        elif self.sim is not None:
+            raise ValueError(
+                f"agent {self.id!r}: `sim` settings are for provider \"sim\" only, not "
+                f"{self.provider}; remove `sim` or set provider = \"sim\""
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _web_search_is_native(self) -> AgentSpec:
+        """Only providers with a search tool of their own can search, and only with the
+        options that provider offers; say which agent and what to change."""
+        if not self.searches_web or self.web_search is None:
+            return self
+        supported = WEB_SEARCH_OPTIONS.get(self.provider)
+        if supported is None:
+            raise ValueError(
+                f"agent {self.id!r}: web_search needs a provider with its own search tool "
+                f"(openai, anthropic or google), not {self.provider}; remove web_search from "
+                f"this agent or move it to one of those providers"
+            )
+        unsupported = [o for o in self.web_search.options_set() if o not in supported]
+        if unsupported:
+            offered = ", ".join(sorted(supported)) or "no options (only enabled)"
+            raise ValueError(
+                f"agent {self.id!r}: {self.provider} web search does not support "
+                f"{', '.join(unsupported)}; it takes {offered}"
+            )
+        return self
+
+    @property
+    def searches_web(self) -> bool:
+        return self.web_search is not None and self.web_search.enabled
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (
+            input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok
+        ) / 1_000_000
+
+    def is_configured(self, env: Mapping[str, str] | None = None) -> bool:
+        """True when the agent can be called here: local and sim agents always, others with a
+        key set (or with a base URL, for servers such as vLLM that need none)."""
+        env = os.environ if env is None else env
+        if self.provider in ("local", "sim"):
+            return True
+        if self.api_key_env:
+            return bool(env.get(self.api_key_env))
+        return self.base_url is not None
+
+
+class Pool(BaseModel):
+    """The conductor and the agents it may delegate to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conductor: AgentSpec
+    agents: list[AgentSpec] = Field(min_length=1)
+    offer_conductor_as_agent: bool = Field(
+        default=True, description="list the conductor itself in the pool (self-calls)"
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Pool:
+        ids = [a.id for a in self.agents]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"agent ids must be unique; repeated: {', '.join(dupes)}")
+        if self.conductor.id in ids:
+            raise ValueError(
+                f"the conductor id {self.conductor.id!r} is also an agent id; the conductor is "
+                f"offered to itself through offer_conductor_as_agent"
+            )
+        if self.conductor.provider == "sim":
+            raise ValueError(
+                f"the conductor {self.conductor.id!r} has provider \"sim\", but a sim agent only "
+                f"answers tasks and cannot write plans; give the conductor a real model (local, "
+                f"say) and use sim for the agents it delegates to"
+            )
+        if self.conductor.searches_web:
+            raise ValueError(
+                f"the conductor {self.conductor.id!r} has web_search, but the conductor only "
+                f"writes plans (its self-calls are sub-plans); give web_search to agents instead"
+            )
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Pool:
+        """Read and validate a pool file; None loads the shipped default pool."""
+        if path is None:
+            pools = resources.files("conductor_engine.engine.providers.pools")
+            text = (pools / "default.toml").read_text()
+            where = "the default pool"
+        else:
+            p = Path(path)
+            if not p.is_file():
+                raise PoolError(f"pool file {p} does not exist; pass an existing TOML file")
+            text, where = p.read_text(), str(p)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise PoolError(f"pool file {where} is not valid TOML: {e}") from e
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"])
+            raise PoolError(
+                f"pool file {where} is invalid at {loc or 'top level'}: {first['msg']} "
+                f"({e.error_count()} problem(s) in all)"
+            ) from e
+
+    def available(self, env: Mapping[str, str] | None = None) -> list[AgentSpec]:
+        """The agents offered to the conductor: those configured here, plus the conductor."""
+        out = [a for a in self.agents if a.is_configured(env)]
+        if self.offer_conductor_as_agent:
+            out.append(self.conductor)
+        return out
+
+    def get(self, agent_id: str) -> AgentSpec:
+        if agent_id == self.conductor.id:
+            return self.conductor
+        for a in self.agents:
+            if a.id == agent_id:
+                return a
+        known = ", ".join([a.id for a in self.agents] + [self.conductor.id])
+        raise PoolError(f"unknown agent {agent_id!r}; the pool has: {known}")

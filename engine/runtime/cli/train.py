@@ -1,0 +1,307 @@
+"""`conductor train start|status|stop` and `conductor trainer`: GRPO training from the CLI.
+
+Registered on the main app by engine.cli. Nothing here imports torch: the trainer service is
+imported only by `conductor trainer` (and by `train start` when it serves the trainer itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.runtime.cli import (
+    PoolOpt,
+    _fail,
+    _in_process_worker,
+    _load_pool,
+    _load_task_file,
+    _run,
+    _settings,
+    _trace_store,
+    app,
+    err,
+    out,
+)
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.settings import Settings
+from pydantic import ValidationError
+from rich.table import Table
+
+train_app = typer.Typer(help="Train the conductor with GRPO on its own traces.",
+                        no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+
+def _recipe(path: Path | None) -> Any:
+    from conductor_engine.engine.contracts.training import Recipe
+
+    if path is None:
+        return Recipe()
+    try:
+        return Recipe.model_validate(tomllib.loads(path.read_text()))
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as e:
+        raise _fail(f"recipe {path}: {e}") from None
+
+
+def _base_model(pool: Pool, given: str | None) -> str:
+    """What the trainer loads: the conductor's own model for a local conductor (the local
+    provider applies each version to exactly that), else a Hugging Face id to give."""
+    conductor = pool.conductor
+    if conductor.provider == "local":
+        if given and given != conductor.model:
+            raise _fail(f"--base {given} differs from the conductor's model {conductor.model}; "
+                        f"the local provider applies trained versions to the conductor's model")
+        return conductor.model
+    if conductor.provider == "openai-compatible":
+        if not given:
+            raise _fail(f"the conductor {conductor.id!r} is served by {conductor.base_url}; "
+                        f"give --base with the Hugging Face id or directory of the model it "
+                        f"serves ({conductor.model}?)")
+        return given
+    raise _fail(f"the conductor {conductor.id!r} runs on {conductor.provider}, whose weights "
+                f"cannot be trained here; use a local or openai-compatible (vLLM) conductor")
+
+
+@contextlib.asynccontextmanager
+async def _in_process_trainer(conductor: ConductorClient, enabled: bool) -> AsyncIterator[None]:
+    if not enabled:
+        yield
+        return
+    from conductor_engine.trainer.service import build_trainer_worker
+
+    async with build_trainer_worker(conductor.client, conductor.settings):
+        yield
+
+
+@train_app.command("start")
+def train_start(
+    tasks: Annotated[str | None, typer.Argument(
+        help="JSONL task file (or hf:NAME) to sample rollouts from")] = None,
+    name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
+    recipe: Annotated[Path | None, typer.Option(
+        help=r"TOML recipe: \[policy], \[loss], \[rollouts] (see trainer/config.py)")] = None,
+    iterations: Annotated[int, typer.Option(help="updates to run")] = 20,
+    group_size: Annotated[int | None, typer.Option(help="G: rollouts per task")] = None,
+    tasks_per_iteration: Annotated[int | None, typer.Option(help="tasks per update")] = None,
+    learning_rate: Annotated[float | None, typer.Option("--lr", help="learning rate")] = None,
+    base: Annotated[str | None, typer.Option(
+        help="the model the conductor serves (only for an openai-compatible conductor)")] = None,
+    from_traces: Annotated[bool, typer.Option(
+        help="no rollouts: train on the complete groups already stored")] = False,
+    concurrency: Annotated[int, typer.Option(help="rollouts in flight at once")] = 64,
+    seed: Annotated[int, typer.Option(help="shuffles the task order")] = 0,
+    pool: PoolOpt = None,
+    worker: Annotated[bool | None, typer.Option(
+        help="serve rollouts and the trainer from this process (default: yes on the embedded "
+             "stack)")] = None,
+    watch: Annotated[bool, typer.Option(help="show progress until it ends")] = True,
+) -> None:
+    """Start (or resume) training run NAME: each iteration samples G rollouts per task with
+    the current version, trains on them, publishes the next version. `conductor train start
+    --from-traces --name NAME` trains on stored groups instead. Starting a stopped run's NAME
+    again resumes it."""
+    from conductor_engine.workflows.train import TrainInput
+
+    settings = _settings(pool)
+    agents = _load_pool(settings)
+    loaded_tasks: list[Any] = []
+    if tasks is not None:
+        loaded_tasks = _load_task_file(tasks)
+        random.Random(seed).shuffle(loaded_tasks)
+    elif not from_traces:
+        raise _fail("give a task file to sample rollouts from, or --from-traces")
+    name = name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id)
+    r = _recipe(recipe)
+    r.policy.base = _base_model(agents, base or (r.policy.base if recipe else None))
+    if group_size is not None:
+        r.rollouts.group_size = group_size
+    if tasks_per_iteration is not None:
+        r.rollouts.groups_per_update = tasks_per_iteration
+    if learning_rate is not None:
+        r.loss.learning_rate = learning_rate
+    if from_traces and recipe is None:
+        r.rollouts.max_staleness = 1_000_000  # every stored version's groups are fair game
+
+    async def go() -> None:
+        from conductor_engine.engine.storage.policies import PolicyRegistry
+
+        conductor = await ConductorClient.connect(settings)
+        async with _trace_store(settings) as store:
+            version = await PolicyRegistry(store.pool).latest_version(agents.conductor.id)
+        status, previous = await _previous(conductor, name)
+        progress = None
+        if previous is not None and status != "running":
+            progress = previous.model_copy(update={"stop_requested": False, "version": version,
+                                                   "phase": "starting"})
+            err.print(f"resuming {name} after iteration {progress.iteration}")
+        inp = TrainInput(name=name, policy=agents.conductor.id, tasks=loaded_tasks,
+                         iterations=iterations, from_traces=from_traces, recipe=r,
+                         concurrency=concurrency, trainer_task_queue=settings.trainer_task_queue,
+                         **({"progress": progress} if progress is not None else {}))
+        if progress is None:
+            inp.progress.version = version
+        in_process = settings.embedded if worker is None else worker
+        async with (_in_process_worker(conductor, agents, in_process),
+                    _in_process_trainer(conductor, in_process)):
+            wid, started = await conductor.start_training(inp)
+            err.print(f"training [bold]{name}[/] {'started' if started else 'already running'}"
+                      f" from {agents.conductor.id} v{version}: {len(loaded_tasks)} tasks, "
+                      f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size} "
+                      f"· {settings.workflow_url(wid)}", soft_wrap=True)
+            if watch or in_process:
+                await _watch(conductor, name)
+
+    _run(go())
+
+
+async def _previous(conductor: ConductorClient, name: str) -> tuple[str, Any]:
+    try:
+        return await conductor.training_progress(name)
+    except LookupError:
+        return "none", None
+
+
+async def _watch(conductor: ConductorClient, name: str) -> None:
+    """One line per finished iteration until the run ends; Ctrl-C leaves it running."""
+    shown = 0
+    while True:
+        status, p = await conductor.training_progress(name)
+        if p is not None:
+            for s in p.history[shown:]:
+                out.print(_iteration_line(s), highlight=False, soft_wrap=True)
+            shown = len(p.history)
+        if status not in ("running", "continued_as_new"):
+            break
+        await asyncio.sleep(1.0)
+    if status != "completed":
+        raise LookupError(f"training run {name} ended {status}; see `conductor train status "
+                          f"{name}` and the Temporal UI")
+    if p is not None:
+        err.print(f"{name}: {p.phase} after {p.iteration} iterations at {p.label}")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _iteration_line(s: Any) -> str:
+    made = f" → {s.published}" if s.published else f" (no update: {s.note})" if s.note else ""
+    return (f"it {s.iteration:>3} · {s.version}{made} · reward {_fmt(s.mean_reward)} · "
+            f"valid {_fmt(s.valid_plan_rate, 2)} · loss {_fmt(s.loss, 4)} · clip "
+            f"{_fmt(s.clip_fraction, 3)} · kl {_fmt(s.kl, 4)} · |g| {_fmt(s.grad_norm, 3)} · "
+            f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
+
+
+@train_app.command("status")
+def train_status(
+    name: Annotated[str, typer.Argument(help="the training run")],
+    plot: Annotated[Path | None, typer.Option(
+        help="where to write the reward curve PNG (default: train-NAME.png)")] = None,
+    pool: PoolOpt = None,
+) -> None:
+    """The run's iterations, its reward curve in the terminal, and the curve as a PNG."""
+    settings = _settings(pool)
+
+    async def go() -> tuple[str, Any]:
+        conductor = await ConductorClient.connect(settings, start_embedded=False)
+        return await conductor.training_progress(name)
+
+    status, p = _run(go())
+    if p is None:
+        raise _fail(f"training run {name} is {status} but no worker answered its progress "
+                    f"query; start a worker (`conductor worker`)")
+    table = Table("it", "version", "rollouts", "reward", "valid", "loss", "clip", "kl",
+                  "grad norm", "tokens", "published", title=f"{name} · {status} · {p.phase}")
+    for s in p.history:
+        table.add_row(str(s.iteration), s.version, str(s.rollouts), _fmt(s.mean_reward),
+                      _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4), _fmt(s.clip_fraction),
+                      _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}", s.published or "—")
+    out.print(table)
+    curve = [(s.iteration, s.mean_reward) for s in p.history if s.mean_reward is not None]
+    if not curve:
+        return
+    _terminal_curve(name, curve)
+    _png_curve(name, curve, plot or Path(f"train-{name}.png"))
+
+
+def _terminal_curve(name: str, curve: list[tuple[int, float]]) -> None:
+    try:
+        import plotext as plt
+    except ImportError:
+        err.print("(install the train extra, pip install -e '.[train]', for the reward curve)")
+        return
+    plt.clear_figure()
+    plt.plot([i for i, _ in curve], [r for _, r in curve], marker="braille")
+    plt.title(f"{name}: mean reward of fresh rollouts")
+    plt.xlabel("iteration")
+    plt.ylim(0, 1)
+    plt.plotsize(min(100, out.width), 18)
+    plt.show()
+
+
+def _png_curve(name: str, curve: list[tuple[int, float]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        err.print("(install the train extra, pip install -e '.[train]', for the PNG plot)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([i for i, _ in curve], [r for _, r in curve], marker="o")
+    ax.set(title=f"{name}: mean reward of fresh rollouts", xlabel="iteration",
+           ylabel="mean reward", ylim=(0, 1.05))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    err.print(f"reward curve: {path}")
+
+
+@train_app.command("stop")
+def train_stop(name: Annotated[str, typer.Argument(help="the training run")],
+               pool: PoolOpt = None) -> None:
+    """Stop after the iteration in flight; `train start --name NAME` resumes."""
+    settings = _settings(pool)
+
+    async def go() -> None:
+        conductor = await ConductorClient.connect(settings, start_embedded=False)
+        await conductor.stop_training(name)
+
+    _run(go())
+    err.print(f"{name} stops after the iteration in flight; resume with `conductor train start "
+              f"TASKS --name {name}`")
+
+
+@app.command()
+def trainer() -> None:
+    """Run the trainer service: a worker on the `trainer` task queue that runs GRPO updates
+    (on the GPU when there is one) and publishes each new policy version."""
+    settings = _settings()
+    _run(_serve_trainer(settings))
+
+
+async def _serve_trainer(settings: Settings) -> None:
+    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.trainer.service import build_trainer_worker
+
+    conductor = await ConductorClient.connect(settings, start_embedded=False)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with build_trainer_worker(conductor.client, settings):
+        err.print(f"trainer polling [bold]{settings.trainer_task_queue}[/] on {settings.address}; "
+                  f"Ctrl-C stops")
+        await stop.wait()
+    await close_shared_stores()
+    err.print("trainer stopped")

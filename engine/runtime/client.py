@@ -1,0 +1,309 @@
+"""The Python API for submitting runs and reading their results; the CLI is built on it.
+
+    async with await ConductorClient.connect() as conductor:   # or: conductor = await ...
+        workflow_id = await conductor.submit(Task(question="..."))
+        result = await conductor.result(workflow_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
+
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.search_attributes import (
+    BATCH,
+    REWARD,
+    task_search_attributes,
+)
+from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.engine.tasks.model import Task
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    TLSConfig,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+if TYPE_CHECKING:
+    from conductor_engine.workflows.batch import BatchProgress
+    from conductor_engine.workflows.train import TrainInput, TrainProgress
+
+WORKFLOW_NAME = "ConductWorkflow"
+STARTING_SERVER_GRACE_S = 30.0
+BATCH_WORKFLOW_NAME = "BatchWorkflow"
+TRAINING_WORKFLOW_NAME = "TrainingWorkflow"
+P = TypeVar("P", bound=BaseModel)
+
+
+class ConnectError(RuntimeError):
+    """Temporal cannot be reached; the message says where we looked and what to do."""
+
+
+class RunFailed(RuntimeError):
+    """A run ended in failure (for example a step that exhausted its retries)."""
+
+    def __init__(self, workflow_id: str, message: str) -> None:
+        super().__init__(f"run {workflow_id} failed: {message}")
+        self.workflow_id = workflow_id
+        self.reason = message
+
+
+@dataclass
+class RunStatus:
+    workflow_id: str
+    run_id: str | None
+    status: str
+    progress: RunResult | None
+
+
+@dataclass
+class RunInfo:
+    workflow_id: str
+    run_id: str
+    status: str
+    started: datetime
+    closed: datetime | None
+    reward: float | None
+
+
+def workflow_id_for(task: Task) -> str:
+    return f"conduct-{task.id}"
+
+
+def _tls(settings: Settings) -> TLSConfig | bool:
+    if settings.temporal_tls_cert and settings.temporal_tls_key:
+        return TLSConfig(
+            client_cert=settings.temporal_tls_cert.read_bytes(),
+            client_private_key=settings.temporal_tls_key.read_bytes(),
+        )
+    return settings.temporal_tls
+
+
+async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -> Client:
+    """Connect to the configured Temporal, starting the embedded dev server if none is set."""
+    if settings.embedded and start_embedded:
+        EmbeddedTemporal(
+            settings.data_dir, settings.embedded_port, settings.embedded_ui_port
+        ).start(detached=True)
+    api_key = os.environ.get(settings.temporal_api_key_env) or None
+    # a server that has just opened its port may still answer "not healthy yet" for a few
+    # seconds (the dev server registers its search attributes then): wait it out
+    deadline = time.monotonic() + STARTING_SERVER_GRACE_S
+    while True:
+        try:
+            return await Client.connect(
+                settings.address,
+                namespace=settings.temporal_namespace,
+                data_converter=data_converter(settings),
+                tls=_tls(settings) if not api_key else True,
+                api_key=api_key,
+            )
+        except RuntimeError as e:
+            if "not healthy" in str(e) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                continue
+            hint = (
+                "start it with `conductor up`"
+                if settings.embedded
+                else "check CONDUCTOR_TEMPORAL_ADDRESS, the namespace and TLS settings"
+            )
+            raise ConnectError(
+                f"cannot reach Temporal at {settings.address}: {hint} ({e})"
+            ) from e
+
+
+class ConductorClient:
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.client, self.settings = client, settings
+
+    @classmethod
+    async def connect(
+        cls, settings: Settings | None = None, *, start_embedded: bool = True
+    ) -> ConductorClient:
+        settings = settings or Settings()
+        return cls(await connect_temporal(settings, start_embedded=start_embedded), settings)
+
+    async def __aenter__(self) -> ConductorClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def submit(self, task: Task, *, workflow_id: str | None = None) -> str:
+        """Start a run and return its workflow id at once."""
+        wid = workflow_id or workflow_id_for(task)
+        await self.client.start_workflow(
+            WORKFLOW_NAME, task, id=wid, task_queue=self.settings.task_queue,
+            static_summary=" ".join(task.question.split())[:200],
+            search_attributes=task_search_attributes(task),
+        )
+        return wid
+
+    async def cancel(self, workflow_id: str, reason: str = "cancelled by the user") -> None:
+        """Ask a run to stop: running agent calls are cancelled (they heartbeat), the run
+        records a cancelled trace and ends as cancelled."""
+        try:
+            await self.client.get_workflow_handle(workflow_id).cancel(reason=reason)
+        except RPCError as e:
+            raise LookupError(f"cannot cancel {workflow_id!r}: {e.message}") from e
+
+    async def list(
+        self, *, batch: str | None = None, query: str | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        """Runs, newest first: every run of a batch, or any visibility query (the UI's
+        filter syntax, e.g. `ConductorReward = 0 AND ExecutionStatus = "Completed"`)."""
+        clauses = [f'WorkflowType = "{WORKFLOW_NAME}"']
+        if batch is not None:
+            clauses.append(f'{BATCH.name} = "{batch}"')
+        if query:
+            clauses.append(f"({query})")
+        out: list[RunInfo] = []
+        async for wf in self.client.list_workflows(" AND ".join(clauses), limit=limit):
+            status = wf.status.name.lower() if wf.status else "unknown"
+            reward = wf.typed_search_attributes.get(REWARD)
+            out.append(RunInfo(wf.id, wf.run_id, status, wf.start_time, wf.close_time, reward))
+        return out
+
+    async def result(self, workflow_id: str) -> RunResult:
+        """Wait for a run and return its result; raises RunFailed with the reason."""
+        handle = self.client.get_workflow_handle(workflow_id, result_type=RunResult)
+        try:
+            return await handle.result()
+        except WorkflowFailureError as e:
+            # The workflow's own ApplicationError names the step, the agent and the cause.
+            cause = e.cause
+            message = getattr(cause, "message", None) or str(cause or e)
+            raise RunFailed(workflow_id, message) from e
+
+    async def run(self, task: Task) -> RunResult:
+        return await self.result(await self.submit(task))
+
+    async def status(self, workflow_id: str) -> RunStatus:
+        handle = self.client.get_workflow_handle(workflow_id, result_type=RunResult)
+        try:
+            desc = await handle.describe()
+        except RPCError as e:
+            raise LookupError(f"no run {workflow_id!r} in namespace "
+                              f"{self.settings.temporal_namespace}: {e.message}") from e
+        progress = None
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            try:
+                progress = await handle.query("progress", result_type=RunResult,
+                                              rpc_timeout=timedelta(seconds=5))
+            except RPCError:
+                progress = None  # no worker polling right now; the status alone still helps
+        elif desc.status == WorkflowExecutionStatus.COMPLETED:
+            progress = await handle.result()
+        name = desc.status.name.lower() if desc.status else "unknown"
+        return RunStatus(workflow_id, desc.run_id, name, progress)
+
+
+    # --- batches -----------------------------------------------------------------------------
+
+    async def submit_batch(
+        self, name: str, tasks: Sequence[Task], *, concurrency: int = 50, report: bool = True,
+        children_per_run: int = 500,
+    ) -> tuple[str, bool]:
+        """Start batch NAME; returns its workflow id and whether this call started it (False:
+        it is already running, so watch that one). A finished batch of the same name starts
+        again and runs only the tasks that did not complete."""
+        from conductor_engine.workflows.batch import BatchInput
+
+        wid = batch_workflow_id(name)
+        inp = BatchInput(name=name, tasks=[t.model_copy(update={"batch": name}) for t in tasks],
+                         concurrency=concurrency, report=report,
+                         children_per_run=children_per_run)
+        try:
+            await self.client.start_workflow(
+                BATCH_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                static_summary=f"batch {name}: {len(tasks)} tasks, {concurrency} at a time",
+                search_attributes=TypedSearchAttributes([SearchAttributePair(BATCH, name)]),
+            )
+        except WorkflowAlreadyStartedError:
+            return wid, False
+        return wid, True
+
+    async def batch_progress(self, name: str) -> tuple[str, BatchProgress | None]:
+        """The batch's status and progress (None when no worker answers the query)."""
+        from conductor_engine.workflows.batch import BatchProgress
+
+        return await self._progress(batch_workflow_id(name), BatchProgress, f"batch {name!r}")
+
+    async def _progress(self, workflow_id: str, kind: type[P], what: str) -> tuple[str, P | None]:
+        """Status and `progress` of a long workflow: its result once completed, else its
+        progress query (None when no worker answers it). LookupError when there is none."""
+        handle = self.client.get_workflow_handle(workflow_id, result_type=kind)
+        try:
+            desc = await handle.describe()
+        except RPCError as e:
+            raise LookupError(f"no {what}: {e.message}") from e
+        status = desc.status.name.lower() if desc.status else "unknown"
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            return status, await handle.result()
+        try:
+            return status, await handle.query("progress", result_type=kind,
+                                              rpc_timeout=timedelta(seconds=5))
+        except (RPCError, WorkflowQueryFailedError):
+            return status, None
+
+    # --- training ---------------------------------------------------------------------------
+
+    async def start_training(self, inp: TrainInput) -> tuple[str, bool]:
+        """Start training run NAME (`train-NAME`); returns its workflow id and whether this
+        call started it (False: one is running already)."""
+        from conductor_engine.workflows.train import training_workflow_id
+
+        wid = training_workflow_id(inp.name)
+        try:
+            await self.client.start_workflow(
+                TRAINING_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                static_summary=f"train {inp.policy}: {inp.iterations} iterations",
+            )
+        except WorkflowAlreadyStartedError:
+            return wid, False
+        return wid, True
+
+    async def training_progress(self, name: str) -> tuple[str, TrainProgress | None]:
+        """The training run's status and progress (None when no worker answers the query)."""
+        from conductor_engine.workflows.train import TrainProgress, training_workflow_id
+
+        return await self._progress(training_workflow_id(name), TrainProgress,
+                                    f"training run {name!r}")
+
+    async def stop_training(self, name: str) -> None:
+        """Ask training run NAME to stop after the iteration in flight."""
+        from conductor_engine.workflows.train import training_workflow_id
+
+        handle = self.client.get_workflow_handle(training_workflow_id(name))
+        try:
+            await handle.signal("stop")
+        except RPCError as e:
+            raise LookupError(f"no running training run {name!r}: {e.message}") from e
+
+
+def batch_workflow_id(name: str) -> str:
+    return f"batch-{name}"
+
+
+async def submit(task: Task, settings: Settings | None = None) -> str:
+    return await (await ConductorClient.connect(settings)).submit(task)
+
+
+async def result(workflow_id: str, settings: Settings | None = None) -> RunResult:
+    return await (await ConductorClient.connect(settings)).result(workflow_id)

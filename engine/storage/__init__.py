@@ -1,0 +1,1 @@
+"""Storage: PostgreSQL, blobs, Temporal payloads, traces, policy versions and batch reports."""

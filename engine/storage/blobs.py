@@ -1,0 +1,304 @@
+"""Content-addressed blob storage: a local directory by default, S3 (or MinIO) when configured.
+
+Traces keep large texts here and record only a reference, `sha256:<hex>`; the same bytes always
+give the same reference and are stored once, so a retried activity or a duplicated output costs
+nothing extra. The key-level methods (`put_key`, `get_key`, `exists_key`) exist for the Temporal
+external-storage driver (engine/payloads.py), which chooses its own keys.
+
+Layout, under the directory or under `s3://bucket/prefix/`:
+    sha256/ab/cdef...            trace blobs, fanned out so no directory grows huge
+    temporal/v0/...              Temporal payloads (keys chosen by the SDK's S3 driver)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from conductor_engine.engine.settings import Settings
+
+REF_ALGORITHM = "sha256"
+T = TypeVar("T")
+_MAX_NAME = 200  # bytes per file name; most file systems allow 255
+_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+_S3_HINT = (
+    "set CONDUCTOR_S3_BUCKET to an existing bucket, CONDUCTOR_S3_ENDPOINT_URL for MinIO or "
+    "another S3-compatible server (e.g. http://localhost:9000), CONDUCTOR_S3_REGION if needed, "
+    "and AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE); or unset "
+    "CONDUCTOR_S3_BUCKET to keep blobs in the local directory (CONDUCTOR_BLOB_DIR)"
+)
+
+
+class BlobStoreError(RuntimeError):
+    """The store cannot be used (unreachable, misconfigured, corrupt); the message says why."""
+
+
+class BlobNotFound(BlobStoreError, LookupError):
+    """No blob under that reference or key; the message names it and the store's location."""
+
+
+def ref_for(data: bytes) -> str:
+    """The content address of `data`: what `put` returns for it."""
+    return f"{REF_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
+
+
+def key_for(ref: str) -> str:
+    """The storage key of a reference: `sha256/ab/cdef...` (two-character fan-out)."""
+    match = _REF.match(ref)
+    if match is None:
+        raise ValueError(f"not a blob reference: {ref!r} (expected 'sha256:' and 64 hex digits)")
+    digest = match.group(1)
+    return f"{REF_ALGORITHM}/{digest[:2]}/{digest[2:]}"
+
+
+class BlobStore(ABC):
+    """Content-addressed `put`/`get`/`exists` over a key-value backend.
+
+    Subclasses implement the three key-level methods and `location`; the content addressing,
+    deduplication and integrity check live here once.
+    """
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where blobs live, for error messages: a directory or an s3:// URL."""
+
+    @abstractmethod
+    async def put_key(self, key: str, data: bytes) -> None:
+        """Store `data` under `key`, replacing any earlier object atomically."""
+
+    @abstractmethod
+    async def get_key(self, key: str) -> bytes:
+        """The bytes under `key`; BlobNotFound if there are none."""
+
+    @abstractmethod
+    async def exists_key(self, key: str) -> bool:
+        """Whether an object exists under `key`."""
+
+    @abstractmethod
+    async def check(self) -> None:
+        """Fail now, with a message saying what to set, if the store cannot be used; cheap
+        enough to call when a worker or the CLI starts."""
+
+    async def put(self, data: bytes) -> str:
+        """Store `data` once and return its reference; existing content is not rewritten."""
+        ref = ref_for(data)
+        key = key_for(ref)
+        if not await self.exists_key(key):
+            await self.put_key(key, data)
+        return ref
+
+    async def get(self, ref: str) -> bytes:
+        """The bytes of `ref`, checked against their hash so corruption never goes unnoticed."""
+        try:
+            data = await self.get_key(key_for(ref))
+        except BlobNotFound as e:
+            raise BlobNotFound(f"blob {ref} not found in {self.location}") from e
+        if ref_for(data) != ref:
+            raise BlobStoreError(f"blob {ref} in {self.location} is corrupt: its content hashes "
+                                 f"to {ref_for(data)}")
+        return data
+
+    async def exists(self, ref: str) -> bool:
+        return await self.exists_key(key_for(ref))
+
+
+class LocalBlobStore(BlobStore):
+    """Blobs as files under a directory. Writes go to a temporary file in the target directory
+    and are renamed into place, so a reader (or a crash) never sees half a blob and concurrent
+    writers of the same bytes cannot interfere."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def location(self) -> str:
+        return f"directory {self.root.resolve()}"
+
+    def path(self, key: str) -> Path:
+        """The file for `key`. Keys come from history and traces, so one that could leave the
+        directory (absolute, `..`, empty segments) is refused rather than trusted."""
+        parts = key.split("/")
+        if "\\" in key or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"invalid blob key {key!r}")
+        return self.root.joinpath(*map(_file_name, parts))
+
+    async def put_key(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(_write_atomic, self.path(key), data)
+
+    async def get_key(self, key: str) -> bytes:
+        path = self.path(key)
+        try:
+            return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob key {key!r} not found in {self.location}") from None
+
+    async def exists_key(self, key: str) -> bool:
+        return await asyncio.to_thread(self.path(key).is_file)
+
+    async def check(self) -> None:
+        probe = self.root / ".check"
+        try:
+            await asyncio.to_thread(_write_atomic, probe, b"ok")
+            await asyncio.to_thread(probe.unlink)
+        except OSError as e:
+            raise BlobStoreError(f"cannot write blobs to {self.location}: {e}; set "
+                                 "CONDUCTOR_BLOB_DIR (or CONDUCTOR_DATA_DIR) to a writable "
+                                 "directory, or CONDUCTOR_S3_BUCKET to use S3") from e
+
+
+def _file_name(segment: str) -> str:
+    """A key segment as a file name. S3 keys may hold 1,024 bytes in one segment (a long,
+    percent-encoded workflow id) but file names stop at 255, so a long segment is shortened to
+    a prefix plus its hash: deterministic, so reads find what writes wrote."""
+    if len(segment.encode()) <= _MAX_NAME:
+        return segment
+    return f"{segment[:64]}~{hashlib.sha256(segment.encode()).hexdigest()}"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write through a unique temporary file, fsync it, then rename it over `path`: the blob is
+    on disk before any reference to it is recorded."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class S3BlobStore(BlobStore):
+    """Blobs as objects in an S3 bucket (AWS, MinIO or any S3-compatible server) under a prefix.
+
+    boto3 is synchronous; its client is thread-safe, so each call runs in a worker thread and
+    the event loop (a Temporal worker's) keeps running. Every botocore failure is turned into
+    one BlobStoreError that says what to set.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        client: Any = None,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = "/".join(p for p in prefix.split("/") if p)
+        self.endpoint_url = endpoint_url
+        self.client = client or _boto3_client(endpoint_url, region)
+
+    @property
+    def location(self) -> str:
+        where = f"s3://{self.bucket}/{self.prefix}"
+        return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
+
+    def object_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    async def put_key(self, key: str, data: bytes) -> None:
+        def put() -> None:
+            self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data)
+
+        await self._run(put, key)
+
+    async def get_key(self, key: str) -> bytes:
+        def get() -> bytes:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            return bytes(response["Body"].read())
+
+        return await self._run(get, key)
+
+    async def exists_key(self, key: str) -> bool:
+        def head() -> None:
+            self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+
+        try:
+            await self._run(head, key)
+        except BlobNotFound:
+            return False
+        return True
+
+    async def check(self) -> None:
+        await self._run(lambda: self.client.head_bucket(Bucket=self.bucket), None)
+
+    async def _run(self, call: Callable[[], T], key: str | None) -> T:
+        """Run one boto3 call in a thread, its failures translated there (see `_s3_error`)."""
+        return await asyncio.to_thread(self._translated, call, key)
+
+    def _translated(self, call: Callable[[], T], key: str | None) -> T:
+        try:
+            return call()
+        except Exception as e:
+            raise self._s3_error(e, key) from e
+
+    def _s3_error(self, error: Exception, key: str | None) -> BlobStoreError:
+        """A missing object becomes BlobNotFound; anything else a BlobStoreError naming the
+        problem and the settings that fix it. A HEAD of a key in a missing bucket answers a
+        bare 404, so a bare 404 is only taken for a missing object when the bucket answers."""
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        problem = f"{type(error).__name__}: {error}"
+        if isinstance(error, ClientError):
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if key is not None and (code == "NoSuchKey"
+                                    or code in ("404", "NotFound") and self._bucket_exists()):
+                return BlobNotFound(f"blob key {key!r} not found in {self.location}")
+            if code in ("NoSuchBucket", "404", "NotFound"):
+                problem = f"bucket {self.bucket!r} does not exist"
+            elif code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                problem = f"access denied ({code}): check the AWS credentials and their rights"
+        elif isinstance(error, NoCredentialsError | PartialCredentialsError):
+            problem = "no AWS credentials found"
+        elif isinstance(error, EndpointConnectionError):
+            problem = str(error)
+        return BlobStoreError(f"S3 blob store {self.location}: {problem}. To fix it, {_S3_HINT}")
+
+    def _bucket_exists(self) -> bool:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception:
+            return False
+        return True
+
+
+def _boto3_client(endpoint_url: str | None, region: str | None) -> Any:
+    """An S3 client with short connect timeouts and few retries, so a wrong endpoint fails in
+    seconds (Temporal retries the activity or workflow task that needed the blob). It gets a
+    session of its own: boto3's default session is process-wide and caches credentials."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=5, read_timeout=60,
+                    retries={"max_attempts": 3, "mode": "standard"})
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url, region_name=region, config=config
+    )
+
+
+def blob_store(settings: Settings) -> BlobStore:
+    """S3 when `s3_bucket` is set, else the local directory `blobs_path`. No I/O happens here;
+    call `check()` to find a bad configuration before the first blob is needed."""
+    if settings.s3_bucket:
+        return S3BlobStore(settings.s3_bucket, settings.s3_prefix,
+                           endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
+    return LocalBlobStore(settings.blobs_path)

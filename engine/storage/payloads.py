@@ -1,0 +1,78 @@
+"""The data converter every client, worker and replayer uses: pydantic plus external storage.
+
+Temporal refuses any payload over 2 MB (and warns from 512 KB), and a whole workflow task's
+commands must fit in a 4 MB gRPC message. An agent can answer with more than that, and its
+answer travels as an activity result, then inside the next step's input and the run's result.
+So every payload of at least `settings.payload_threshold` bytes (256 KiB by default) is written
+to the blob store (engine/blobs.py) and history keeps only a small reference to it.
+
+One driver covers both back ends: the SDK's own `S3StorageDriver` (content-addressed keys,
+SHA-256 integrity check on read, a 50 MiB cap per payload, error context) over
+`BlobStoreDriverClient`, a small adapter to our `BlobStore`. With S3 configured that is boto3
+against the bucket; in the embedded default it is a local directory (`blobs_path/temporal/...`).
+Reusing the driver rather than writing a second one for local files keeps one key scheme and
+one integrity check, both the SDK's and tested there.
+
+Every worker, client and replayer of a namespace must use the same blob settings
+(CONDUCTOR_S3_BUCKET, CONDUCTOR_S3_PREFIX, CONDUCTOR_S3_ENDPOINT_URL, or the same
+CONDUCTOR_BLOB_DIR on a shared disk): a payload written by one process is read back by another,
+and a history is only readable while its blobs are. The reference names the bucket ("local" for
+a directory); a process configured for a different one says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
+from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, ExternalStorage
+
+DRIVER_NAME = "conductor.blobs"
+LOCAL_BUCKET = "local"
+KEY_PREFIX = "temporal/"
+
+
+class BlobStoreDriverClient(S3StorageDriverClient):
+    """Lets the SDK's S3 driver keep payloads in any BlobStore, under `temporal/<key>`."""
+
+    def __init__(self, store: BlobStore, bucket: str) -> None:
+        self.store, self.bucket = store, bucket
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        await self.store.put_key(self._key(bucket, key), data)
+
+    async def object_exists(self, *, bucket: str, key: str) -> bool:
+        return await self.store.exists_key(self._key(bucket, key))
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        return await self.store.get_key(self._key(bucket, key))
+
+    def describe(self) -> Mapping[str, str]:
+        return {"store": self.store.location}
+
+    def _key(self, bucket: str, key: str) -> str:
+        if bucket != self.bucket:
+            raise BlobStoreError(
+                f"this payload was stored in bucket {bucket!r}, but this process keeps blobs in "
+                f"{self.store.location}: every worker and client must use the same "
+                "CONDUCTOR_S3_BUCKET / CONDUCTOR_BLOB_DIR settings")
+        return KEY_PREFIX + key
+
+
+def storage_driver(settings: Settings, store: BlobStore | None = None) -> S3StorageDriver:
+    """The driver over `store` (by default the configured blob store)."""
+    client = BlobStoreDriverClient(store or blob_store(settings),
+                                   settings.s3_bucket or LOCAL_BUCKET)
+    return S3StorageDriver(client, client.bucket, driver_name=DRIVER_NAME)
+
+
+def data_converter(settings: Settings, store: BlobStore | None = None) -> DataConverter:
+    """The pydantic data converter with payloads of `payload_threshold` bytes or more kept in
+    the blob store. Give the same settings to every client, worker and Replayer."""
+    storage = ExternalStorage(drivers=[storage_driver(settings, store)],
+                              payload_size_threshold=settings.payload_threshold)
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage)

@@ -1,0 +1,237 @@
+"""The policy registry: which versions of a trainable conductor exist, and where their weights are.
+
+A *policy* is a conductor's pool id (its name); version 0 is the base model the pool file names,
+and every GRPO update publishes version parent + 1. A version's checkpoint files (safetensors,
+LoRA adapter or full weights) live in the blob store, content-addressed; its row in PostgreSQL
+says which files, what it was trained from, and the update's metrics.
+
+Publishing a version and marking the traces it was trained on as consumed happen in one
+transaction, keyed by the update's id. So a retried update (a trainer killed after committing but
+before Temporal heard back) finds its version already there, and no trace is consumed twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import asyncpg
+from conductor_engine.engine.storage.blobs import BlobStore
+from pydantic import BaseModel, Field
+
+BASE = "base"
+LATEST = "latest"
+_LABEL = re.compile(r"^v?(\d+)$")
+
+
+class PolicyError(RuntimeError):
+    """A version that does not exist or cannot be published; the message says what to do."""
+
+
+class TraceAlreadyConsumed(PolicyError):
+    """Another update trained on one of these traces first; select the groups again."""
+
+
+class StaleParent(PolicyError):
+    """Another version was published since this update started from its parent."""
+
+
+def version_label(version: int) -> str:
+    """How traces, pool files and vLLM name a version: "base" for 0, else "v3"."""
+    return BASE if version == 0 else f"v{version}"
+
+
+def parse_version(label: str) -> int | None:
+    """"base" → 0, "v3" or "3" → 3, "latest" → None (follow the newest)."""
+    if label == BASE:
+        return 0
+    if label == LATEST:
+        return None
+    match = _LABEL.match(label)
+    if match is None:
+        raise PolicyError(f"policy version {label!r} is not 'base', 'latest', or vN like 'v3'")
+    return int(match.group(1))
+
+
+def served_name(name: str, version: int) -> str:
+    """The model name a serving engine (vLLM) knows a version by: `NAME-vK`."""
+    return name if version == 0 else f"{name}-{version_label(version)}"
+
+
+class PolicyVersion(BaseModel):
+    """One published version."""
+
+    name: str
+    version: int
+    parent: int
+    base_model: str
+    kind: Literal["lora", "full"]
+    files: dict[str, str] = Field(description="checkpoint file name → blob reference")
+    optimizer: str | None = Field(default=None, description="blob reference of optimizer state")
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    update_id: str
+    created: datetime | None = None
+
+    @property
+    def label(self) -> str:
+        return version_label(self.version)
+
+
+class PolicyRegistry:
+    """Reads and writes the `policies` table (migration 004) through an asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def latest(self, name: str) -> PolicyVersion | None:
+        row = await self.pool.fetchrow(
+            "SELECT * FROM policies WHERE name = $1 ORDER BY version DESC LIMIT 1", name
+        )
+        return None if row is None else PolicyVersion.model_validate(dict(row))
+
+    async def latest_version(self, name: str) -> int:
+        """The newest version number, 0 when nothing was published yet."""
+        value = await self.pool.fetchval(
+            "SELECT max(version) FROM policies WHERE name = $1", name
+        )
+        return int(value or 0)
+
+    async def get(self, name: str, version: int) -> PolicyVersion:
+        row = await self.pool.fetchrow(
+            "SELECT * FROM policies WHERE name = $1 AND version = $2", name, version
+        )
+        if row is None:
+            have = await self.latest_version(name)
+            raise PolicyError(
+                f"policy {name!r} has no version {version_label(version)} (newest: "
+                f"{version_label(have)}); pin an existing version or train one first"
+            )
+        return PolicyVersion.model_validate(dict(row))
+
+    async def by_update(self, update_id: str) -> PolicyVersion | None:
+        row = await self.pool.fetchrow("SELECT * FROM policies WHERE update_id = $1", update_id)
+        return None if row is None else PolicyVersion.model_validate(dict(row))
+
+    async def history(self, name: str) -> list[PolicyVersion]:
+        rows = await self.pool.fetch(
+            "SELECT * FROM policies WHERE name = $1 ORDER BY version", name
+        )
+        return [PolicyVersion.model_validate(dict(r)) for r in rows]
+
+    async def publish(
+        self, version: PolicyVersion, consumed: list[tuple[str, str]]
+    ) -> PolicyVersion:
+        """Register `version` and mark the traces it trained on (workflow id, run id) consumed.
+
+        Idempotent per update id: a retry of a committed update returns the committed version.
+        Raises StaleParent when the policy moved on since `version.parent`, and
+        TraceAlreadyConsumed when another update took one of the traces; nothing is written then.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            # one publisher per policy at a time: versions stay a line, not a tree
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", version.name)
+            done = await conn.fetchrow(
+                "SELECT * FROM policies WHERE update_id = $1", version.update_id
+            )
+            if done is not None:
+                return PolicyVersion.model_validate(dict(done))
+            newest = int(await conn.fetchval(
+                "SELECT coalesce(max(version), 0) FROM policies WHERE name = $1", version.name
+            ))
+            if newest != version.parent or version.version != version.parent + 1:
+                raise StaleParent(
+                    f"policy {version.name!r} is at {version_label(newest)}, but this update "
+                    f"trained {version_label(version.version)} from "
+                    f"{version_label(version.parent)}; run one trainer per policy"
+                )
+            wf, run = [c[0] for c in consumed], [c[1] for c in consumed]
+            taken = await conn.fetchval(
+                """
+                WITH t AS (
+                    UPDATE traces SET consumed_by = $1
+                    FROM unnest($2::text[], $3::text[]) AS c(workflow_id, run_id)
+                    WHERE traces.workflow_id = c.workflow_id AND traces.run_id = c.run_id
+                      AND traces.consumed_by IS NULL
+                    RETURNING 1)
+                SELECT count(*) FROM t
+                """,
+                version.update_id, wf, run,
+            )
+            if taken != len(consumed):
+                raise TraceAlreadyConsumed(
+                    f"{len(consumed) - taken} of the {len(consumed)} traces of update "
+                    f"{version.update_id} were already trained on (or are gone); the update is "
+                    f"not published and will select its groups again"
+                )
+            row = await conn.fetchrow(
+                """
+                INSERT INTO policies (name, version, parent, base_model, kind, files, optimizer,
+                                      metrics, update_id)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *
+                """,
+                version.name, version.version, version.parent, version.base_model, version.kind,
+                version.files, version.optimizer, version.metrics, version.update_id,
+            )
+        return PolicyVersion.model_validate(dict(row))
+
+    async def consumed_by(self, update_id: str) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch(
+            "SELECT workflow_id, run_id FROM traces WHERE consumed_by = $1 ORDER BY workflow_id",
+            update_id,
+        )
+        return [(r["workflow_id"], r["run_id"]) for r in rows]
+
+
+class VersionCache:
+    """The newest version of each policy, re-read at most every `ttl_s` seconds.
+
+    The plan activity asks this on every plan; a published version reaches new plans within
+    `ttl_s` without a database round trip per plan.
+    """
+
+    def __init__(self, registry: PolicyRegistry, ttl_s: float = 2.0) -> None:
+        self.registry = registry
+        self.ttl_s = ttl_s
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    async def newest(self, name: str) -> int:
+        now = time.monotonic()
+        hit = self._seen.get(name)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        version = await self.registry.latest_version(name)
+        self._seen[name] = (now, version)
+        return version
+
+
+async def materialise(version: PolicyVersion, blobs: BlobStore, root: Path) -> Path:
+    """The version's checkpoint as a directory `root/NAME/vK` (what peft, transformers and vLLM's
+    `lora_path` read), fetched from the blob store once and then reused.
+
+    Written into a scratch sibling and renamed into place, so a reader never sees half a
+    checkpoint and two processes fetching at once do not interfere.
+    """
+    target = root / version.name / version.label
+    if (target / ".complete").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.parent / f".{version.label}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    try:
+        for file_name, ref in version.files.items():
+            (scratch / file_name).write_bytes(await blobs.get(ref))
+        (scratch / ".complete").write_text(version.update_id)
+        try:
+            os.rename(scratch, target)
+        except OSError:
+            if not (target / ".complete").is_file():  # else another process got there first
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target

@@ -1,0 +1,304 @@
+"""The trace store on real PostgreSQL (the embedded server) and real runs on the Temporal dev
+server: migrations, idempotent upserts, group queries, traces read back whole."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from conductor_engine.activities.record import RecordActivities
+from conductor_engine.engine.contracts.records import (
+    PlanAttempt,
+    RoundRecord,
+    RunResult,
+    StepRecord,
+)
+from conductor_engine.engine.rewards import Reward, RewardWeights, Verdict
+from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.blobs import LocalBlobStore
+from conductor_engine.engine.storage.database import connect_pool, migrate
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.engine.storage.traces import PolicyRef, RecordRequest, Trace
+from conductor_engine.engine.tasks.model import RunOptions, Task
+from temporalio import activity
+from temporalio.client import Client
+
+from tests.agent_server import Reply
+from tests.conftest import make_pool
+from tests.integration.test_conduct_workflow import _self_calling_conductor, plan_json
+
+
+async def _fresh_database(postgres_url: str) -> str:
+    """A new, empty database on the session's server, for tests that need one."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return postgres_url.replace("/postgres?", f"/{name}?")
+
+
+def make_trace(task_id: str, *, version: str = "v1", reward: float = 1.0,
+               finished: datetime | None = None, dataset: str = "bench",
+               output: str = "1024") -> Trace:
+    """A realistic 3-step trace, as a run of the default scheme would leave it."""
+    now = finished or datetime.now(UTC)
+    steps = [
+        StepRecord(round=0, index=i, agent=a, subtask=f"Subtask {i} of the plan.", access=acc,
+                   saw=list(range(i)) if acc == "all" else [], status="done",
+                   output=output if i == 2 else f"partial result {i} " * 20, model=a,
+                   seconds=1.5, attempts=1)
+        for i, (a, acc) in enumerate([("gpt", []), ("claude", []), ("gemini", "all")])
+    ]
+    attempt = PlanAttempt(attempt=1, raw_text='{"steps": [...]}' * 10, conductor_id="conductor",
+                          policy_version=version, token_ids=list(range(120)),
+                          logprobs=[-0.5] * 120)
+    wid = f"conduct-{task_id}-{uuid.uuid4().hex[:6]}"
+    result = RunResult(task_id=task_id, workflow_id=wid, run_id=str(uuid.uuid4()),
+                       answer=output, rounds=[RoundRecord(index=0, attempts=[attempt],
+                                                          steps=steps, answer=output)])
+    verdict = Verdict(verifier="math", correct=reward == 1.0, score=reward, reason="checked")
+    return Trace.from_run(
+        Task(id=task_id, question="Which is larger, 2^10 or 10^3?", reference="1024",
+             dataset=dataset, tags=["math", "easy"]),
+        result, policy=PolicyRef(name="conductor", version=version),
+        started_at=now - timedelta(seconds=5), finished_at=now,
+        reward=Reward(value=reward, verdict=verdict, reason="", weights=RewardWeights()),
+    )
+
+
+async def test_migrations_apply_to_an_empty_database_once_even_when_raced(
+    postgres_url: str,
+) -> None:
+    url = await _fresh_database(postgres_url)
+    conns = [await asyncpg.connect(url) for _ in range(3)]
+    try:
+        applied = await asyncio.gather(*(migrate(c) for c in conns))
+        assert sorted(len(a) for a in applied) == [0, 0, 4], "one connection applies them all"
+        assert await migrate(conns[0]) == [], "re-applying is a no-op"
+        assert await conns[0].fetchval("SELECT count(*) FROM schema_migrations") == 4
+        assert await conns[0].fetchval("SELECT count(*) FROM traces") == 0
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_writing_a_trace_twice_keeps_one_row_and_reads_back_equal(
+    trace_store: TraceStore,
+) -> None:
+    trace = make_trace(f"t-{uuid.uuid4().hex[:6]}")
+    await trace_store.write(trace)
+    await trace_store.write(trace)
+    assert await trace_store.count(TraceFilter(task_id=trace.task.id)) == 1
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None and back.model_dump() == trace.model_dump()
+
+
+async def test_long_texts_go_to_the_blob_store_and_come_back(
+    postgres_url: str, tmp_path: Any,
+) -> None:
+    blobs = LocalBlobStore(tmp_path)
+    store = await TraceStore.open(postgres_url, blobs, blob_threshold=1024, max_size=2)
+    try:
+        big = "x" * 5000
+        trace = make_trace(f"t-{uuid.uuid4().hex[:6]}", output=big)
+        await store.write(trace)
+        raw = await store.pool.fetchval(
+            "SELECT trace FROM traces WHERE workflow_id = $1", trace.workflow_id)
+        stored = raw["rounds"][0]["steps"][2]["output"]
+        assert stored["$blob"].startswith("sha256:") and stored["bytes"] == 5000
+        assert await blobs.exists(stored["$blob"])
+        back = await store.get(trace.workflow_id)
+        assert back is not None and back.answer == big and back.steps[2].output == big
+    finally:
+        await store.close()
+
+
+async def test_groups_are_complete_same_task_same_version_and_oldest_first(
+    trace_store: TraceStore,
+) -> None:
+    version = f"v-{uuid.uuid4().hex[:6]}"
+    start = datetime.now(UTC) - timedelta(hours=1)
+    traces = []
+    for k, (task_id, n) in enumerate([("a", 5), ("b", 4), ("c", 3)]):
+        for i in range(n):
+            traces.append(make_trace(f"{version}-{task_id}", version=version,
+                                     reward=float(i % 2),
+                                     finished=start + timedelta(minutes=k * 10 + i)))
+    traces.append(make_trace(f"{version}-c", version="other"))  # another version: not in c
+    # a failed run of task b later resumed (same workflow id, new run): only the new run counts
+    failed = make_trace(f"{version}-b", version=version, reward=0.0,
+                        finished=start + timedelta(minutes=50))
+    resumed = failed.model_copy(update={"run_id": "resumed", "reward": traces[-2].reward,
+                                        "finished_at": start + timedelta(minutes=55)})
+    traces += [failed, resumed]
+    for t in traces:
+        await trace_store.write(t)
+
+    groups = await trace_store.groups(PolicyRef(name="conductor", version=version), size=4)
+    assert [g.task_id for g in groups] == [f"{version}-a", f"{version}-b"]
+    assert all(len(g.traces) == 4 for g in groups)
+    five = await trace_store.groups(PolicyRef(name="conductor", version=version), size=5)
+    assert [len(g.traces) for g in five] == [5, 5], "b: 4 + the resumed run, not the failed one"
+    assert all(t.run_id != failed.run_id for g in five for t in g.traces)
+    first = groups[0].traces
+    assert [t.finished_at for t in first] == sorted(t.finished_at for t in first)
+    assert groups[0].rewards == [0.0, 1.0, 0.0, 1.0]
+    assert [g.task_id for g in five] == [f"{version}-a", f"{version}-b"]
+    assert await trace_store.groups(PolicyRef(name="conductor", version=version), size=6) == []
+
+
+async def test_analyst_filters_by_dataset_tag_version_reward_and_date(
+    trace_store: TraceStore,
+) -> None:
+    dataset = f"ds-{uuid.uuid4().hex[:6]}"
+    now = datetime.now(UTC)
+    for i, r in enumerate([0.0, 0.5, 1.0, 1.0]):
+        await trace_store.write(make_trace(f"{dataset}-{i}", dataset=dataset, reward=r,
+                                           finished=now - timedelta(days=i)))
+    by = TraceFilter(dataset=dataset)
+    assert await trace_store.count(by) == 4
+    assert await trace_store.count(by.model_copy(update={"min_reward": 1.0})) == 2
+    assert await trace_store.count(by.model_copy(update={"max_reward": 0.0})) == 1
+    assert await trace_store.count(by.model_copy(update={"tag": "math"})) == 4
+    assert await trace_store.count(by.model_copy(update={"tag": "hard"})) == 0
+    recent = by.model_copy(update={"since": now - timedelta(days=1, hours=1)})
+    assert [r.task_id for r in await trace_store.search(recent)] == [f"{dataset}-0",
+                                                                   f"{dataset}-1"]
+    assert await trace_store.count(by.model_copy(update={"policy_version": "v2"})) == 0
+
+
+async def test_a_retried_record_activity_leaves_one_trace(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    """The first attempt writes the trace and then 'loses' its reply (the worker died after
+    the commit); Temporal retries it, and the upsert keeps a single row."""
+
+    class LossyRecord(RecordActivities):
+        @activity.defn(name="record_trace")
+        async def record(self, req: RecordRequest) -> None:
+            await super().record(req)
+            if activity.info().attempt == 1:
+                raise RuntimeError("connection reset after commit")
+
+    from conductor_engine.activities.agent import AgentActivities
+    from conductor_engine.activities.plan import PlanActivities
+    from conductor_engine.activities.score import score
+    from conductor_engine.workflows.conduct import ConductWorkflow
+    from temporalio.worker import Worker
+
+    agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Compute 2^10.", [])))])
+    agent_server.script("gpt", [Reply.ok("1024")])
+    pool = make_pool(agent_server)
+    worker = Worker(
+        client, task_queue=settings.task_queue, workflows=[ConductWorkflow],
+        activities=[PlanActivities(pool).write_plan, AgentActivities(pool).call_agent, score,
+                    LossyRecord(settings, pool, trace_store).record],
+    )
+    async with worker:
+        res = await conductor.run(Task(question="What is 2^10?", reference="1024"))
+        history = await client.get_workflow_handle(res.workflow_id).fetch_history()
+
+    record_attempts = [
+        e.activity_task_started_event_attributes.attempt for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert max(record_attempts) == 2, "the record activity ran twice"
+    assert await trace_store.count(TraceFilter(task_id=res.task_id)) == 1
+    trace = await trace_store.get(res.workflow_id)
+    assert trace is not None and trace.reward is not None and trace.reward.value == 1.0
+
+
+async def test_a_self_call_and_a_refinement_round_read_back_whole(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    calls = {"n": 0}
+
+    def conductor_model(prompt: str) -> str:
+        if "Task:\nFind the two numbers." in prompt:
+            return _self_calling_conductor(prompt)
+        calls["n"] += 1
+        return _self_calling_conductor(prompt) if calls["n"] == 1 else '{"steps": []}'
+
+    agent_server.set_responder("conductor", conductor_model)
+    agent_server.script("gpt", [Reply.ok("1024 and 1000")])
+    agent_server.script("claude", [Reply.ok("1024 is larger")])
+    from tests.conftest import running_worker
+
+    async with running_worker(client, settings, make_pool(agent_server)):
+        res = await conductor.run(Task(question="Which is larger?", reference="1024 is larger",
+                                       verifier="exact", dataset="demo", tags=["cmp"],
+                                       options=RunOptions(refinement_rounds=1)))
+    trace = await trace_store.get(res.workflow_id)
+    assert trace is not None
+    assert len(trace.rounds) == 2 and trace.rounds[1].plan is not None
+    assert trace.rounds[1].plan.steps == []
+    assert trace.answer == "1024 is larger" and trace.reward is not None
+    assert trace.reward.value == 1.0 and trace.task.dataset == "demo"
+    assert trace.policy == PolicyRef(name="conductor", version="base")
+    assert trace.rounds[0].attempts[0].prompt, "the conductor's prompt is kept for training"
+    [child] = trace.children
+    assert child.parent_workflow_id == res.workflow_id and child.depth == 1
+    assert child.answer == "1024 and 1000" and child.steps[0].agent == "gpt"
+    assert child.reward is None, "a self-call has no reference of its own"
+    assert trace.steps[0].child_workflow_id == child.workflow_id
+
+
+async def test_failed_and_unparseable_runs_are_recorded_with_reward_zero(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    from tests.conftest import running_worker
+
+    agent_server.script("conductor", [
+        Reply.ok("no plan here"),
+        Reply.ok(plan_json(("gpt", "Compute 2^10.", []))),
+    ])
+    agent_server.script("gpt", [Reply.error(401, "bad key")])
+    async with running_worker(client, settings, make_pool(agent_server)):
+        invalid = await conductor.run(Task(question="q", reference="1024",
+                                           options=RunOptions(max_plan_attempts=1)))
+        try:
+            await conductor.run(Task(id=f"fails-{uuid.uuid4().hex[:6]}", question="q",
+                                     reference="1024"))
+            raise AssertionError("the run should fail")
+        except RunFailed as e:
+            failed_id = e.workflow_id
+    bad = await trace_store.get(invalid.workflow_id)
+    assert bad is not None and bad.status == "invalid_plan" and bad.reward is not None
+    assert bad.reward.value == 0.0 and bad.rounds[0].attempts[0].raw_text == "no plan here"
+    failed = await trace_store.get(failed_id)
+    assert failed is not None and failed.status == "failed" and failed.reward is not None
+    assert failed.reward.value == 0.0 and "gpt" in (failed.error or "")
+    assert failed.steps[0].status == "failed" and failed.steps[0].error
+
+
+async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
+    pool = await connect_pool(postgres_url, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute("SET enable_seqscan = off")
+            rows = await conn.fetch(
+                "EXPLAIN SELECT task_id FROM traces WHERE depth = 0 AND NOT superseded "
+                "AND policy_name = 'c' AND policy_version = 'v' GROUP BY task_id")
+        assert "traces_groups" in "\n".join(r[0] for r in rows)
+    finally:
+        await pool.close()
+
+
+async def test_a_sampled_nul_character_is_stored_as_a_replacement_character(
+    trace_store: TraceStore,
+) -> None:
+    trace = make_trace(f"nul-{uuid.uuid4().hex[:6]}", output="a\x00b \\u0000 kept")
+    trace.rounds[0].attempts[0].raw_text = "plan\x00"
+    await trace_store.write(trace)  # jsonb refuses NUL: this used to fail on every retry
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None and back.answer == "a\ufffdb \\u0000 kept"
+    assert back.rounds[0].attempts[0].raw_text == "plan\ufffd"

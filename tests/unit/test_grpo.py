@@ -1,0 +1,457 @@
+"""The GRPO core (trainer/grpo.py) and policy checkpoints (trainer/policy.py), on a tiny random
+Llama built from a config (no download): advantages, clipping, importance correction, masking,
+gradient accumulation, checkpoint and optimiser round trips, and that training learns."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig  # noqa: E402
+from conductor_engine.trainer.grpo import (  # noqa: E402
+    Sample,
+    collate,
+    group_advantages,
+    grpo_loss,
+    loss_normaliser,
+    make_optimizer,
+    per_token_logprobs,
+    train_step,
+)
+
+# A word-level vocabulary: w0 .. w60, then padding, end of turn, unknown.
+PAD, EOS, VOCAB = 61, 62, 64
+
+
+def tiny_tokenizer() -> Any:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(PAD)} | {"<pad>": PAD, "<eos>": EOS, "<unk>": VOCAB - 1}
+    tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def tiny_model(seed: int = 0, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2) -> Any:
+    """A random Llama with tied embeddings (as SmolLM2 and Qwen2.5-0.5B), float32, seeded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).float()
+
+
+def tiny_model_dir(out: Path, seed: int = 0) -> Path:
+    tiny_model(seed).save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+def random_samples(n: int, seed: int = 0, *, old: bool | None = None, truncated: int = 0,
+                   zero: int = 0, groups: int = 0, completion_len: tuple[int, int] = (2, 9)
+                   ) -> list[Sample]:
+    """n samples of varied prompt and completion lengths; advantages of both signs (the first
+    `zero` are 0); behaviour log-probs on every row (old=True), none (False) or every other
+    row (None); the last `truncated` samples truncated. With `groups`, sample i has the prompt
+    of group i % groups, as GRPO groups do; otherwise every prompt is its own."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(PAD) for _ in range(rng.randint(3, 8))] for _ in range(groups)]
+    out = []
+    for i in range(n):
+        completion = [rng.randrange(PAD) for _ in range(rng.randint(*completion_len))]
+        has_old = old if old is not None else i % 2 == 0
+        out.append(Sample(
+            prompt_ids=prompts[i % groups] if groups else
+            [rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
+            completion_ids=completion,
+            advantage=0.0 if i < zero else rng.choice([-1, 1]) * rng.uniform(0.3, 1.5),
+            behaviour_logprobs=[rng.uniform(-6.0, -2.0) for _ in completion] if has_old else None,
+            truncated=i >= n - truncated,
+        ))
+    return out
+
+
+class GradRecorder(torch.optim.SGD):  # type: ignore[misc,name-defined]
+    """An optimiser that records the gradients it is asked to apply, and applies none."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.0)
+        self.grads: list[Any] = []
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                      for g in self.param_groups for p in g["params"]]
+
+
+# ---------------------------------------------------------------------------------- advantages
+
+
+def test_advantages_are_group_mean_centred() -> None:
+    rewards = [0.0, 0.5, 1.0, 1.0]
+    a = group_advantages(rewards, scale=False)
+    assert a == pytest.approx([r - 0.625 for r in rewards])
+    assert sum(a) == pytest.approx(0.0)
+
+
+def test_scaled_advantages_divide_by_the_sample_std_plus_1e4_as_trl() -> None:
+    rewards = [0.0, 0.5, 1.0, 1.0, 0.0]
+    std = float(torch.tensor(rewards).std())  # unbiased (n - 1), as TRL's nanstd
+    expected = [(r - statistics.fmean(rewards)) / (std + 1e-4) for r in rewards]
+    assert group_advantages(rewards, scale=True) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_a_group_of_equal_rewards_gets_zero_advantages(scale: bool) -> None:
+    assert group_advantages([0.5] * 4, scale=scale) == [0.0] * 4
+    assert group_advantages([1.0], scale=scale) == [0.0]
+
+
+# ----------------------------------------------------------------------------- the surrogate
+
+
+def _batch_with_ratios(ratios: list[float], advantages: list[float]) -> tuple[Any, Any]:
+    """One-token samples whose ratio pi/pi_old is exactly `ratios`; log-probs as a leaf."""
+    logp = [-2.0] * len(ratios)
+    samples = [Sample(prompt_ids=[1], completion_ids=[2], advantage=a,
+                      behaviour_logprobs=[lp - torch.log(torch.tensor(r)).item()])
+               for r, a, lp in zip(ratios, advantages, logp, strict=True)]
+    return torch.tensor(logp)[:, None].requires_grad_(), collate(samples, PAD)
+
+
+def test_a_token_outside_the_clip_range_gets_no_gradient_in_the_clipped_direction() -> None:
+    cfg = LossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28)
+    # above 1 + eps_high with A > 0, below 1 - eps_low with A < 0: clipped, no gradient;
+    # the same ratios with the other sign of A, and one inside the range: gradient -A r / N
+    ratios = [1.5, 0.5, 1.5, 0.5, 1.1]
+    advantages = [1.0, -1.0, -1.0, 1.0, 1.0]
+    logp, batch = _batch_with_ratios(ratios, advantages)
+    loss, metrics = grpo_loss(logp, batch, cfg)
+    loss.backward()
+    expected = [0.0, 0.0, 1.5 / 5, -0.5 / 5, -1.1 / 5]
+    assert logp.grad[:, 0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert metrics["clip_high"] == pytest.approx(1 / 5)
+    assert metrics["clip_low"] == pytest.approx(1 / 5)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 5)
+    assert metrics["ratio"] == pytest.approx(sum(ratios) / 5)
+
+
+def test_the_importance_ratio_uses_the_behaviour_logprobs_when_the_trace_has_them() -> None:
+    cfg = LossConfig(loss_type="dapo")
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], requires_grad=True)
+    samples = [Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=1.0,
+                      behaviour_logprobs=[-1.1, -2.1]),  # pi/pi_old = e^0.1 on both tokens
+               Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=1.0)]  # no record: r = 1
+    loss, metrics = grpo_loss(logp, collate(samples, PAD), cfg)
+    loss.backward()
+    r = torch.exp(torch.tensor(0.1)).item()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-r / 4, -r / 4], [-1 / 4, -1 / 4]]))
+    assert metrics["ratio"] == pytest.approx((2 * r + 2) / 4)
+    assert metrics["kl"] == pytest.approx(2 * (r - 1 - 0.1) / 4, rel=1e-4)  # KL(pi_old || pi)
+
+
+def test_truncated_completions_are_dropped_from_the_loss_when_masked() -> None:
+    samples = random_samples(4, truncated=1)
+    for mask in (True, False):
+        cfg = LossConfig(loss_type="dapo", mask_truncated=mask)
+        logp = torch.full((4, max(len(s.completion_ids) for s in samples)), -3.0,
+                          requires_grad=True)
+        loss, metrics = grpo_loss(logp, collate(samples, PAD), cfg)
+        loss.backward()
+        assert (logp.grad[3] == 0).all() == mask
+        kept = samples[:3] if mask else samples
+        assert metrics["tokens"] == sum(len(s.completion_ids) for s in kept)
+        assert loss_normaliser(samples, cfg) == metrics["tokens"]
+
+
+def test_tokens_a_grammar_forced_stay_out_of_the_loss_but_are_still_read() -> None:
+    """A forced token's probability under the grammar is 1: no gradient, no count, and the
+    tokens around it score exactly as without the flag (it is still context)."""
+    model = tiny_model()
+    samples = random_samples(3, old=False, groups=1, completion_len=(6, 8))
+    flags = [[k % 3 == 0 for k in range(len(s.completion_ids))] for s in samples]
+    forced = [dataclasses.replace(s, forced=f) for s, f in zip(samples, flags, strict=True)]
+    cfg = LossConfig(loss_type="dapo")
+
+    plain = per_token_logprobs(model, collate(samples, PAD))
+    got = per_token_logprobs(model, collate(forced, PAD))
+    keep = collate(forced, PAD).loss_mask.bool()
+    assert not keep.all() and (got[~keep] == 0).all()
+    torch.testing.assert_close(got[keep], plain[keep], rtol=1e-5, atol=1e-6)
+
+    loss, metrics = grpo_loss(got, collate(forced, PAD), cfg)
+    trained = sum(f.count(False) for f in flags)
+    assert metrics["tokens"] == trained == loss_normaliser(forced, cfg)
+    assert sum(s.trained_tokens for s in forced) == trained
+    # the same loss as scoring the unflagged tokens alone, token by token
+    adv = torch.tensor([s.advantage for s in samples])[:, None]
+    expected = -(adv * keep).sum() / trained  # on-policy: ratio 1, so l = -A per token
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_sample_with_the_wrong_number_of_forced_flags_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 forced flags for 3 completion tokens"):
+        Sample(prompt_ids=[1], completion_ids=[2, 3, 4], advantage=1.0, forced=[True, False])
+
+
+# --------------------------------------------------------------------------------- log-probs
+
+
+def full_pass_logprobs(model: Any, samples: list[Sample], temperature: float) -> Any:
+    """Each sample's completion log-probs from its own full forward pass, padded to [B, T]."""
+    rows = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1] / temperature
+        rows.append(logits.log_softmax(-1).gather(-1, ids[0, len(s.prompt_ids) :, None])[:, 0])
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+@pytest.mark.parametrize("groups", [0, 1], ids=["own-prompts", "one-shared-prompt"])
+@pytest.mark.parametrize("completion_len", [(2, 9), (1, 1)], ids=["varied", "one-token"])
+def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
+    groups: int, completion_len: tuple[int, int]
+) -> None:
+    """Also when a group's prompt runs once and its completions read it as a KV cache."""
+    model = tiny_model()
+    samples = random_samples(5, groups=groups, completion_len=completion_len)
+    got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
+    got.sum().backward()
+    fast = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = full_pass_logprobs(model, samples, 0.7)
+    want.sum().backward()
+
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(fast, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5)
+
+
+# -------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("groups", [0, 2], ids=["own-prompts", "two-groups"])
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, beta: float,
+                                                            groups: int) -> None:
+    samples = random_samples(7, seed=1, truncated=1, zero=1, groups=groups)
+    cfg = LossConfig.model_validate(dict(loss_type=loss_type, beta=beta, mask_truncated=True,
+                                         epsilon_high=0.28, max_completion_length=16))
+    ref = tiny_model(seed=7) if beta else None
+
+    # the whole batch in one pass, written out by hand
+    model = tiny_model()
+    batch = collate(samples, PAD)
+    ref_logp = per_token_logprobs(ref, batch).detach() if ref is not None else None
+    loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg, ref_logprobs=ref_logp)
+    loss.backward()
+    full = [p.grad for p in model.parameters()]
+
+    for micro in (1, 3):
+        model = tiny_model()
+        recorder = GradRecorder(model.parameters())
+        step = train_step(model, recorder, samples,
+                          cfg.model_copy(update={"micro_batch_size": micro, "max_grad_norm": 1e9}),
+                          ref_model=ref, pad_id=PAD)
+        assert step.skipped is None and step.loss == pytest.approx(loss.item(), rel=1e-5)
+        for got, want in zip(recorder.grads, full, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_where_every_advantage_is_zero_is_skipped() -> None:
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    samples = random_samples(4, zero=4)
+    step = train_step(model, make_optimizer(model, LossConfig(learning_rate=0.1)), samples,
+                      LossConfig(), pad_id=PAD)
+    assert step.skipped and step.samples == 4 and step.tokens == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_train_steps_raise_the_logprob_of_positive_advantage_completions() -> None:
+    model = tiny_model()
+    prompt = [5, 6, 7]
+    completions = [[10, 11, 12, EOS], [13, 14, EOS], [20, 21, 22, 23, EOS], [24, EOS]]
+    advantages = group_advantages([1.0, 1.0, 0.0, 0.0], scale=True)
+    samples = [Sample(prompt_ids=prompt, completion_ids=c, advantage=a)
+               for c, a in zip(completions, advantages, strict=True)]
+    batch = collate(samples, PAD)
+
+    def mean_logp() -> Any:
+        with torch.no_grad():
+            lp = per_token_logprobs(model, batch)
+        return (lp * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1)
+
+    before = mean_logp()
+    cfg = LossConfig(learning_rate=1e-2, micro_batch_size=2)
+    optimizer = make_optimizer(model, cfg)
+    for _ in range(5):
+        step = train_step(model, optimizer, samples, cfg, pad_id=PAD)
+        assert step.skipped is None and step.tokens == 14 and step.grad_norm > 0
+    change = mean_logp() - before
+    assert (change[:2] > 0.1).all() and (change[2:] < -0.1).all(), change
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["behaviour-logprobs", "none-recorded"])
+def test_later_steps_of_an_update_are_clipped_against_the_policy_that_sampled(old: bool) -> None:
+    """steps_per_update = 2 is one step, then one whose ratio is measured against the sampling
+    policy: the recorded behaviour log-probs, or where none were recorded, the policy before the
+    first step (not the moving one, which would make every ratio 1 and nothing clipped)."""
+    samples = random_samples(6, seed=3, old=old, groups=2)
+    cfg = LossConfig(learning_rate=5e-2, micro_batch_size=4)
+
+    model = tiny_model()
+    update = train_step(model, make_optimizer(model, cfg), samples,
+                        cfg.model_copy(update={"steps_per_update": 2}), pad_id=PAD)
+    assert update.skipped is None and update.steps == 2 and update.clip_fraction > 0
+
+    by_hand = tiny_model()
+    optimizer = make_optimizer(by_hand, cfg)
+    second = samples
+    if not old:
+        with torch.no_grad():
+            sampled = per_token_logprobs(by_hand, collate(samples, PAD))
+        second = [dataclasses.replace(s, behaviour_logprobs=sampled[i, :len(s.completion_ids)]
+                                      .tolist()) for i, s in enumerate(samples)]
+    train_step(by_hand, optimizer, samples, cfg, pad_id=PAD)
+    train_step(by_hand, optimizer, second, cfg, pad_id=PAD)
+    for got, want in zip(model.parameters(), by_hand.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def test_the_lora_reference_is_the_base_model(tmp_path: Path) -> None:
+    """beta > 0 with a LoRA policy: the reference is the policy with its adapter disabled, so the
+    KL starts at 0 (a new adapter changes nothing) and grows as the adapter trains."""
+    from conductor_engine.trainer.policy import load_policy, reference_model
+
+    policy = load_policy(PolicyConfig(base=str(tiny_model_dir(tmp_path)), lora_r=4, device="cpu"))
+    ref = reference_model(policy)
+    assert ref is policy.model
+    cfg = LossConfig(beta=0.1, learning_rate=1e-2)
+    optimizer = make_optimizer(policy.model, cfg)
+    samples = random_samples(4, old=False)
+    kls = [train_step(policy.model, optimizer, samples, cfg, ref_model=ref).kl for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > 1e-4, kls
+    assert all(p.grad is None for p in policy.model.parameters())  # zeroed after the step
+
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_a_saved_checkpoint_loads_back_with_identical_logprobs(lora: bool, tmp_path: Path
+                                                               ) -> None:
+    from conductor_engine.trainer.policy import (
+        load_optimizer,
+        load_policy,
+        save_checkpoint,
+        save_optimizer,
+    )
+
+    cfg = PolicyConfig(base=str(tiny_model_dir(tmp_path / "base")), lora=lora, lora_r=4,
+                       device="cpu")
+    policy = load_policy(cfg)
+    assert policy.kind == ("lora" if lora else "full") and policy.pad_id == PAD
+    loss_cfg = LossConfig(learning_rate=1e-2)
+    optimizer = make_optimizer(policy.model, loss_cfg)
+    train_step(policy.model, optimizer, random_samples(4), loss_cfg)
+    save_optimizer(optimizer, tmp_path / "optimizer.safetensors")
+    batch = collate(random_samples(4, seed=3), policy.pad_id)
+    with torch.no_grad():
+        trained = per_token_logprobs(policy.model, batch)
+        base = per_token_logprobs(load_policy(cfg).model, batch)
+    assert not torch.allclose(trained, base)  # the step changed the policy
+
+    files = save_checkpoint(policy, tmp_path / "ckpt")
+    expected = ({"adapter_model.safetensors", "adapter_config.json"} if lora else
+                {"model.safetensors", "config.json", "generation_config.json"})
+    assert {f.name for f in files} == expected
+
+    loaded = load_policy(cfg, checkpoint_dir=tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(per_token_logprobs(loaded.model, batch), trained)
+    assert any(p.requires_grad for p in loaded.model.parameters())  # trainable again
+    # the optimiser state lines up with the reloaded policy's parameters, one for one
+    restored = make_optimizer(loaded.model, loss_cfg)
+    load_optimizer(restored, tmp_path / "optimizer.safetensors")
+    for p in restored.param_groups[0]["params"]:
+        assert restored.state[p]["exp_avg"].shape == p.shape
+
+
+def test_the_optimizer_state_survives_a_save_and_load(tmp_path: Path) -> None:
+    from conductor_engine.trainer.policy import load_optimizer, save_optimizer
+
+    cfg = LossConfig(learning_rate=1e-2)
+    model = tiny_model()
+    optimizer = make_optimizer(model, cfg)
+    for seed in range(2):
+        train_step(model, optimizer, random_samples(4, seed=seed), cfg, pad_id=PAD)
+    save_optimizer(optimizer, tmp_path / "optimizer.safetensors")
+
+    restored_model = tiny_model()
+    restored_model.load_state_dict(model.state_dict())
+    restored = make_optimizer(restored_model, cfg)
+    load_optimizer(restored, tmp_path / "optimizer.safetensors")
+    assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
+
+    samples = random_samples(4, seed=5)
+    train_step(model, optimizer, samples, cfg, pad_id=PAD)
+    train_step(restored_model, restored, samples, cfg, pad_id=PAD)
+    for a, b in zip(model.parameters(), restored_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_the_local_default_trains_and_its_adapter_is_what_the_engine_serves(
+        smollm2_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2-135M-Instruct (the engine's converted cache) as a LoRA policy: one step, saved,
+    then loaded by the local provider as a published version (adapter merged into the base):
+    the served model's log-probs are the trained policy's."""
+    from conductor_engine.engine.providers import local
+    from conductor_engine.engine.providers.pool import AgentSpec
+    from conductor_engine.trainer.policy import load_policy, save_checkpoint
+
+    monkeypatch.setenv("CONDUCTOR_DATA_DIR", str(smollm2_model_dir.parents[1]))
+    policy = load_policy(PolicyConfig(base=local.SMOLLM2, lora_r=4, device="cpu"))
+    assert policy.kind == "lora" and policy.tokenizer.chat_template
+    tok = policy.tokenizer
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "Plan: 2 + 2?"}],
+                                         add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    samples = [Sample(prompt_ids=prompt, completion_ids=tok(text)["input_ids"], advantage=a)
+               for text, a in (('{"steps": []}', 1.0), ("I cannot plan.", -1.0))]
+    cfg = LossConfig(learning_rate=1e-3)
+    step = train_step(policy.model, make_optimizer(policy.model, cfg), samples, cfg,
+                      pad_id=policy.pad_id)
+    assert step.skipped is None and step.tokens == sum(len(s.completion_ids) for s in samples)
+
+    batch = collate(samples, policy.pad_id)
+    with torch.no_grad():
+        trained = per_token_logprobs(policy.model, batch)
+        with policy.model.disable_adapter():
+            base = per_token_logprobs(policy.model, batch)
+    assert not torch.allclose(trained, base, atol=1e-3)  # the step moved the policy
+    save_checkpoint(policy, tmp_path / "v1")
+    served = local.load_model(AgentSpec(id="conductor", provider="local", model=local.SMOLLM2,
+                                        checkpoint=str(tmp_path / "v1")))
+    with torch.no_grad():
+        torch.testing.assert_close(per_token_logprobs(served.model, batch), trained,
+                                   rtol=1e-4, atol=1e-4)

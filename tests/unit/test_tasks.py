@@ -1,0 +1,184 @@
+"""Loading tasks from JSONL files and Hugging Face datasets (local ones: there is no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conductor_engine.engine.tasks.files import (
+    TaskFileError,
+    derived_id,
+    load_hf,
+    load_jsonl,
+    load_tasks,
+    parse_hf_source,
+)
+
+GOOD_AND_BAD = [
+    '{"id": "mul", "question": "What is 6 x 7?", "answer": 42, "verifier": "math", '
+    '"tags": ["arithmetic"]}',
+    "",
+    '{"question": "Capital of France?", "answer": "Paris"}',
+    '{"id": "broken", "question": "unterminated"',
+    '{"id": "no-question", "answer": "7"}',
+    '{"id": "typed", "question": "Tags?", "tags": "not-a-list"}',
+    '{"id": "mul", "question": "Same id again"}',
+    "[1, 2, 3]",
+    '{"id": "opts", "question": "Short plan", "options": {"max_steps": 2, "temperature": 0.5}}',
+    '{"id": "bad-opts", "question": "x", "options": {"max_steps": 99}}',
+    '{"id": "bad-verifier", "question": "x", "verifier": "regex"}',
+    '{"id": 7, "question": "Pick one", "reference": "(B)", "dataset": "mc"}',
+    '{"id": "both", "question": "x", "answer": "1", "reference": "1"}',
+    '{"id": "blank", "question": "   "}',
+]
+
+
+@pytest.fixture
+def task_file(tmp_path: Path) -> Path:
+    path = tmp_path / "demo.jsonl"
+    path.write_text("\n".join(GOOD_AND_BAD) + "\n", encoding="utf-8")
+    return path
+
+
+def test_good_lines_load_and_bad_lines_are_reported_with_their_numbers(task_file: Path) -> None:
+    tf = load_jsonl(task_file)
+    assert [t.id for t in tf.tasks] == ["mul", derived_id("demo", "Capital of France?"),
+                                        "opts", "7"]
+    assert [(e.line, e.message) for e in tf.errors] == [
+        (4, "invalid JSON: Expecting ',' delimiter (column 44)"),
+        (5, '"question": missing'),
+        (6, '"tags": Input should be a valid list'),
+        (7, "duplicate id 'mul', first on line 1"),
+        (8, "expected a JSON object, got list"),
+        (10, '"options.max_steps": Input should be less than or equal to 20'),
+        (11, "unknown \"verifier\" 'regex'; valid: auto, exact, choice, math, code"),
+        (13, 'give "answer" or "reference", not both'),
+        (14, '"question" is empty'),
+    ]
+    assert tf.path == str(task_file)
+
+
+def test_fields_map_onto_tasks(task_file: Path) -> None:
+    tasks = {t.id: t for t in load_jsonl(task_file).tasks}
+    mul = tasks["mul"]
+    assert (mul.question, mul.reference, mul.verifier, mul.tags, mul.dataset) == (
+        "What is 6 x 7?", "42", "math", ["arithmetic"], "demo")
+    assert (tasks["opts"].options.max_steps, tasks["opts"].options.temperature) == (2, 0.5)
+    assert (tasks["7"].reference, tasks["7"].dataset) == ("(B)", "mc")
+
+
+def test_dataset_name_can_be_given(task_file: Path) -> None:
+    tasks = load_jsonl(task_file, dataset="bench").tasks
+    assert {t.dataset for t in tasks} == {"bench", "mc"}
+    assert derived_id("bench", "Capital of France?") in {t.id for t in tasks}
+
+
+def test_derived_ids_are_stable_across_reordering(tmp_path: Path) -> None:
+    lines = [json.dumps({"question": q}) for q in ("one?", "two?", "three?")]
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("\n".join(lines))
+    second.write_text("\n".join(reversed(lines)))
+    ids = {t.question: t.id for t in load_jsonl(first, dataset="d").tasks}
+    assert ids == {t.question: t.id for t in load_jsonl(second, dataset="d").tasks}
+
+
+def test_a_repeated_question_without_ids_is_a_duplicate(tmp_path: Path) -> None:
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"question": "same?"}\n{"question": "same?"}\n')
+    tf = load_jsonl(path)
+    assert len(tf.tasks) == 1
+    assert tf.errors[0].line == 2 and "same derived id" in tf.errors[0].message
+
+
+def test_invalid_utf8_is_a_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(b'{"question": "fine"}\n{"question": "\xff"}\n')
+    tf = load_jsonl(path)
+    assert len(tf.tasks) == 1 and tf.errors[0].line == 2 and "UTF-8" in tf.errors[0].message
+
+
+def test_a_missing_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(TaskFileError, match="not found: give the path of a JSONL file"):
+        load_tasks(str(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("hf:gsm8k", ("gsm8k", None, None)),
+    ("hf:openai/gsm8k:main@test", ("openai/gsm8k", "main", "test")),
+    ("hf:cais/mmlu:all", ("cais/mmlu", "all", None)),
+    ("hf:./data/saved@validation", ("./data/saved", None, "validation")),
+])
+def test_hf_sources_name_dataset_config_and_split(
+        source: str, expected: tuple[str, str | None, str | None]) -> None:
+    assert parse_hf_source(source) == expected
+
+
+# --- Hugging Face datasets, saved locally --------------------------------------------------
+
+@pytest.fixture
+def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The `datasets` package (an optional extra), with its cache inside the test and the
+    network off."""
+    module = pytest.importorskip("datasets")
+    monkeypatch.setattr(module.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    monkeypatch.setattr(module.config, "HF_HUB_OFFLINE", True)
+    return module
+
+
+@pytest.fixture
+def saved_dataset(tmp_path: Path, datasets: Any) -> Path:
+    rows = [
+        {"problem": "What is 1+1?", "solution": 2, "uid": "r0", "topic": "add"},
+        {"problem": None, "solution": 3, "uid": "r1", "topic": "add"},
+        {"problem": "What is 2*3?", "solution": 6, "uid": "r2", "topic": "mul"},
+        {"problem": "What is 9-4?", "solution": 5, "uid": "r3", "topic": "sub"},
+    ]
+    path = tmp_path / "arith"
+    datasets.DatasetDict(test=datasets.Dataset.from_list(rows)).save_to_disk(str(path))
+    return path
+
+
+def test_hf_dataset_with_a_column_mapping(saved_dataset: Path) -> None:
+    tf = load_tasks(f"hf:{saved_dataset}", columns={"problem": "question",
+                                                     "solution": "answer", "uid": "id"},
+                    verifier="math")
+    assert [(t.id, t.question, t.reference, t.verifier, t.dataset) for t in tf.tasks] == [
+        ("r0", "What is 1+1?", "2", "math", "arith"),
+        ("r2", "What is 2*3?", "6", "math", "arith"),
+        ("r3", "What is 9-4?", "5", "math", "arith"),
+    ]
+    assert [(e.line, e.message) for e in tf.errors] == [(1, '"question": missing')]
+    assert tf.path == f"hf:{saved_dataset}@test"
+
+
+def test_hf_limit_and_unknown_split(saved_dataset: Path) -> None:
+    cols = {"problem": "question", "solution": "answer"}
+    assert len(load_hf(str(saved_dataset), columns=cols, limit=1).tasks) == 1
+    with pytest.raises(TaskFileError, match="no split 'train'; it has test"):
+        load_hf(str(saved_dataset), split="train", columns=cols)
+
+
+def test_hf_mapping_mistakes_are_explained(saved_dataset: Path) -> None:
+    with pytest.raises(TaskFileError, match="no question column"):
+        load_hf(str(saved_dataset))
+    with pytest.raises(TaskFileError, match="'problem' is not a task field"):
+        load_hf(str(saved_dataset), columns={"question": "problem"})
+    with pytest.raises(TaskFileError, match="column 'prompt' is not in the dataset"):
+        load_hf(str(saved_dataset), columns={"prompt": "question"})
+
+
+def test_hf_reads_a_local_data_file(tmp_path: Path, datasets: Any) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"q": "Capital of France?", "a": "Paris"}\n'
+                    '{"q": "Capital of Italy?", "a": "Rome"}\n')
+    tf = load_tasks(f"hf:{path}@train", columns={"q": "question", "a": "answer"})
+    assert [(t.question, t.reference, t.dataset) for t in tf.tasks] == [
+        ("Capital of France?", "Paris", "qa"), ("Capital of Italy?", "Rome", "qa")]
+    assert tf.errors == []
+
+
+def test_hf_unknown_dataset_is_a_clear_error(datasets: Any) -> None:
+    with pytest.raises(TaskFileError, match="cannot load dataset 'no-such-org/no-such-set'"):
+        load_tasks("hf:no-such-org/no-such-set")
