@@ -11,42 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TypeVar
 
 import structlog
-from conductor_engine.activities.errors import to_application_error
-from conductor_engine.engine.contracts.heartbeat import heartbeating
-from conductor_engine.engine.contracts.records import AgentReply
-from conductor_engine.engine.plan.prompts import agent_messages
-from conductor_engine.engine.providers import AgentCallError, CompletionRequest, TaskInfo, complete
-from conductor_engine.engine.providers.pool import Pool, PoolError
-from conductor_engine.engine.tasks.model import VisibleStep
-from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-T = TypeVar("T")
-
-
-class AgentCallInput(BaseModel):
-    agent: str
-    question: str
-    subtask: str
-    visible: list[VisibleStep] = Field(default_factory=list)
-    round: int = 0
-    index: int = 0
-    task: TaskInfo | None = Field(
-        default=None,
-        description="the task and rollout (sim agents answer by it; the activity sets attempt); "
-        "None in histories from before it existed",
-    )
+from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine.contracts.activities import AgentCallInput
+from conductor_engine.engine.contracts.heartbeat import heartbeating
+from conductor_engine.engine.contracts.names import AGENT_ACTIVITY
+from conductor_engine.engine.contracts.records import AgentReply
+from conductor_engine.engine.plan.prompts import agent_messages
+from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
+from conductor_engine.engine.providers.pool import Pool, PoolError
 
 
 class AgentActivities:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
-    @activity.defn(name="call_agent")
+    @activity.defn(name=AGENT_ACTIVITY)
     async def call_agent(self, req: AgentCallInput) -> AgentReply:
         info = activity.info()
         log = structlog.get_logger().bind(

@@ -3,17 +3,19 @@ worker's disk (data_dir/batches/NAME); `conductor batch report NAME` writes the 
 
 from __future__ import annotations
 
+from temporalio import activity
+
+from conductor_engine.engine.contracts.names import BATCH_REPORT_ACTIVITY
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.batch_report import write_report
 from conductor_engine.engine.storage.shared import shared_store
-from temporalio import activity
 
 
 class BatchActivities:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    @activity.defn(name="write_batch_report")
+    @activity.defn(name=BATCH_REPORT_ACTIVITY)
     async def write_batch_report(self, name: str) -> str:
         store = await shared_store(self.settings)
         traces = await store.batch_traces(name)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from conductor_engine.engine.providers.base import AgentCallError
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
+
+from conductor_engine.engine.providers.base import AgentCallError
 
 
 def to_application_error(error: AgentCallError) -> ApplicationError:
@@ -18,7 +18,3 @@ def to_application_error(error: AgentCallError) -> ApplicationError:
         non_retryable=not error.retryable,
         next_retry_delay=delay,
     )
-
-
-def attempt() -> int:
-    return activity.info().attempt

@@ -9,11 +9,21 @@ from __future__ import annotations
 import time
 
 import structlog
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine.contracts.activities import PlanRequest
+from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
 from conductor_engine.engine.contracts.records import PlanAttempt
-from conductor_engine.engine.plan.language import Plan, PlanError, parse_plan, plan_json_schema
+from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema
 from conductor_engine.engine.plan.prompts import conductor_messages
-from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
+from conductor_engine.engine.providers import (
+    AgentCallError,
+    CompletionRequest,
+    capabilities,
+    complete,
+)
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.providers.serving import (
     LORA_ADAPTER_LOST,
@@ -31,30 +41,6 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.tasks.model import Task
-from pydantic import BaseModel, Field
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
-# Backends that can constrain decoding to a JSON schema (Anthropic's API cannot, here).
-JSON_SCHEMA_PROVIDERS = frozenset({"openai", "openai-compatible", "google", "local"})
-
-
-class PreviousRound(BaseModel):
-    plan: Plan
-    answer: str
-
-
-class PlanRequest(BaseModel):
-    task: Task
-    round: int = 0
-    attempt: int = 1
-    previous: list[PreviousRound] = Field(default_factory=list)
-    last_error: str | None = None
-
-    @property
-    def allow_empty(self) -> bool:
-        return bool(self.previous)  # in a refinement round, an empty plan keeps the answer
 
 
 class PlanActivities:
@@ -70,7 +56,8 @@ class PlanActivities:
         `policy_version`, where 'latest' follows the registry. A trained version is served by
         the local provider from its checkpoint (fetched from the blob store once) or, for an
         openai-compatible server such as vLLM, under the adapter name `NAME-vK`, which is
-        loaded into vLLM (runtime LoRA) on first use; see engine/serving.py.
+        loaded into vLLM (runtime LoRA) on first use; see engine/providers/serving.py. Which
+        way a provider serves versions is its declared `trained_versions`.
         """
         conductor = self.pool.conductor
         wanted = parse_version(pinned or conductor.policy_version)
@@ -85,11 +72,12 @@ class PlanActivities:
             if wanted == 0:
                 return conductor, version_label(0)
         label = version_label(wanted)
-        if conductor.provider == "local":
+        serves = capabilities(conductor.provider).trained_versions
+        if serves == "checkpoint":
             version = await registry.get(conductor.id, wanted)
             where = await materialise(version, store.blobs, self._settings().data_dir / "policies")
             return conductor.model_copy(update={"checkpoint": str(where)}), label
-        if conductor.provider == "openai-compatible":
+        if serves == "served":
             version = await registry.get(conductor.id, wanted)  # clear error if never made
             if version.kind == "lora":  # full weights are served by a vLLM of their own
                 where = await materialise(version, store.blobs, self._settings().lora_root)
@@ -105,7 +93,7 @@ class PlanActivities:
         assert self.settings is not None
         return self.settings
 
-    @activity.defn(name="write_plan")
+    @activity.defn(name=PLAN_ACTIVITY)
     async def write_plan(self, req: PlanRequest) -> PlanAttempt:
         info = activity.info()
         log = structlog.get_logger().bind(
@@ -123,7 +111,8 @@ class PlanActivities:
         agents = self.pool.available()
         ids = [a.id for a in agents]
         opts = req.task.options
-        json_mode = conductor.structured_output and conductor.provider in JSON_SCHEMA_PROVIDERS
+        json_mode = (conductor.structured_output
+                     and capabilities(conductor.provider).structured_output)
         request = CompletionRequest(
             messages=conductor_messages(
                 req.task.question, agents, max_steps=opts.max_steps, json_mode=json_mode,

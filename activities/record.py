@@ -9,14 +9,17 @@ it answers, the activity fails with a retryable error that says where it looked.
 from __future__ import annotations
 
 import structlog
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import DatabaseError
 from conductor_engine.engine.storage.shared import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, RecordRequest, Trace, policy_of
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from conductor_engine.engine.storage.traces import PolicyRef, Trace, policy_of
 
 
 class RecordActivities:
@@ -29,7 +32,7 @@ class RecordActivities:
             self._store = await shared_store(self.settings)
         return self._store
 
-    @activity.defn(name="record_trace")
+    @activity.defn(name=RECORD_ACTIVITY)
     async def record(self, req: RecordRequest) -> None:
         conductor = self.pool.conductor
         trace = Trace.from_run(

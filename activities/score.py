@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-from conductor_engine.engine.contracts.records import RunStatus
-from conductor_engine.engine.rewards import Reward, RewardWeights, score_run
-from pydantic import BaseModel
 from temporalio import activity
 
-
-class ScoreRequest(BaseModel):
-    status: RunStatus
-    answer: str | None = None
-    reference: str | None = None
-    verifier: str | None = None
-    cost_usd: float = 0.0
-    weights: RewardWeights = RewardWeights()
+from conductor_engine.engine.contracts.activities import ScoreRequest
+from conductor_engine.engine.contracts.names import SCORE_ACTIVITY
+from conductor_engine.engine.rewards import Reward, score_run
 
 
-@activity.defn(name="score_run")
+@activity.defn(name=SCORE_ACTIVITY)
 async def score(req: ScoreRequest) -> Reward:
     return await asyncio.to_thread(
         score_run, req.status, req.answer, req.reference, req.verifier,

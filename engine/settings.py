@@ -17,6 +17,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from conductor_engine.engine.contracts.names import TASK_QUEUE, TRAINER_TASK_QUEUE
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
@@ -31,9 +33,9 @@ class Settings(BaseSettings):
     temporal_api_key_env: str = Field(
         default="TEMPORAL_API_KEY", description="NAME of the env var with a Temporal Cloud API key"
     )
-    task_queue: str = "conductor"
+    task_queue: str = TASK_QUEUE
     trainer_task_queue: str = Field(
-        default="trainer", description="where `conductor trainer` takes GRPO updates from"
+        default=TRAINER_TASK_QUEUE, description="where `conductor trainer` takes GRPO updates from"
     )
     data_dir: Path = Path(".conductor")
     pool_file: Path | None = None

@@ -31,7 +31,7 @@ TRL does by default (`use_bias_correction_kl=True`, DeepSeek-V3.2): the unbiased
 reverse KL, which differs from the unweighted k3 gradient even where r_it = 1.
 
 The configuration (`LossConfig`) and the step report (`StepMetrics`) are defined, free of torch,
-in trainer/config.py, so that workflows can carry them; they are re-exported here.
+in engine/contracts/training.py, so that workflows can carry them; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 
 __all__ = [
     "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
 from conductor_engine.engine.contracts.heartbeat import heartbeating
+from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY
 from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
@@ -33,10 +39,6 @@ from conductor_engine.engine.storage.policies import (
 from conductor_engine.engine.storage.shared import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.rollouts import group_samples, group_stats, select_groups
-from temporalio import activity
-from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +190,7 @@ class TrainerActivities:
     def __init__(self, settings: Settings) -> None:
         self.trainer = Trainer(settings)
 
-    @activity.defn(name="grpo_update")
+    @activity.defn(name=UPDATE_ACTIVITY)
     async def grpo_update(self, req: UpdateRequest) -> UpdateResult:
         try:
             return await heartbeating(self.trainer.update(req))

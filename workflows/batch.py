@@ -20,6 +20,12 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.names import (
+        BATCH_REPORT_ACTIVITY,
+        BATCH_WORKFLOW,
+        PROGRESS_QUERY,
+        batch_child_workflow_id,
+    )
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
     from conductor_engine.engine.tasks.model import Task
@@ -73,17 +79,13 @@ class BatchInput(BaseModel):
     progress: BatchProgress = Field(default_factory=BatchProgress)
 
 
-def child_workflow_id(batch: str, task_id: str) -> str:
-    return f"batch-{batch}/{task_id}"
-
-
-@workflow.defn
+@workflow.defn(name=BATCH_WORKFLOW)
 class BatchWorkflow:
     def __init__(self) -> None:
         self._progress = BatchProgress()
         self._window: set[asyncio.Task[None]] = set()
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> BatchProgress:
         return self._progress
 
@@ -106,7 +108,7 @@ class BatchWorkflow:
         await self._drain(window)
         if inp.report:
             p.report_dir = await workflow.execute_activity(
-                "write_batch_report", inp.name, result_type=str,
+                BATCH_REPORT_ACTIVITY, inp.name, result_type=str,
                 start_to_close_timeout=timedelta(minutes=10),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
                 summary=f"report · {inp.name}",
@@ -123,7 +125,7 @@ class BatchWorkflow:
         task = task.model_copy(update={"batch": batch})
         try:
             res = await workflow.execute_child_workflow(
-                ConductWorkflow.run, task, id=child_workflow_id(batch, task.id),
+                ConductWorkflow.run, task, id=batch_child_workflow_id(batch, task.id),
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
                 search_attributes=task_search_attributes(task),
                 static_summary=f"{batch} · {' '.join(task.question.split())[:150]}",

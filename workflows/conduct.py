@@ -26,9 +26,22 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from conductor_engine.activities.agent import AgentCallInput
-    from conductor_engine.activities.plan import PlanRequest, PreviousRound
-    from conductor_engine.activities.score import ScoreRequest
+    from conductor_engine.engine.contracts.activities import (
+        AgentCallInput,
+        PlanRequest,
+        PreviousRound,
+        RecordRequest,
+        ScoreRequest,
+    )
+    from conductor_engine.engine.contracts.names import (
+        AGENT_ACTIVITY,
+        CONDUCT_WORKFLOW,
+        PLAN_ACTIVITY,
+        PROGRESS_QUERY,
+        RECORD_ACTIVITY,
+        SCORE_ACTIVITY,
+        self_call_id,
+    )
     from conductor_engine.engine.contracts.records import (
         AgentReply,
         PlanAttempt,
@@ -37,20 +50,16 @@ with workflow.unsafe.imports_passed_through():
         StepRecord,
     )
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
+    from conductor_engine.engine.plan.language import saw_label
     from conductor_engine.engine.providers.base import TaskInfo
     from conductor_engine.engine.rewards import Reward
-    from conductor_engine.engine.storage.traces import RecordRequest
     from conductor_engine.engine.tasks.model import Task, VisibleStep
+    from conductor_engine.engine.text import shorten
 
 TRACES_PATCH = "score-and-record-traces"
 SEARCH_ATTRIBUTES_PATCH = "search-attributes"
 
 DEFAULT_AGENT_TIMEOUT_S = 120.0
-
-
-def _short(text: str, n: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _cause(error: BaseException) -> str:
@@ -65,12 +74,12 @@ def _cause(error: BaseException) -> str:
     return getattr(error, "message", None) or str(error)
 
 
-@workflow.defn
+@workflow.defn(name=CONDUCT_WORKFLOW)
 class ConductWorkflow:
     def __init__(self) -> None:
         self._result = RunResult(task_id="")
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> RunResult:
         """The run so far: plans, step records and totals (for `conductor status`)."""
         return self._result
@@ -138,7 +147,7 @@ class ConductWorkflow:
             self._details("scoring")
             try:
                 result.reward = await workflow.execute_activity(
-                    "score_run",
+                    SCORE_ACTIVITY,
                     ScoreRequest(
                         status=result.status, answer=result.answer, reference=task.reference,
                         verifier=task.verifier, cost_usd=result.totals.cost_usd,
@@ -157,7 +166,7 @@ class ConductWorkflow:
         parent = workflow.info().parent
         try:
             await workflow.execute_activity(
-                "record_trace",
+                RECORD_ACTIVITY,
                 RecordRequest(
                     task=task, result=result, started_at=started_at, finished_at=workflow.now(),
                     parent_workflow_id=parent.workflow_id if parent else None,
@@ -183,7 +192,7 @@ class ConductWorkflow:
             self._details(f"planning · round {rnd.index + 1} · attempt {n}")
             try:
                 attempt = await workflow.execute_activity(
-                    "write_plan",
+                    PLAN_ACTIVITY,
                     PlanRequest(
                         task=task, round=rnd.index, attempt=n, previous=previous,
                         last_error=last_error,
@@ -193,7 +202,7 @@ class ConductWorkflow:
                     schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
                     retry_policy=self._agent_retry(task),
                     summary=f"plan · round {rnd.index + 1} · attempt {n} · "
-                    f"{_short(task.question)}",
+                    f"{shorten(task.question, 60)}",
                 )
             except ActivityError as e:  # the conductor itself could not be called
                 raise ApplicationError(
@@ -273,7 +282,7 @@ class ConductWorkflow:
     ) -> None:
         timeout = attempt.agent_timeouts.get(rec.agent, DEFAULT_AGENT_TIMEOUT_S)
         reply = await workflow.execute_activity(
-            "call_agent",
+            AGENT_ACTIVITY,
             AgentCallInput(
                 agent=rec.agent, question=task.question, subtask=rec.subtask, visible=visible,
                 round=rec.round, index=rec.index,
@@ -287,7 +296,7 @@ class ConductWorkflow:
             schedule_to_close_timeout=timedelta(seconds=task.options.step_deadline_s),
             heartbeat_timeout=timedelta(seconds=task.options.agent_heartbeat_s),
             retry_policy=self._agent_retry(task),
-            summary=f"{label} · {rec.agent} · {_short(rec.subtask)}",
+            summary=f"{label} · {rec.agent} · {shorten(rec.subtask, 60)}",
         )
         rec.output, rec.usage, rec.cost_usd = reply.output, reply.usage, reply.cost_usd
         rec.citations = reply.citations
@@ -297,16 +306,16 @@ class ConductWorkflow:
         self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt
     ) -> None:
         """The conductor gave a step to itself: plan and run it as a child workflow."""
-        child_id = f"{workflow.info().workflow_id}/r{rec.round}s{rec.index}"
+        child_id = self_call_id(workflow.info().workflow_id, rec.round, rec.index)
         child = Task(
-            id=f"{task.id}/r{rec.round}s{rec.index}", question=rec.subtask, context=visible,
+            id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask, context=visible,
             depth=task.depth + 1,
             options=task.options.model_copy(update={"refinement_rounds": 0}),
         )
         rec.child_workflow_id = child_id
         res = await workflow.execute_child_workflow(
             ConductWorkflow.run, child, id=child_id,
-            static_summary=f"self-call · depth {child.depth} · {_short(rec.subtask, 120)}",
+            static_summary=f"self-call · depth {child.depth} · {shorten(rec.subtask, 120)}",
         )
         if res.status != "completed" or res.answer is None:
             # The sub-plan never parsed: let the conductor model answer the subtask directly.
@@ -376,10 +385,9 @@ class ConductWorkflow:
                 "|---|---|---|---|---|---|---|",
             ]
             for s in rnd.steps:
-                sees = "all" if s.access == "all" else (
-                    ",".join(str(j + 1) for j in s.saw) or "none")
+                sees = saw_label(s.saw, s.access)
                 lines.append(
-                    f"| {s.index + 1} | {s.agent} | {_short(s.subtask, 50).replace('|', '/')} "
+                    f"| {s.index + 1} | {s.agent} | {shorten(s.subtask, 50).replace('|', '/')} "
                     f"| {sees} | {s.status} | {s.usage.input_tokens}/{s.usage.output_tokens} "
                     f"| {s.seconds:.1f} |"
                 )

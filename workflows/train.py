@@ -25,14 +25,18 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.names import (
+        PROGRESS_QUERY,
+        STOP_SIGNAL,
+        TRAINER_TASK_QUEUE,
+        TRAINING_WORKFLOW,
+        UPDATE_ACTIVITY,
+        rollout_workflow_id,
+        update_id,
+    )
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
-    from conductor_engine.engine.contracts.training import (
-        TRAINER_TASK_QUEUE,
-        Recipe,
-        UpdateRequest,
-        UpdateResult,
-    )
+    from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
     from conductor_engine.engine.storage.policies import version_label
     from conductor_engine.engine.tasks.model import Task
     from conductor_engine.workflows.conduct import ConductWorkflow
@@ -92,10 +96,6 @@ class TrainInput(BaseModel):
     progress: TrainProgress = Field(default_factory=TrainProgress)
 
 
-def training_workflow_id(name: str) -> str:
-    return f"train-{name}"
-
-
 def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:
     """The iteration's tasks: the next k of the list, wrapping round (the CLI shuffles it)."""
     if not tasks:
@@ -104,16 +104,16 @@ def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:
     return [tasks[(start + i) % len(tasks)] for i in range(min(k, len(tasks)))]
 
 
-@workflow.defn
+@workflow.defn(name=TRAINING_WORKFLOW)
 class TrainingWorkflow:
     def __init__(self) -> None:
         self._progress = TrainProgress()
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> TrainProgress:
         return self._progress
 
-    @workflow.signal
+    @workflow.signal(name=STOP_SIGNAL)
     def stop(self) -> None:
         """Finish the iteration in flight, then end (resumable with `train start`)."""
         self._progress.stop_requested = True
@@ -164,7 +164,7 @@ class TrainingWorkflow:
             options = task.options.model_copy(update={
                 "temperature": inp.temperature, "policy_version": p.label, "sample": sample})
             task = task.model_copy(update={"options": options})
-            wid = f"{training_workflow_id(inp.name)}/{chain}/it{p.iteration}/{task.id}/{sample}"
+            wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             try:
                 res: RunResult = await workflow.execute_child_workflow(
                     ConductWorkflow.run, task, id=wid,
@@ -192,10 +192,10 @@ class TrainingWorkflow:
         info = workflow.info()
         req = UpdateRequest(
             name=inp.policy, parent=p.version, recipe=recipe,
-            update_id=f"{info.workflow_id}/{info.first_execution_run_id}/it{p.iteration}",
+            update_id=update_id(info.workflow_id, info.first_execution_run_id, p.iteration),
         )
         return await workflow.execute_activity(
-            "grpo_update", req, result_type=UpdateResult,
+            UPDATE_ACTIVITY, req, result_type=UpdateResult,
             task_queue=inp.trainer_task_queue,
             start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
             heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),

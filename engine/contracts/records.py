@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import BaseModel, Field
+
 from conductor_engine.engine.plan.language import Access, Plan
 from conductor_engine.engine.providers.base import Citation, Message, Usage
 from conductor_engine.engine.rewards import Reward
-from pydantic import BaseModel, Field
 
 
 class PlanAttempt(BaseModel):

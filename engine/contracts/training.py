@@ -10,8 +10,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-TRAINER_TASK_QUEUE = "trainer"
-
 
 class RolloutConfig(BaseModel):
     """Which traces an update trains on."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
-from types import ModuleType
 
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import (
@@ -16,45 +14,39 @@ from conductor_engine.engine.providers.base import (
     TaskInfo,
     Usage,
 )
-from conductor_engine.engine.providers.pool import WEB_SEARCH_OPTIONS, AgentSpec
+from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.registry import (
+    Capabilities,
+    capabilities,
+    listed,
+    provider_module,
+    web_search_providers,
+)
 
 __all__ = [
-    "AgentCallError", "Citation", "Completion", "CompletionRequest", "Message", "TaskInfo",
-    "Usage",
-    "complete", "preload",
+    "AgentCallError", "Capabilities", "Citation", "Completion", "CompletionRequest", "Message",
+    "TaskInfo", "Usage",
+    "capabilities", "complete", "preload", "provider_module",
 ]
-
-
-_MODULES = {
-    "openai": "conductor_engine.engine.providers.openai_provider",
-    "openai-compatible": "conductor_engine.engine.providers.openai_provider",
-    "anthropic": "conductor_engine.engine.providers.anthropic_provider",
-    "google": "conductor_engine.engine.providers.google_provider",
-    "local": "conductor_engine.engine.providers.local",
-    "sim": "conductor_engine.engine.providers.sim",
-}
-
-
-def provider_module(provider: str) -> ModuleType:
-    """The module for a provider, imported on first use: a process that only parses plans, or
-    a worker without the local extra, never pays for SDKs it does not use."""
-    return importlib.import_module(_MODULES[provider])
 
 
 def preload(specs: Iterable[AgentSpec]) -> None:
     """Import the SDKs a pool needs now (a worker's start), not inside the first activity,
     where a second-long import would stall the event loop and every call sharing it."""
     for provider in {s.provider for s in specs}:
-        provider_module(provider)
+        module = provider_module(provider)
+        if hasattr(module, "preload"):  # a module that imports its SDK on first use
+            module.preload()
 
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """Call one agent once. Raises AgentCallError; never retries (Temporal does)."""
-    if request.web_search is not None and spec.provider not in WEB_SEARCH_OPTIONS:
+    if request.web_search is not None and capabilities(spec.provider).web_search_options is None:
         # The pool refuses this; a request built by hand must not silently search nothing.
         raise AgentCallError(
             f"agent {spec.id}: web search was asked of a {spec.provider} agent, which has no "
-            f"search tool; only openai, anthropic and google agents can search the web",
+            f"search tool; only {listed(web_search_providers(), 'and')} agents can search the "
+            f"web",
             retryable=False,
             kind=errors.BAD_REQUEST,
         )

@@ -11,9 +11,8 @@ reply interleaves `server_tool_use` and `web_search_tool_result` blocks with tex
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import (
     Citation,
@@ -24,6 +23,18 @@ from conductor_engine.engine.providers.base import (
     unique_citations,
 )
 from conductor_engine.engine.providers.pool import AgentSpec, WebSearch
+from conductor_engine.engine.providers.registry import Capabilities
+
+if TYPE_CHECKING:
+    import anthropic
+
+CAPABILITIES = {
+    "anthropic": Capabilities(
+        structured_output=False,  # see above: json_schema is ignored
+        web_search_options=frozenset(
+            {"max_uses", "allowed_domains", "blocked_domains", "user_location"}),
+    ),
+}
 
 # The web search tool version: the one every current Claude model accepts.
 WEB_SEARCH_TOOL = "web_search_20250305"
@@ -38,7 +49,15 @@ _FINISH_REASONS = {
 }
 
 
+def preload() -> None:
+    """Import the SDK now (a worker's start) rather than in the first call; importing this
+    module alone does not, so reading CAPABILITIES costs no SDK import."""
+    import anthropic  # noqa: F401
+
+
 def _build(spec: AgentSpec, key: str) -> anthropic.AsyncAnthropic:
+    import anthropic
+
     # An explicit timeout also stops the SDK refusing large non-streaming max_tokens
     # ("streaming is required ..."), a guess that only applies to its default timeout.
     return anthropic.AsyncAnthropic(
@@ -137,6 +156,8 @@ def _completion(spec: AgentSpec, message: Any) -> Completion:
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One Messages call, no retries; every failure becomes an AgentCallError."""
+    import anthropic
+
     key = errors.require_api_key(spec)
     client = _clients.get(spec, key)
     return await errors.call_sdk(

@@ -11,8 +11,9 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from conductor_engine.engine.providers.pool import WebSearch
 from pydantic import BaseModel, Field
+
+from conductor_engine.engine.providers.pool import WebSearch
 
 if TYPE_CHECKING:
     from conductor_engine.engine.providers.pool import AgentSpec

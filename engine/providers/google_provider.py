@@ -12,8 +12,9 @@ sentences of the answer to them; those become the completion's citations.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import (
@@ -26,11 +27,28 @@ from conductor_engine.engine.providers.base import (
     unique_citations,
 )
 from conductor_engine.engine.providers.pool import AgentSpec
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types
+from conductor_engine.engine.providers.registry import Capabilities
+
+if TYPE_CHECKING:
+    from google import genai
+    from google.genai import errors as genai_errors
+    from google.genai import types
+
+# The Gemini API's Google Search tool takes no options (domain filters are Vertex-only).
+CAPABILITIES = {
+    "google": Capabilities(structured_output=True, web_search_options=frozenset()),
+}
 
 
+def preload() -> None:
+    """Import the SDK now (a worker's start) rather than in the first call; importing this
+    module alone does not, so reading CAPABILITIES costs no SDK import."""
+    from google import genai  # noqa: F401
+
+    _transport_exceptions()
+
+
+@functools.cache
 def _transport_exceptions() -> tuple[
     tuple[type[BaseException], ...], tuple[type[BaseException], ...]
 ]:
@@ -51,14 +69,15 @@ def _transport_exceptions() -> tuple[
     return tuple(timeouts), tuple(transport)
 
 
-_TIMEOUTS, _TRANSPORT_ERRORS = _transport_exceptions()
-
 # Finish reasons that mean "the safety filter stopped the answer": not worth a retry.
 _REFUSALS = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
 _FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length"}
 
 
 def _build(spec: AgentSpec, key: str) -> genai.Client:
+    from google import genai
+    from google.genai import types
+
     return genai.Client(
         # Explicit, so GOOGLE_GENAI_USE_VERTEXAI in the environment cannot redirect calls.
         vertexai=False,
@@ -76,6 +95,8 @@ _clients = ClientCache(_build)
 
 def _config(spec: AgentSpec, request: CompletionRequest) -> types.GenerateContentConfig:
     """Generation settings: system text split out, sampling from request or pool, JSON schema."""
+    from google.genai import types
+
     system = "\n\n".join(m.content for m in request.messages if m.role == "system")
     temperature = (
         request.temperature if request.temperature is not None else spec.params.temperature
@@ -119,6 +140,8 @@ def _citations(candidate: Any) -> list[Citation]:
 
 def _contents(request: CompletionRequest) -> list[types.Content]:
     """The conversation without system messages; Gemini calls the assistant "model"."""
+    from google.genai import types
+
     return [
         types.Content(
             role="model" if m.role == "assistant" else "user",
@@ -179,6 +202,9 @@ def _status_error(spec: AgentSpec, e: genai_errors.APIError, key: str) -> AgentC
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One generateContent call, no retries; every failure becomes an AgentCallError."""
+    from google.genai import errors as genai_errors
+
+    timeouts, transport_errors = _transport_exceptions()
     key = errors.require_api_key(spec)
     client = _clients.get(spec, key)
     try:
@@ -188,9 +214,9 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     except genai_errors.APIError as e:
         # Not chained: the SDK's error quotes the server verbatim, which may echo the key.
         raise _status_error(spec, e, key) from None
-    except _TIMEOUTS as e:
+    except timeouts as e:
         raise errors.timeout_error(spec) from e
-    except _TRANSPORT_ERRORS as e:
+    except transport_errors as e:
         raise errors.connection_error(spec, f"{type(e).__name__}: {e}") from e
     except (genai_errors.UnknownApiResponseError, json.JSONDecodeError) as e:
         raise errors.malformed_response(spec, f"invalid JSON body: {e}") from e

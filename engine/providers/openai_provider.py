@@ -15,9 +15,8 @@ keep the Chat Completions path, which every OpenAI-compatible server (vLLM) spea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import (
     Citation,
@@ -28,13 +27,34 @@ from conductor_engine.engine.providers.base import (
     unique_citations,
 )
 from conductor_engine.engine.providers.pool import AgentSpec, WebSearch
+from conductor_engine.engine.providers.registry import Capabilities
+
+if TYPE_CHECKING:
+    import openai
+
+CAPABILITIES = {
+    "openai": Capabilities(
+        structured_output=True,
+        web_search_options=frozenset({"max_uses", "allowed_domains", "user_location"}),
+    ),
+    # vLLM and the like: no search tool; our served conductor's trained versions by name.
+    "openai-compatible": Capabilities(structured_output=True, trained_versions="served"),
+}
 
 # vLLM writes each logprob token as "token_id:<id>" when asked with this extra body field,
 # which is the only way to get exact ids back through the chat API on older vLLM versions.
 _VLLM_TOKEN_ID_PREFIX = "token_id:"
 
 
+def preload() -> None:
+    """Import the SDK now (a worker's start) rather than in the first call; importing this
+    module alone does not, so reading CAPABILITIES costs no SDK import."""
+    import openai  # noqa: F401
+
+
 def _build(spec: AgentSpec, key: str) -> openai.AsyncOpenAI:
+    import openai
+
     return openai.AsyncOpenAI(
         api_key=key, base_url=spec.base_url, max_retries=0, timeout=spec.timeout_s
     )
@@ -242,6 +262,8 @@ def _response_completion(spec: AgentSpec, response: Any) -> Completion:
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
     """One chat completion (or one response, with web search), no retries; every failure
     becomes an AgentCallError."""
+    import openai
+
     key = errors.require_api_key(spec)
     client = _clients.get(spec, key)
     search = request.web_search

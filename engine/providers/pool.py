@@ -11,7 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -22,16 +22,12 @@ from pydantic import (
     model_validator,
 )
 
-ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]
-
-# The providers with a web search tool of their own, and which WebSearch options each honours.
-# An option a provider lacks is an error in the pool file rather than silently dropped, so a
-# person who restricts domains never gets an unrestricted search without knowing it.
-WEB_SEARCH_OPTIONS: dict[str, frozenset[str]] = {
-    "openai": frozenset({"max_uses", "allowed_domains", "user_location"}),
-    "anthropic": frozenset({"max_uses", "allowed_domains", "blocked_domains", "user_location"}),
-    "google": frozenset(),
-}
+from conductor_engine.engine.providers.registry import (
+    ProviderName,
+    capabilities,
+    listed,
+    web_search_providers,
+)
 
 
 class PoolError(ValueError):
@@ -220,15 +216,17 @@ class AgentSpec(BaseModel):
     @model_validator(mode="after")
     def _web_search_is_native(self) -> AgentSpec:
         """Only providers with a search tool of their own can search, and only with the
-        options that provider offers; say which agent and what to change."""
+        options that provider offers (its declared capabilities): an option a provider lacks is
+        an error here rather than silently dropped, so a person who restricts domains never gets
+        an unrestricted search without knowing it. Says which agent and what to change."""
         if not self.searches_web or self.web_search is None:
             return self
-        supported = WEB_SEARCH_OPTIONS.get(self.provider)
+        supported = capabilities(self.provider).web_search_options
         if supported is None:
             raise ValueError(
                 f"agent {self.id!r}: web_search needs a provider with its own search tool "
-                f"(openai, anthropic or google), not {self.provider}; remove web_search from "
-                f"this agent or move it to one of those providers"
+                f"({listed(web_search_providers(), 'or')}), not {self.provider}; remove "
+                f"web_search from this agent or move it to one of those providers"
             )
         unsupported = [o for o in self.web_search.options_set() if o not in supported]
         if unsupported:

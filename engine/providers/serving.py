@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import structlog
+
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, is_retryable_status
 from conductor_engine.engine.providers.pool import AgentSpec

@@ -28,8 +28,12 @@ import re
 
 from conductor_engine.engine.providers.base import Completion, CompletionRequest, TaskInfo, Usage
 from conductor_engine.engine.providers.pool import AgentSpec, SimSettings
+from conductor_engine.engine.providers.registry import Capabilities
 from conductor_engine.engine.rewards.extract import normalize_text
 from conductor_engine.engine.rewards.verifiers import detect_verifier, reference_letter
+
+# A sim agent only answers: no JSON mode, no search, and never a conductor to train.
+CAPABILITIES = {"sim": Capabilities()}
 
 UNSURE = "I am not sure."
 _NUMBER = re.compile(r"^\s*([-+]?)(\d[\d,]*)(?:\.(\d+))?\s*(%?)\s*$")

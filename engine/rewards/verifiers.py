@@ -33,6 +33,7 @@ from conductor_engine.engine.rewards.extract import (
 from conductor_engine.engine.rewards.mathcheck import MathCheckError, check_math
 from conductor_engine.engine.rewards.models import Verdict
 from conductor_engine.engine.rewards.sandbox import SandboxLimits, SandboxResult, run_python_tests
+from conductor_engine.engine.text import shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
 """Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
@@ -68,11 +69,6 @@ def _verdict(verifier: str, correct: bool, reason: str, details: dict[str, Any] 
 def _error(verifier: str, message: str, **details: Any) -> Verdict:
     return Verdict(verifier=verifier, correct=False, score=0.0,
                    reason=f"verifier error: {message}", details={"error": message, **details})
-
-
-def _short(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --- auto ---------------------------------------------------------------------------------
@@ -123,9 +119,10 @@ def verify_exact(answer: str, reference: str, timeout_s: float) -> Verdict:
     normalised = [normalize_text(c) for c in candidates]
     details = {"expected": expected, "candidates": normalised[:2]}
     if expected in normalised:
-        return _verdict("exact", True, f"matches {_short(reference)!r}", details)
+        return _verdict("exact", True, f"matches {shorten(reference, 80)!r}", details)
     got = candidates[0] if len(candidates) > 1 else answer
-    return _verdict("exact", False, f"expected {_short(reference)!r}, got {_short(got)!r}",
+    return _verdict("exact", False,
+                    f"expected {shorten(reference, 80)!r}, got {shorten(got, 80)!r}",
                     details)
 
 
@@ -164,7 +161,7 @@ def chosen_letter(answer: str) -> tuple[str | None, str]:
 def verify_choice(answer: str, reference: str, timeout_s: float) -> Verdict:
     expected = reference_letter(reference)
     if expected is None:
-        return _error("choice", f"the reference {_short(reference)!r} is not a letter A-J")
+        return _error("choice", f"the reference {shorten(reference, 80)!r} is not a letter A-J")
     got, how = chosen_letter(answer)
     details = {"expected": expected, "chosen": got, "found_by": how}
     if got is None:
@@ -194,16 +191,16 @@ def verify_math(answer: str, reference: str, timeout_s: float) -> Verdict:
     gold, got = reply["gold"], reply["answer"]
     details = {"expected": gold[-1:], "extracted": got[-1:]}
     if reply["correct"]:
-        return _verdict("math", True, f"equals {_short(gold[-1])}", details)
-    shown = _short(got[-1]) if got else "no parsable answer"
-    return _verdict("math", False, f"expected {_short(gold[-1])}, got {shown}", details)
+        return _verdict("math", True, f"equals {shorten(gold[-1], 80)}", details)
+    shown = shorten(got[-1], 80) if got else "no parsable answer"
+    return _verdict("math", False, f"expected {shorten(gold[-1], 80)}, got {shown}", details)
 
 
 def _verify_math_strict(answer: str, reference: str, timeout_s: float) -> Verdict:
     try:
         return verify_math(answer, reference, timeout_s)
     except _UnparsedReference:
-        return _error("math", f"math-verify cannot parse the reference {_short(reference)!r}")
+        return _error("math", f"math-verify cannot parse the reference {shorten(reference, 80)!r}")
 
 
 # --- code ---------------------------------------------------------------------------------
@@ -216,7 +213,7 @@ def _test_summary(res: SandboxResult) -> str:
         head += " (timed out)"
     if failed:
         last_line = (failed[0].error.strip().splitlines() or [""])[-1]
-        head += f"; {failed[0].name}: {_short(last_line, 120)}"
+        head += f"; {failed[0].name}: {shorten(last_line, 120)}"
     return head
 
 
@@ -230,7 +227,7 @@ def verify_code(answer: str, reference: str, timeout_s: float) -> Verdict:
     if res.error:
         return _error("code", res.error, **details)
     if res.total == 0:
-        reason = _short(res.failure, 300) if res.failure else "no tests ran"
+        reason = shorten(res.failure, 300) if res.failure else "no tests ran"
         return _verdict("code", False, reason, details)
     score = res.passed / res.total
     return _verdict("code", res.passed == res.total, _test_summary(res), details, score=score)

@@ -16,16 +16,6 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from conductor_engine.engine.contracts.records import RunResult
-from conductor_engine.engine.contracts.search_attributes import (
-    BATCH,
-    REWARD,
-    task_search_attributes,
-)
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.payloads import data_converter
-from conductor_engine.engine.tasks.model import Task
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
@@ -38,14 +28,32 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from conductor_engine.engine.contracts.names import (
+    BATCH_WORKFLOW,
+    CONDUCT_WORKFLOW,
+    PROGRESS_QUERY,
+    STOP_SIGNAL,
+    TRAINING_WORKFLOW,
+    batch_workflow_id,
+    conduct_workflow_id,
+    training_workflow_id,
+)
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.search_attributes import (
+    BATCH,
+    REWARD,
+    task_search_attributes,
+)
+from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.engine.tasks.model import Task
+
 if TYPE_CHECKING:
     from conductor_engine.workflows.batch import BatchProgress
     from conductor_engine.workflows.train import TrainInput, TrainProgress
 
-WORKFLOW_NAME = "ConductWorkflow"
 STARTING_SERVER_GRACE_S = 30.0
-BATCH_WORKFLOW_NAME = "BatchWorkflow"
-TRAINING_WORKFLOW_NAME = "TrainingWorkflow"
 P = TypeVar("P", bound=BaseModel)
 
 
@@ -81,7 +89,8 @@ class RunInfo:
 
 
 def workflow_id_for(task: Task) -> str:
-    return f"conduct-{task.id}"
+    """The workflow id a task's run gets unless the caller names one."""
+    return conduct_workflow_id(task.id)
 
 
 def _tls(settings: Settings) -> TLSConfig | bool:
@@ -149,7 +158,7 @@ class ConductorClient:
         """Start a run and return its workflow id at once."""
         wid = workflow_id or workflow_id_for(task)
         await self.client.start_workflow(
-            WORKFLOW_NAME, task, id=wid, task_queue=self.settings.task_queue,
+            CONDUCT_WORKFLOW, task, id=wid, task_queue=self.settings.task_queue,
             static_summary=" ".join(task.question.split())[:200],
             search_attributes=task_search_attributes(task),
         )
@@ -168,7 +177,7 @@ class ConductorClient:
     ) -> list[RunInfo]:
         """Runs, newest first: every run of a batch, or any visibility query (the UI's
         filter syntax, e.g. `ConductorReward = 0 AND ExecutionStatus = "Completed"`)."""
-        clauses = [f'WorkflowType = "{WORKFLOW_NAME}"']
+        clauses = [f'WorkflowType = "{CONDUCT_WORKFLOW}"']
         if batch is not None:
             clauses.append(f'{BATCH.name} = "{batch}"')
         if query:
@@ -204,7 +213,7 @@ class ConductorClient:
         progress = None
         if desc.status == WorkflowExecutionStatus.RUNNING:
             try:
-                progress = await handle.query("progress", result_type=RunResult,
+                progress = await handle.query(PROGRESS_QUERY, result_type=RunResult,
                                               rpc_timeout=timedelta(seconds=5))
             except RPCError:
                 progress = None  # no worker polling right now; the status alone still helps
@@ -231,7 +240,7 @@ class ConductorClient:
                          children_per_run=children_per_run)
         try:
             await self.client.start_workflow(
-                BATCH_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                BATCH_WORKFLOW, inp, id=wid, task_queue=self.settings.task_queue,
                 static_summary=f"batch {name}: {len(tasks)} tasks, {concurrency} at a time",
                 search_attributes=TypedSearchAttributes([SearchAttributePair(BATCH, name)]),
             )
@@ -257,7 +266,7 @@ class ConductorClient:
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             return status, await handle.result()
         try:
-            return status, await handle.query("progress", result_type=kind,
+            return status, await handle.query(PROGRESS_QUERY, result_type=kind,
                                               rpc_timeout=timedelta(seconds=5))
         except (RPCError, WorkflowQueryFailedError):
             return status, None
@@ -267,12 +276,10 @@ class ConductorClient:
     async def start_training(self, inp: TrainInput) -> tuple[str, bool]:
         """Start training run NAME (`train-NAME`); returns its workflow id and whether this
         call started it (False: one is running already)."""
-        from conductor_engine.workflows.train import training_workflow_id
-
         wid = training_workflow_id(inp.name)
         try:
             await self.client.start_workflow(
-                TRAINING_WORKFLOW_NAME, inp, id=wid, task_queue=self.settings.task_queue,
+                TRAINING_WORKFLOW, inp, id=wid, task_queue=self.settings.task_queue,
                 static_summary=f"train {inp.policy}: {inp.iterations} iterations",
             )
         except WorkflowAlreadyStartedError:
@@ -281,24 +288,18 @@ class ConductorClient:
 
     async def training_progress(self, name: str) -> tuple[str, TrainProgress | None]:
         """The training run's status and progress (None when no worker answers the query)."""
-        from conductor_engine.workflows.train import TrainProgress, training_workflow_id
+        from conductor_engine.workflows.train import TrainProgress
 
         return await self._progress(training_workflow_id(name), TrainProgress,
                                     f"training run {name!r}")
 
     async def stop_training(self, name: str) -> None:
         """Ask training run NAME to stop after the iteration in flight."""
-        from conductor_engine.workflows.train import training_workflow_id
-
         handle = self.client.get_workflow_handle(training_workflow_id(name))
         try:
-            await handle.signal("stop")
+            await handle.signal(STOP_SIGNAL)
         except RPCError as e:
             raise LookupError(f"no running training run {name!r}: {e.message}") from e
-
-
-def batch_workflow_id(name: str) -> str:
-    return f"batch-{name}"
 
 
 async def submit(task: Task, settings: Settings | None = None) -> str:

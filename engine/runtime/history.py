@@ -14,25 +14,16 @@ the error of attempt 1 is not in history (the worker's log has it). While an act
 retrying, the server's pending-activity record gives its attempt and last failure, and the trail
 includes them.
 
-A runtime module (like engine/client.py): it reads the activities' input models.
+It reads the activities' input models and names from engine/contracts, not the activities.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from conductor_engine.activities.agent import AgentCallInput
-from conductor_engine.activities.plan import PlanRequest
-from conductor_engine.engine.contracts.records import AgentReply, PlanAttempt, RunResult
-from conductor_engine.engine.plan.language import Access, Plan
-from conductor_engine.engine.providers.base import Usage
-from conductor_engine.engine.rewards import Reward
-from conductor_engine.engine.storage.traces import RecordRequest
-from conductor_engine.engine.tasks.model import Task, VisibleStep
 from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
@@ -43,15 +34,29 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, FailureError, TimeoutError
 from temporalio.service import RPCError
 
-PLAN_ACTIVITY, AGENT_ACTIVITY = "write_plan", "call_agent"
-SCORE_ACTIVITY, RECORD_ACTIVITY = "score_run", "record_trace"
+from conductor_engine.engine.contracts.activities import (
+    AgentCallInput,
+    PlanRequest,
+    RecordRequest,
+)
+from conductor_engine.engine.contracts.names import (
+    AGENT_ACTIVITY,
+    PLAN_ACTIVITY,
+    RECORD_ACTIVITY,
+    SCORE_ACTIVITY,
+    parse_self_call_id,
+)
+from conductor_engine.engine.contracts.records import AgentReply, PlanAttempt, RunResult
+from conductor_engine.engine.plan.language import Access, Plan
+from conductor_engine.engine.providers.base import Usage
+from conductor_engine.engine.rewards import Reward
+from conductor_engine.engine.tasks.model import Task, VisibleStep
 
 ExecutionStatus = Literal[
     "running", "completed", "failed", "cancelled", "terminated", "timed_out", "continued_as_new"
 ]
 StepStatus = Literal["pending", "running", "done", "failed", "cancelled"]
 
-_CHILD_ID = re.compile(r"/r(\d+)s(\d+)$")  # ConductWorkflow._self_call: f"{parent}/r{r}s{i}"
 _CLOSE = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
@@ -437,12 +442,12 @@ class _Builder:
         elif act.type == RECORD_ACTIVITY:
             self.recorded = await _decode(
                 self.dc, act.scheduled.activity_task_scheduled_event_attributes.input,
-                RecordRequest, "the record_trace input")
+                RecordRequest, f"the {RECORD_ACTIVITY} input")
 
     async def _plan_attempt(self, act: ActivityEvents) -> None:
         req: PlanRequest = await _decode(
             self.dc, act.scheduled.activity_task_scheduled_event_attributes.input, PlanRequest,
-            f"the write_plan input (event {act.scheduled.event_id})")
+            f"the {PLAN_ACTIVITY} input (event {act.scheduled.event_id})")
         out = await _outcome(self.dc, act, PlanAttempt)
         rec = TrailPlanAttempt(round=req.round, attempt=req.attempt, status=out.status,
                                attempts=out.attempts, errors=out.errors, **_event_ids(act))
@@ -468,7 +473,7 @@ class _Builder:
     async def _agent_call(self, act: ActivityEvents) -> None:
         req: AgentCallInput = await _decode(
             self.dc, act.scheduled.activity_task_scheduled_event_attributes.input,
-            AgentCallInput, f"the call_agent input (event {act.scheduled.event_id})")
+            AgentCallInput, f"the {AGENT_ACTIVITY} input (event {act.scheduled.event_id})")
         out = await _outcome(self.dc, act, AgentReply)
         step = self.step(req.round, req.index)
         step.agent, step.subtask, step.question = req.agent, req.subtask, req.question
@@ -487,10 +492,10 @@ class _Builder:
 
     async def _child(self, child: ChildEvents) -> None:
         """A self-call step: its child's answer is the step's output."""
-        m = _CHILD_ID.search(child.workflow_id)
-        if m is None:
+        at = parse_self_call_id(child.workflow_id)
+        if at is None:
             return
-        step = self.step(int(m.group(1)), int(m.group(2)))
+        step = self.step(*at)
         step.child_workflow_id = child.workflow_id
         self.trail.self_calls.append(child.workflow_id)
         attrs = child.initiated.start_child_workflow_execution_initiated_event_attributes

@@ -26,6 +26,13 @@ import shlex
 import uuid
 from typing import Literal
 
+from pydantic import BaseModel, Field
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+from conductor_engine.engine.contracts.names import CONDUCT_WORKFLOW
 from conductor_engine.engine.contracts.search_attributes import BATCH
 from conductor_engine.engine.runtime.history import (
     ExecutionStatus,
@@ -36,13 +43,7 @@ from conductor_engine.engine.runtime.history import (
     TrailStep,
     load_trail,
 )
-from pydantic import BaseModel, Field
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.service import RPCError
 
-WORKFLOW_TYPE = "ConductWorkflow"
 RESUMABLE: frozenset[str] = frozenset({"failed", "terminated", "timed_out"})
 
 
@@ -243,7 +244,7 @@ async def failed_runs(client: Client, batch: str) -> list[str]:
     so a run that failed and was resumed since is listed too; its latest run decides."""
     if '"' in batch or "\\" in batch:
         raise ResumeError(f"invalid batch name {batch!r}")
-    query = (f'WorkflowType = "{WORKFLOW_TYPE}" AND {BATCH.name} = "{batch}" '
+    query = (f'WorkflowType = "{CONDUCT_WORKFLOW}" AND {BATCH.name} = "{batch}" '
              'AND ExecutionStatus = "Failed"')
     ids: list[str] = []
     async for wf in client.list_workflows(query):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from temporalio.client import Client
+from temporalio.worker import Worker
+
 from conductor_engine.activities.agent import AgentActivities
 from conductor_engine.activities.batch import BatchActivities
 from conductor_engine.activities.plan import PlanActivities
@@ -16,8 +19,6 @@ from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
 from conductor_engine.workflows.train import TrainingWorkflow
-from temporalio.client import Client
-from temporalio.worker import Worker
 
 
 def build_worker(

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from conductor_engine.engine.plan.language import saw_label
 from conductor_engine.engine.providers.base import Citation
 from conductor_engine.engine.storage.traces import Trace
 
@@ -120,9 +121,8 @@ def task_markdown(t: Trace) -> str:
     for rnd in t.rounds:
         lines.append(f"## Round {rnd.index + 1}")
         for s in rnd.steps:
-            saw = ", ".join(str(j + 1) for j in s.saw) or "nothing"
             lines += ["", f"### Step {s.index + 1} · {s.agent}", "",
-                      f"*Subtask:* {s.subtask}  ", f"*Saw:* step(s) {saw} · "
+                      f"*Subtask:* {s.subtask}  ", f"*Saw:* steps {saw_label(s.saw)} · "
                       f"{s.usage.input_tokens}/{s.usage.output_tokens} tokens · "
                       f"{s.seconds:.1f}s · {s.attempts} attempt(s)", ""]
             lines.append(s.output if s.status == "done" else f"**{s.status}:** {s.error}")

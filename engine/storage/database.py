@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 import asyncpg
+
 from conductor_engine.engine.settings import Settings
 
 MIGRATIONS_LOCK = 0x0C0D_0C70  # pg_advisory_xact_lock key: "conductor migrations"

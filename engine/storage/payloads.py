@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, ExternalStorage
+
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
 
 DRIVER_NAME = "conductor.blobs"
 LOCAL_BUCKET = "local"

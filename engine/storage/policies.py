@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import asyncpg
-from conductor_engine.engine.storage.blobs import BlobStore
 from pydantic import BaseModel, Field
+
+from conductor_engine.engine.storage.blobs import BlobStore
 
 BASE = "base"
 LATEST = "latest"

@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+from pydantic import BaseModel, Field
+
 from conductor_engine.engine.storage.blobs import BlobStore
 from conductor_engine.engine.storage.database import connect_pool
 from conductor_engine.engine.storage.traces import PolicyRef, Trace
-from pydantic import BaseModel, Field
 
 BLOB_KEY = "$blob"
 PREVIEW_CHARS = 200

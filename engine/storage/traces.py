@@ -13,10 +13,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
 from conductor_engine.engine.rewards import Reward
 from conductor_engine.engine.tasks.model import Task
-from pydantic import BaseModel, Field
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -102,16 +103,6 @@ class Trace(BaseModel):
             rounds=result.rounds, totals=result.totals,
             started_at=started_at, finished_at=finished_at,
         )
-
-
-class RecordRequest(BaseModel):
-    """The record activity's input: what the workflow knows at the end of a run."""
-
-    task: Task
-    result: RunResult
-    started_at: datetime
-    finished_at: datetime
-    parent_workflow_id: str | None = None
 
 
 def policy_of(result: RunResult, default: PolicyRef) -> PolicyRef:

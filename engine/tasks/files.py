@@ -26,10 +26,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from conductor_engine.engine.rewards import VERIFIERS
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
+
+from conductor_engine.engine.rewards import VERIFIERS
+from conductor_engine.engine.tasks.model import RunOptions, Task
 
 HF_PREFIX = "hf:"
 TASK_FIELDS = ("question", "answer", "id", "tags", "verifier", "dataset")

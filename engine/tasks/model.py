@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+from pydantic import BaseModel, Field
+
 from conductor_engine.engine.plan.language import DEFAULT_MAX_STEPS
 from conductor_engine.engine.rewards import RewardWeights
-from pydantic import BaseModel, Field
 
 
 class RunOptions(BaseModel):

@@ -1,0 +1,79 @@
+"""The activities' inputs: what a workflow sends an activity, and what the audit trail decodes
+again from a run's history.
+
+They live here, below both, so that the runtime reads a history without importing the
+activities. Their results are records (engine/contracts/records.py: PlanAttempt, AgentReply),
+the Reward (engine/rewards) and the training update's (engine/contracts/training.py).
+Histories hold these models as JSON: a field may be added with a default, never renamed or
+removed, or recorded runs no longer decode.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from conductor_engine.engine.contracts.records import RunResult, RunStatus
+from conductor_engine.engine.plan.language import Plan
+from conductor_engine.engine.providers.base import TaskInfo
+from conductor_engine.engine.rewards import RewardWeights
+from conductor_engine.engine.tasks.model import Task, VisibleStep
+
+
+class PreviousRound(BaseModel):
+    """A refinement round's view of an earlier round: its plan and the answer it gave."""
+
+    plan: Plan
+    answer: str
+
+
+class PlanRequest(BaseModel):
+    """`write_plan`: one attempt at the plan of one round."""
+
+    task: Task
+    round: int = 0
+    attempt: int = 1
+    previous: list[PreviousRound] = Field(default_factory=list)
+    last_error: str | None = None
+
+    @property
+    def allow_empty(self) -> bool:
+        return bool(self.previous)  # in a refinement round, an empty plan keeps the answer
+
+
+class AgentCallInput(BaseModel):
+    """`call_agent`: one step, as its agent is asked it."""
+
+    agent: str
+    question: str
+    subtask: str
+    visible: list[VisibleStep] = Field(default_factory=list)
+    round: int = 0
+    index: int = 0
+    task: TaskInfo | None = Field(
+        default=None,
+        description="the task and rollout (sim agents answer by it; the activity sets attempt); "
+        "None in histories from before it existed",
+    )
+
+
+class ScoreRequest(BaseModel):
+    """`score_run`: a run's outcome against the task's reference."""
+
+    status: RunStatus
+    answer: str | None = None
+    reference: str | None = None
+    verifier: str | None = None
+    cost_usd: float = 0.0
+    weights: RewardWeights = RewardWeights()
+
+
+class RecordRequest(BaseModel):
+    """`record_trace`: what the workflow knows at the end of a run."""
+
+    task: Task
+    result: RunResult
+    started_at: datetime
+    finished_at: datetime
+    parent_workflow_id: str | None = None

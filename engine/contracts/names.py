@@ -1,0 +1,95 @@
+"""The names Temporal knows the engine by, and the ids it gives runs, in one place.
+
+Activity, workflow, query and signal names are written into every workflow history: a running
+or recorded run replays only while they keep their values, so change none of them. Ids are
+built here and, where a reader needs them back (the audit trail finds a self-call's step in its
+child's id), parsed here too, next to the builder that fixes their format.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- activities (the `name=` of each @activity.defn) -------------------------------------------
+
+PLAN_ACTIVITY = "write_plan"
+"""The conductor writes a plan (activities/plan.py)."""
+AGENT_ACTIVITY = "call_agent"
+"""One agent answers one step (activities/agent.py)."""
+SCORE_ACTIVITY = "score_run"
+"""A run's answer against the task's reference (activities/score.py)."""
+RECORD_ACTIVITY = "record_trace"
+"""A finished run's trace into the trace store (activities/record.py)."""
+BATCH_REPORT_ACTIVITY = "write_batch_report"
+"""A finished batch's report on the worker's disk (activities/batch.py)."""
+UPDATE_ACTIVITY = "grpo_update"
+"""One GRPO update, on the trainer task queue (trainer/service.py)."""
+
+# --- workflows, their query and signal ---------------------------------------------------------
+
+CONDUCT_WORKFLOW = "ConductWorkflow"
+"""One conductor run (workflows/conduct.py)."""
+BATCH_WORKFLOW = "BatchWorkflow"
+"""Many conductor runs, bounded concurrency (workflows/batch.py)."""
+TRAINING_WORKFLOW = "TrainingWorkflow"
+"""Rollouts and GRPO updates, one iteration per run (workflows/train.py)."""
+PROGRESS_QUERY = "progress"
+"""Every workflow's progress so far (`conductor status`, `batch watch`, `train status`)."""
+STOP_SIGNAL = "stop"
+"""Asks a training run to end after the iteration in flight."""
+
+# --- task queues (the defaults; Settings may name others) ---------------------------------------
+
+TASK_QUEUE = "conductor"
+"""Where engine workers run workflows and the conductor's activities."""
+TRAINER_TASK_QUEUE = "trainer"
+"""Where the trainer service takes GRPO updates."""
+
+# --- workflow ids ---------------------------------------------------------------------------------
+
+
+def conduct_workflow_id(task_id: str) -> str:
+    """A submitted run: `conduct-TASK_ID`."""
+    return f"conduct-{task_id}"
+
+
+def batch_workflow_id(name: str) -> str:
+    """Batch NAME: `batch-NAME`."""
+    return f"batch-{name}"
+
+
+def batch_child_workflow_id(batch: str, task_id: str) -> str:
+    """A batch's run of one task, `batch-NAME/TASK_ID`: deterministic, so submitting the batch
+    again finds the runs that already completed."""
+    return f"{batch_workflow_id(batch)}/{task_id}"
+
+
+def training_workflow_id(name: str) -> str:
+    """Training run NAME: `train-NAME`."""
+    return f"train-{name}"
+
+
+def rollout_workflow_id(name: str, chain: str, iteration: int, task_id: str, sample: int) -> str:
+    """One rollout of training run NAME, `train-NAME/CHAIN/itN/TASK_ID/SAMPLE`: CHAIN (the start
+    of the first run id) keeps a restarted training run's rollouts apart from the last one's."""
+    return f"{training_workflow_id(name)}/{chain}/it{iteration}/{task_id}/{sample}"
+
+
+def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
+    """The idempotency key of one training iteration's update, `WORKFLOW_ID/RUN_ID/itN`."""
+    return f"{workflow_id}/{first_run_id}/it{iteration}"
+
+
+_SELF_CALL = re.compile(r"/r(\d+)s(\d+)$")
+
+
+def self_call_id(parent: str, round: int, index: int) -> str:
+    """A self-call's child, `PARENT/rRsI` for round R, step I (both 0-based): the child
+    workflow's id under the parent workflow's id, and its task's id under the parent task's."""
+    return f"{parent}/r{round}s{index}"
+
+
+def parse_self_call_id(child_id: str) -> tuple[int, int] | None:
+    """(round, step index) of a `self_call_id`; None for an id not made by it."""
+    m = _SELF_CALL.search(child_id)
+    return (int(m.group(1)), int(m.group(2))) if m else None
