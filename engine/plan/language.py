@@ -33,6 +33,15 @@ class PlanError(ValueError):
     """The conductor's text is not a usable plan; str(error) says why."""
 
 
+def saw_label(saw: Sequence[int], access: Access | None = None) -> str:
+    """Earlier steps as people read them: 1-based numbers ("1,3"), or "none". Given an access
+    list of "all", the word "all" instead, for views that show what a step was granted rather
+    than what that came to. The one place this label is written."""
+    if access == "all":
+        return "all"
+    return ",".join(str(i + 1) for i in saw) or "none"
+
+
 class Step(BaseModel):
     agent: str
     subtask: str
@@ -43,9 +52,8 @@ class Step(BaseModel):
         return list(range(index)) if self.access == "all" else sorted(set(self.access))
 
     def access_label(self) -> str:
-        if self.access == "all":
-            return "all"
-        return "none" if not self.access else ",".join(str(i + 1) for i in sorted(self.access))
+        """This step's access list as people read it: "all", "none" or "1,3"."""
+        return saw_label([] if self.access == "all" else sorted(set(self.access)), self.access)
 
 
 class Plan(BaseModel):
@@ -61,13 +69,6 @@ class Plan(BaseModel):
             f"subtasks = {json.dumps([s.subtask for s in self.steps])}\n"
             f"access_list = {json.dumps([s.access for s in self.steps])}"
         )
-
-    def critical_path(self) -> int:
-        """Length (in steps) of the longest dependency chain: the DAG's depth."""
-        depth: list[int] = []
-        for i, step in enumerate(self.steps):
-            depth.append(1 + max((depth[j] for j in step.sees(i)), default=0))
-        return max(depth, default=0)
 
 
 # --- text clean-up -------------------------------------------------------------------------

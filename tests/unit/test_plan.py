@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conductor_engine.engine.plan.language import (
     Plan,
     PlanError,
@@ -106,14 +107,6 @@ def test_too_many_steps_is_rejected_with_the_limit() -> None:
 def test_empty_plan_is_accepted_only_where_allowed() -> None:
     text = "model_id = []\nsubtasks = []\naccess_list = []"
     assert len(parse_plan(text, POOL, allow_empty=True)) == 0
-
-
-def test_critical_path_follows_access_lists() -> None:
-    fan = Plan(steps=[Step(agent="a", subtask="x", access=[]) for _ in range(4)]
-               + [Step(agent="a", subtask="agg", access="all")])
-    assert fan.critical_path() == 2
-    chain = Plan(steps=[Step(agent="a", subtask="x", access="all") for _ in range(3)])
-    assert chain.critical_path() == 3
 
 
 def test_json_schema_enumerates_agents_and_bounds_steps() -> None:

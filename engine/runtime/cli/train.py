@@ -1,7 +1,8 @@
 """`conductor train start|status|stop` and `conductor trainer`: GRPO training from the CLI.
 
-Registered on the main app by engine.cli. Nothing here imports torch: the trainer service is
-imported only by `conductor trainer` (and by `train start` when it serves the trainer itself).
+Importing this module registers them on the main app. Nothing here imports torch: the trainer
+service is imported only by `conductor trainer` (and by `train start` when it serves the trainer
+itself).
 """
 
 from __future__ import annotations
@@ -13,27 +14,29 @@ import signal
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
+from pydantic import ValidationError
+from rich.table import Table
+
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.runtime.cli import (
+from conductor_engine.engine.providers.registry import ProviderName, capabilities, listed
+from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
-    _fail,
-    _in_process_worker,
-    _load_pool,
-    _load_task_file,
-    _run,
-    _settings,
-    _trace_store,
     app,
     err,
+    fail,
+    in_process_worker,
+    load_pool,
+    load_settings,
+    load_task_file,
+    open_trace_store,
     out,
+    run_async,
 )
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
-from pydantic import ValidationError
-from rich.table import Table
 
 train_app = typer.Typer(help="Train the conductor with GRPO on its own traces.",
                         no_args_is_help=True)
@@ -48,26 +51,29 @@ def _recipe(path: Path | None) -> Any:
     try:
         return Recipe.model_validate(tomllib.loads(path.read_text()))
     except (OSError, tomllib.TOMLDecodeError, ValidationError) as e:
-        raise _fail(f"recipe {path}: {e}") from None
+        raise fail(f"recipe {path}: {e}") from None
 
 
 def _base_model(pool: Pool, given: str | None) -> str:
     """What the trainer loads: the conductor's own model for a local conductor (the local
     provider applies each version to exactly that), else a Hugging Face id to give."""
     conductor = pool.conductor
-    if conductor.provider == "local":
+    serves = capabilities(conductor.provider).trained_versions
+    if serves == "checkpoint":
         if given and given != conductor.model:
-            raise _fail(f"--base {given} differs from the conductor's model {conductor.model}; "
-                        f"the local provider applies trained versions to the conductor's model")
+            raise fail(f"--base {given} differs from the conductor's model {conductor.model}; "
+                        f"the {conductor.provider} provider applies trained versions to the "
+                        f"conductor's model")
         return conductor.model
-    if conductor.provider == "openai-compatible":
+    if serves == "served":
         if not given:
-            raise _fail(f"the conductor {conductor.id!r} is served by {conductor.base_url}; "
+            raise fail(f"the conductor {conductor.id!r} is served by {conductor.base_url}; "
                         f"give --base with the Hugging Face id or directory of the model it "
                         f"serves ({conductor.model}?)")
         return given
-    raise _fail(f"the conductor {conductor.id!r} runs on {conductor.provider}, whose weights "
-                f"cannot be trained here; use a local or openai-compatible (vLLM) conductor")
+    trainable = [p for p in get_args(ProviderName) if capabilities(p).trained_versions]
+    raise fail(f"the conductor {conductor.id!r} runs on {conductor.provider}, whose weights "
+                f"cannot be trained here; use a {listed(trainable, 'or')} conductor")
 
 
 @contextlib.asynccontextmanager
@@ -110,14 +116,14 @@ def train_start(
     again resumes it."""
     from conductor_engine.workflows.train import TrainInput
 
-    settings = _settings(pool)
-    agents = _load_pool(settings)
+    settings = load_settings(pool)
+    agents = load_pool(settings)
     loaded_tasks: list[Any] = []
     if tasks is not None:
-        loaded_tasks = _load_task_file(tasks)
+        loaded_tasks = load_task_file(tasks)
         random.Random(seed).shuffle(loaded_tasks)
     elif not from_traces:
-        raise _fail("give a task file to sample rollouts from, or --from-traces")
+        raise fail("give a task file to sample rollouts from, or --from-traces")
     name = name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id)
     r = _recipe(recipe)
     r.policy.base = _base_model(agents, base or (r.policy.base if recipe else None))
@@ -134,7 +140,7 @@ def train_start(
         from conductor_engine.engine.storage.policies import PolicyRegistry
 
         conductor = await ConductorClient.connect(settings)
-        async with _trace_store(settings) as store:
+        async with open_trace_store(settings) as store:
             version = await PolicyRegistry(store.pool).latest_version(agents.conductor.id)
         status, previous = await _previous(conductor, name)
         progress = None
@@ -149,7 +155,7 @@ def train_start(
         if progress is None:
             inp.progress.version = version
         in_process = settings.embedded if worker is None else worker
-        async with (_in_process_worker(conductor, agents, in_process),
+        async with (in_process_worker(conductor, agents, in_process),
                     _in_process_trainer(conductor, in_process)):
             wid, started = await conductor.start_training(inp)
             err.print(f"training [bold]{name}[/] {'started' if started else 'already running'}"
@@ -159,7 +165,7 @@ def train_start(
             if watch or in_process:
                 await _watch(conductor, name)
 
-    _run(go())
+    run_async(go())
 
 
 async def _previous(conductor: ConductorClient, name: str) -> tuple[str, Any]:
@@ -208,15 +214,15 @@ def train_status(
     pool: PoolOpt = None,
 ) -> None:
     """The run's iterations, its reward curve in the terminal, and the curve as a PNG."""
-    settings = _settings(pool)
+    settings = load_settings(pool)
 
     async def go() -> tuple[str, Any]:
         conductor = await ConductorClient.connect(settings, start_embedded=False)
         return await conductor.training_progress(name)
 
-    status, p = _run(go())
+    status, p = run_async(go())
     if p is None:
-        raise _fail(f"training run {name} is {status} but no worker answered its progress "
+        raise fail(f"training run {name} is {status} but no worker answered its progress "
                     f"query; start a worker (`conductor worker`)")
     table = Table("it", "version", "rollouts", "reward", "valid", "loss", "clip", "kl",
                   "grad norm", "tokens", "published", title=f"{name} · {status} · {p.phase}")
@@ -271,13 +277,13 @@ def _png_curve(name: str, curve: list[tuple[int, float]], path: Path) -> None:
 def train_stop(name: Annotated[str, typer.Argument(help="the training run")],
                pool: PoolOpt = None) -> None:
     """Stop after the iteration in flight; `train start --name NAME` resumes."""
-    settings = _settings(pool)
+    settings = load_settings(pool)
 
     async def go() -> None:
         conductor = await ConductorClient.connect(settings, start_embedded=False)
         await conductor.stop_training(name)
 
-    _run(go())
+    run_async(go())
     err.print(f"{name} stops after the iteration in flight; resume with `conductor train start "
               f"TASKS --name {name}`")
 
@@ -286,8 +292,8 @@ def train_stop(name: Annotated[str, typer.Argument(help="the training run")],
 def trainer() -> None:
     """Run the trainer service: a worker on the `trainer` task queue that runs GRPO updates
     (on the GPU when there is one) and publishes each new policy version."""
-    settings = _settings()
-    _run(_serve_trainer(settings))
+    settings = load_settings()
+    run_async(_serve_trainer(settings))
 
 
 async def _serve_trainer(settings: Settings) -> None:

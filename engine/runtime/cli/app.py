@@ -1,0 +1,130 @@
+"""What the `conductor` commands share: the Typer apps, the Rich consoles, settings, pool and
+task-file loading, the trace store, the in-process worker, and the one way a command fails (a
+single `error: ...` line).
+
+Command modules import from here (and from render.py); nothing here imports a command module,
+so the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from conductor_engine.engine.contracts.search_attributes import SearchAttributesMissing
+from conductor_engine.engine.providers.pool import Pool, PoolError
+from conductor_engine.engine.runtime.client import ConductorClient, ConnectError, RunFailed
+from conductor_engine.engine.runtime.embedded import EmbeddedError
+from conductor_engine.engine.runtime.logging import configure_logging
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.database import DatabaseError, database_url
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.engine.tasks.model import Task
+
+app = typer.Typer(help="Conductor engine: a conductor model plans, Temporal runs the plan.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+pool_app = typer.Typer(help="Inspect the agent pool.", no_args_is_help=True)
+plan_app = typer.Typer(help="Work with plans.", no_args_is_help=True)
+traces_app = typer.Typer(help="List and show recorded traces.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Task files (JSONL, Hugging Face datasets).", no_args_is_help=True)
+app.add_typer(pool_app, name="pool")
+app.add_typer(plan_app, name="plan")
+app.add_typer(traces_app, name="traces")
+app.add_typer(tasks_app, name="tasks")
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+PoolOpt = Annotated[Path | None, typer.Option("--pool", help="pool TOML file (default: "
+                                              "CONDUCTOR_POOL_FILE or the shipped pool)")]
+
+
+def load_settings(pool: Path | None = None) -> Settings:
+    """Settings from the environment and config file (with --pool over them); logging set up."""
+    settings = Settings()
+    if pool is not None:
+        settings.pool_file = pool
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `error: MESSAGE` on stderr; the caller raises what this returns."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine, turning every failure a user can meet into a one-line message."""
+    try:
+        return asyncio.run(coro)
+    except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError,
+            SearchAttributesMissing) as e:
+        raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+
+
+def load_pool(settings: Settings) -> Pool:
+    try:
+        return Pool.load(settings.pool_file)
+    except PoolError as e:
+        raise fail(str(e)) from None
+
+
+def load_task_file(source: str) -> list[Task]:
+    """The valid tasks of a JSONL file (or hf:NAME); bad lines are reported and skipped."""
+    from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
+
+    try:
+        loaded = load_tasks(source)
+    except TaskFileError as e:
+        raise fail(str(e)) from None
+    for bad in loaded.errors:
+        err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
+    if not loaded.tasks:
+        raise fail(f"no valid task in {source}")
+    return list(loaded.tasks)
+
+
+@contextlib.asynccontextmanager
+async def open_trace_store(settings: Settings) -> AsyncIterator[TraceStore]:
+    """The trace store, on the configured PostgreSQL or the embedded one (started if need be)."""
+    from conductor_engine.engine.storage.blobs import blob_store
+
+    url = await asyncio.to_thread(database_url, settings)
+    store = await TraceStore.open(url, blob_store(settings),
+                                  blob_threshold=settings.trace_blob_threshold, max_size=2)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(
+    conductor: ConductorClient, pool: Pool, enabled: bool
+) -> AsyncIterator[None]:
+    """A worker on the task queue for as long as the block runs (when `enabled`), so a command
+    on the embedded stack needs no `conductor up` beside it."""
+    if not enabled:
+        yield
+        return
+    from conductor_engine.engine.contracts.search_attributes import ensure_registered
+    from conductor_engine.engine.runtime.worker import (
+        build_worker,  # imports workflows and activities: runtime only
+    )
+    from conductor_engine.engine.storage.shared import close_shared_stores
+
+    await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
+    async with build_worker(conductor.client, conductor.settings, pool):
+        yield
+    await close_shared_stores()

@@ -1,0 +1,149 @@
+"""`conductor batch` (run, watch, report) and `conductor tasks check`: many tasks from a file.
+
+A batch is one BatchWorkflow; its live progress comes from the workflow's `progress` query and
+its report from the traces it recorded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markdown import Markdown
+from rich.markup import escape
+
+from conductor_engine.engine.contracts.names import batch_workflow_id
+from conductor_engine.engine.runtime.cli.app import (
+    PoolOpt,
+    app,
+    err,
+    fail,
+    in_process_worker,
+    load_pool,
+    load_settings,
+    load_task_file,
+    open_trace_store,
+    out,
+    run_async,
+    tasks_app,
+)
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.settings import Settings
+
+
+@app.command()
+def batch(
+    source: Annotated[str, typer.Argument(
+        help="a JSONL task file (or hf:NAME); or `watch` / `report` followed by the NAME")],
+    batch_name: Annotated[str | None, typer.Argument(
+        metavar="[NAME]", help="the batch, after `watch` or `report`")] = None,
+    name: Annotated[str | None, typer.Option(help="batch name (default: the file's stem)")] = None,
+    concurrency: Annotated[int, typer.Option(help="most runs in flight at once")] = 50,
+    watch: Annotated[bool, typer.Option(help="show live progress until it finishes")] = True,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="with `report`: where to write it (default batches/NAME)")] = None,
+    pool: PoolOpt = None,
+    worker: Annotated[bool | None, typer.Option(
+        help="serve the batch from this process (default: yes on the embedded stack)")] = None,
+) -> None:
+    """Run every task of a file as one batch: `conductor batch tasks.jsonl --concurrency 50
+    --name NAME`; re-attach with `conductor batch watch NAME`; rewrite the report with
+    `conductor batch report NAME`. Submitting a finished batch again runs only the tasks that
+    did not complete."""
+    settings = load_settings(pool)
+    if source in ("watch", "report"):
+        if not batch_name:
+            raise fail(f"`conductor batch {source}` needs the batch NAME")
+        if source == "watch":
+            run_async(_watch_batch(settings, batch_name, None))
+        else:
+            _report_batch(settings, batch_name, out_dir or Path("batches") / batch_name)
+        return
+    loaded = load_task_file(source)
+    name = name or Path(source.split(":")[-1]).stem
+    agents = load_pool(settings)
+
+    async def go() -> None:
+        conductor = await ConductorClient.connect(settings)
+        in_process = settings.embedded if worker is None else worker
+        async with in_process_worker(conductor, agents, in_process):
+            wid, started = await conductor.submit_batch(name, loaded,
+                                                        concurrency=concurrency)
+            err.print(f"batch [bold]{name}[/] {'started' if started else 'already running'}: "
+                      f"{len(loaded)} tasks, {concurrency} at a time · "
+                      f"{settings.workflow_url(wid)}", soft_wrap=True)
+            if watch or in_process:
+                await _watch_batch(settings, name, conductor)
+
+    run_async(go())
+
+
+async def _watch_batch(settings: Settings, name: str, conductor: ConductorClient | None) -> None:
+    """A live progress bar from the batch's `progress` query, until it finishes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    conductor = conductor or await ConductorClient.connect(settings, start_embedded=False)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=err, transient=False) as bar:
+        job = bar.add_task(name, total=None, info="")
+        while True:
+            status, p = await conductor.batch_progress(name)
+            if p is not None:
+                reward = "—" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+                bar.update(job, total=p.total, completed=p.done, info=(
+                    f"running {p.running} · failed {p.failed} · skipped {p.skipped} · reward "
+                    f"{reward} · tokens {p.input_tokens + p.output_tokens:,} · "
+                    f"${p.cost_usd:.4f}"))
+            if status != "running" and status != "continued_as_new":
+                break
+            await asyncio.sleep(0.5)
+    if status != "completed":
+        url = settings.workflow_url(batch_workflow_id(name))
+        raise LookupError(f"batch {name} ended {status}; see {url}")
+    if p is not None and p.report_dir:
+        out.print(f"report: {p.report_dir}", soft_wrap=True)
+
+
+def _report_batch(settings: Settings, name: str, out_dir: Path) -> None:
+    """Write the batch's report from its recorded traces and print its summary."""
+    from conductor_engine.engine.storage.batch_report import summary_markdown, write_report
+
+    async def go() -> dict[str, Any]:
+        async with open_trace_store(settings) as store:
+            traces = await store.batch_traces(name)
+        if not traces:
+            raise LookupError(f"no traces of batch {name!r} in the trace store")
+        return write_report(name, traces, out_dir)
+
+    summary = run_async(go())
+    out.print(Markdown(summary_markdown(summary)))
+    out.print(f"report: {out_dir.absolute()}", soft_wrap=True)
+
+
+@tasks_app.command("check")
+def tasks_check(
+    source: Annotated[str, typer.Argument(help="a JSONL file, or hf:NAME[:CONFIG][@SPLIT]")],
+    as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
+) -> None:
+    """Load a task file: count the valid tasks, list bad lines with their numbers (exit 1)."""
+    from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
+
+    try:
+        loaded = load_tasks(source)
+    except TaskFileError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        for t in loaded.tasks:
+            print(t.model_dump_json(exclude_defaults=True))
+    verifiers = Counter(t.verifier or "auto" for t in loaded.tasks)
+    err.print(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
+              + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none"),
+              highlight=False)
+    for bad in loaded.errors:
+        err.print(f"[red]line {bad.line}:[/] {escape(bad.message)}", highlight=False,
+                  soft_wrap=True)
+    if loaded.errors:
+        raise typer.Exit(1)

@@ -1,0 +1,73 @@
+"""`conductor pool show` and `conductor plan check`: the agent pool, and whether a conductor
+completion parses as a plan against it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from conductor_engine.engine.plan.language import PlanError, parse_plan
+from conductor_engine.engine.runtime.cli.app import (
+    PoolOpt,
+    fail,
+    load_pool,
+    load_settings,
+    out,
+    plan_app,
+    pool_app,
+)
+
+
+@pool_app.command("show")
+def pool_show(pool: PoolOpt = None) -> None:
+    """List the agents, whether each is usable here, and what they cost."""
+    settings = load_settings(pool)
+    agents = load_pool(settings)
+    table = Table(title=f"pool: {settings.pool_file or 'default'}", title_justify="left")
+    for col in ("id", "provider", "model", "key variable", "usable", "$/M in", "$/M out",
+                "web search", "description"):
+        table.add_column(col, overflow="fold")
+    offered = {a.id for a in agents.available()}
+    for a in [agents.conductor, *agents.agents]:
+        role = " (conductor)" if a is agents.conductor else ""
+        table.add_row(
+            a.id + role, a.provider, a.model, a.api_key_env or "-",
+            "yes" if a.id in offered or a is agents.conductor else "no (key not set)",
+            f"{a.price_input_per_mtok:g}", f"{a.price_output_per_mtok:g}",
+            a.web_search.summary() if a.web_search else "-", a.description,
+        )
+    out.print(table)
+
+
+@plan_app.command("check")
+def plan_check(
+    file: Annotated[str, typer.Argument(help="a file with the conductor's completion, or -")] = "-",
+    pool: PoolOpt = None,
+    pool_size: Annotated[int | None, typer.Option(
+        help="check against agents numbered 0..N-1 instead of a pool")] = None,
+    max_steps: Annotated[int, typer.Option(help="most steps in a plan")] = 5,
+    allow_empty: Annotated[bool, typer.Option(help="accept an empty plan")] = False,
+) -> None:
+    """Parse a conductor completion; print the plan as JSON, or why it is invalid (exit 1)."""
+    if file == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(file)
+        if not path.is_file():
+            raise fail(f"{path} does not exist")
+        text = path.read_text()
+    if pool_size is not None:
+        ids = [str(i) for i in range(pool_size)]
+    else:
+        agents = load_pool(load_settings(pool))
+        ids = [a.id for a in agents.agents] + [agents.conductor.id]
+    try:
+        plan = parse_plan(text, ids, max_steps=max_steps, allow_empty=allow_empty)
+    except PlanError as e:
+        raise fail(f"invalid plan: {e}") from None
+    out.print_json(json.dumps(plan.model_dump()))

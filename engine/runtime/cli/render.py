@@ -1,0 +1,124 @@
+"""The one renderer of a run's step table, and the small text helpers every view shares.
+
+A run's steps reach the CLI in two shapes: StepRecord (in a RunResult, and in a Trace, which
+keeps the same rounds) and TrailStep (read back from Temporal history by `conductor history`).
+Each is adapted into a StepRow, and `steps_table` draws rows as one Rich table; a view picks the
+columns it shows. So the column names, cell formats and escaping are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from rich.markup import escape
+from rich.table import Table
+
+from conductor_engine.engine.plan.language import saw_label
+from conductor_engine.engine.text import shorten
+
+if TYPE_CHECKING:
+    from conductor_engine.engine.contracts.records import RoundRecord
+    from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.runtime.history import AttemptError, TrailRound
+
+SHORT = 300
+"""How many characters of a text a view shows unless asked for it in full (--full)."""
+
+
+def reward_line(reward: Reward) -> str:
+    """`reward: VALUE (why)`, green when the answer counts as correct."""
+    if reward.value is None:
+        return f"reward: none ({reward.reason})"
+    colour = "green" if reward.value >= reward.weights.correct else "yellow"
+    return f"reward: [bold {colour}]{reward.value:g}[/] ({escape(reward.reason)})"
+
+
+def attempt_errors(errors: list[AttemptError]) -> str:
+    """How each failed attempt failed, one `#N: message` line each."""
+    return "\n".join(f"#{e.attempt or '?'}: {e.message}" for e in errors)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step as a step table shows it, whichever record it came from."""
+
+    round: int  # 0-based, as in records
+    index: int  # 0-based
+    steps: int  # how many steps its round has
+    agent: str
+    subtask: str
+    saw: str  # the label: saw_label
+    status: str
+    output: str  # what it answered, or (in a record) why it failed
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    seconds: float
+    attempts: int
+    self_call: bool
+    errors: str = ""  # how each failed attempt failed (history only)
+
+
+def record_rows(rnd: RoundRecord, *, say_all: bool = False) -> list[StepRow]:
+    """A round of a RunResult or Trace. `say_all`: a step granted "all" shows `all` rather than
+    the steps that came to."""
+    return [
+        StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
+                subtask=s.subtask, saw=saw_label(s.saw, s.access if say_all else None),
+                status=s.status, output=s.error or s.output, input_tokens=s.usage.input_tokens,
+                output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
+                attempts=s.attempts, self_call=bool(s.child_workflow_id))
+        for s in rnd.steps
+    ]
+
+
+def trail_rows(rnd: TrailRound) -> list[StepRow]:
+    """A round of a Trail (Temporal history): steps still pending or running included."""
+    return [
+        StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
+                subtask=s.subtask, saw=saw_label(s.saw), status=s.status,
+                output=s.output or "", input_tokens=s.usage.input_tokens,
+                output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
+                attempts=s.attempts, self_call=bool(s.child_workflow_id),
+                errors=attempt_errors(s.errors))
+        for s in rnd.steps
+    ]
+
+
+Column = Literal["round", "step", "agent", "subtask", "saw", "status", "output", "tokens",
+                 "cost", "seconds", "attempts", "errors"]
+
+HEADERS: dict[Column, str] = {"tokens": "tokens in/out", "cost": "cost $", "seconds": "s"}
+
+
+def _cell(row: StepRow, column: Column, limit: int | None) -> str:
+    match column:
+        case "round":
+            return str(row.round + 1)
+        case "step":
+            return f"{row.index + 1}/{row.steps}"
+        case "subtask" | "output":
+            return escape(shorten(getattr(row, column), limit))
+        case "tokens":
+            return f"{row.input_tokens}/{row.output_tokens}"
+        case "cost":
+            return f"{row.cost_usd:.4f}"
+        case "seconds":
+            return f"{row.seconds:.1f}"
+        case "attempts":
+            return str(row.attempts) + (" (self-call)" if row.self_call else "")
+        case _:
+            return escape(str(getattr(row, column)))
+
+
+def steps_table(rows: Sequence[StepRow], columns: Sequence[Column], *,
+                limit: int | None = None, title: str | None = None) -> Table:
+    """The step table: `columns` in that order; subtasks and outputs shortened to `limit`."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(HEADERS.get(column, column), overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row, c, limit) for c in columns))
+    return table

@@ -1,0 +1,174 @@
+"""`conductor run`, `submit`, `status` and `result`: one task at a time, and how a run's result
+is printed (answer, step table, reward, totals, Temporal UI link)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.runtime.cli.app import (
+    PoolOpt,
+    app,
+    err,
+    in_process_worker,
+    load_pool,
+    load_settings,
+    out,
+    run_async,
+)
+from conductor_engine.engine.runtime.cli.render import (
+    Column,
+    record_rows,
+    reward_line,
+    steps_table,
+)
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.tasks.model import RunOptions, Task
+
+QuestionArg = Annotated[str, typer.Argument(help="the task for the conductor")]
+IdOpt = Annotated[str | None, typer.Option("--id", help="task id (default: random)")]
+RefOpt = Annotated[str | None, typer.Option(help="reference answer")]
+VerOpt = Annotated[str | None, typer.Option(help="verifier name")]
+StepsOpt = Annotated[int, typer.Option(help="most steps in a plan")]
+RoundsOpt = Annotated[int, typer.Option("--rounds", help="refinement rounds after the first")]
+DepthOpt = Annotated[int, typer.Option("--depth", help="self-call depth limit")]
+TempOpt = Annotated[float, typer.Option(help="conductor sampling temperature")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+
+# The answer is printed above the table, so a run's table shows no outputs.
+RUN_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "tokens",
+                                   "seconds", "attempts")
+
+
+def _task(question: str, task_id: str | None, reference: str | None, verifier: str | None,
+          max_steps: int, rounds: int, depth: int, temperature: float) -> Task:
+    options = RunOptions(max_steps=max_steps, refinement_rounds=rounds, self_call_depth=depth,
+                         temperature=temperature)
+    fields: dict[str, Any] = {"question": question, "reference": reference,
+                              "verifier": verifier, "options": options}
+    if task_id:
+        fields["id"] = task_id
+    return Task(**fields)
+
+
+@app.command()
+def run(
+    question: QuestionArg,
+    task_id: IdOpt = None,
+    reference: RefOpt = None,
+    verifier: VerOpt = None,
+    max_steps: StepsOpt = 5,
+    rounds: RoundsOpt = 0,
+    depth: DepthOpt = 2,
+    temperature: TempOpt = 1.0,
+    pool: PoolOpt = None,
+    worker: Annotated[bool | None, typer.Option(
+        help="serve the run from this process (default: yes on the embedded stack)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run one task and wait: prints the answer, the steps and the Temporal UI link."""
+    settings = load_settings(pool)
+    agents = load_pool(settings)
+    task = _task(question, task_id, reference, verifier, max_steps, rounds, depth, temperature)
+
+    async def go() -> RunResult:
+        conductor = await ConductorClient.connect(settings)
+        in_process = settings.embedded if worker is None else worker
+        async with in_process_worker(conductor, agents, in_process):
+            workflow_id = await conductor.submit(task)
+            if not as_json:
+                err.print(f"run [bold]{workflow_id}[/] · {settings.workflow_url(workflow_id)}",
+                          soft_wrap=True)
+            with err.status("conducting…", spinner="dots"):
+                return await conductor.result(workflow_id)
+
+    result = run_async(go())
+    if as_json:
+        out.print_json(result.model_dump_json())
+    else:
+        _print_result(result, settings)
+    if result.status != "completed":
+        raise typer.Exit(2)
+
+
+@app.command()
+def submit(
+    question: QuestionArg,
+    task_id: IdOpt = None,
+    reference: RefOpt = None,
+    verifier: VerOpt = None,
+    max_steps: StepsOpt = 5,
+    rounds: RoundsOpt = 0,
+    depth: DepthOpt = 2,
+    temperature: TempOpt = 1.0,
+) -> None:
+    """Start a run and print its workflow id (a worker must be running: `conductor up`)."""
+    settings = load_settings()
+    task = _task(question, task_id, reference, verifier, max_steps, rounds, depth, temperature)
+
+    async def go() -> str:
+        return await (await ConductorClient.connect(settings)).submit(task)
+
+    out.print(run_async(go()), highlight=False)
+
+
+@app.command()
+def status(workflow_id: str) -> None:
+    """Show whether a run is running, completed or failed, and its steps so far."""
+    settings = load_settings()
+
+    async def go() -> Any:
+        return await (await ConductorClient.connect(settings)).status(workflow_id)
+
+    st = run_async(go())
+    out.print(f"{st.workflow_id}: [bold]{st.status}[/] · {settings.workflow_url(st.workflow_id)}",
+              soft_wrap=True)
+    if st.progress is not None:
+        out.print(_steps(st.progress))
+
+
+@app.command()
+def result(workflow_id: str, as_json: JsonOpt = False) -> None:
+    """Wait for a run and print its result."""
+    settings = load_settings()
+
+    async def go() -> RunResult:
+        return await (await ConductorClient.connect(settings)).result(workflow_id)
+
+    res = run_async(go())
+    if as_json:
+        out.print_json(res.model_dump_json())
+    else:
+        _print_result(res, settings)
+
+
+def _steps(res: RunResult) -> Table:
+    rows = [row for rnd in res.rounds for row in record_rows(rnd, say_all=True)]
+    return steps_table(rows, RUN_COLUMNS, title="steps")
+
+
+def _print_result(res: RunResult, settings: Settings) -> None:
+    if res.status == "completed":
+        out.print(Panel(Markdown(res.answer or ""), title="answer", title_align="left"))
+    else:
+        out.print(Panel(res.error or res.status, title=f"[red]{res.status}", title_align="left"))
+        last = res.rounds[-1].attempts[-1] if res.rounds and res.rounds[-1].attempts else None
+        if last is not None:
+            out.print(Panel(last.raw_text, title="conductor's last reply", title_align="left"))
+    out.print(_steps(res))
+    if res.reward is not None:
+        out.print(reward_line(res.reward))
+    t = res.totals
+    out.print(
+        f"plans: {t.plan_calls} · agent calls: {t.agent_calls} · tokens in/out: "
+        f"{t.usage.input_tokens}/{t.usage.output_tokens} · cost: ${t.cost_usd:.4f} · "
+        f"{t.seconds:.1f}s"
+    )
+    out.print(f"Temporal UI: {settings.workflow_url(res.workflow_id, res.run_id)}",
+              soft_wrap=True)

@@ -1,0 +1,97 @@
+"""`conductor up`, `down` and `worker`: the embedded stack's lifecycle and the worker process.
+
+Workflows and activities are imported only when a worker is built, so commands that only talk
+to Temporal stay light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.runtime.cli.app import (
+    PoolOpt,
+    app,
+    err,
+    fail,
+    load_pool,
+    load_settings,
+    out,
+    run_async,
+)
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.embedded import EmbeddedError, EmbeddedTemporal
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.database import EmbeddedPostgres
+
+
+async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> None:
+    """Poll the task queue until SIGINT or SIGTERM."""
+    from conductor_engine.engine.contracts.search_attributes import ensure_registered
+    from conductor_engine.engine.runtime.worker import build_worker
+    from conductor_engine.engine.storage.shared import close_shared_stores
+
+    conductor = await ConductorClient.connect(settings, start_embedded=start_embedded)
+    await ensure_registered(conductor.client, settings.temporal_namespace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with build_worker(conductor.client, settings, pool):
+        err.print(f"worker polling [bold]{settings.task_queue}[/] on {settings.address} "
+                  f"(namespace {settings.temporal_namespace}); Ctrl-C stops")
+        await stop.wait()
+    await close_shared_stores()
+    err.print("worker stopped")
+
+
+@app.command()
+def worker(pool: PoolOpt = None) -> None:
+    """Run a worker against the configured Temporal (address, namespace, TLS from settings)."""
+    settings = load_settings(pool)
+    run_async(_serve(settings, load_pool(settings), start_embedded=False))
+
+
+@app.command()
+def up(pool: PoolOpt = None) -> None:
+    """Run the embedded Temporal server and a worker in the foreground; Ctrl-C stops both."""
+    settings = load_settings(pool)
+    agents = load_pool(settings)
+    server = EmbeddedTemporal(settings.data_dir, settings.embedded_port, settings.embedded_ui_port)
+    try:
+        started = server.start(detached=False)
+    except EmbeddedError as e:
+        raise fail(str(e)) from None
+    err.print(f"Temporal {'started' if started else 'already running'} on {settings.address} · "
+              f"UI {settings.ui_base()}")
+    postgres = EmbeddedPostgres(settings.data_dir) if settings.database_url is None else None
+    pg_started = False
+    try:
+        if postgres is not None:
+            pg_started = postgres.url() is None
+            postgres.start()
+            err.print(f"PostgreSQL (traces) {'started' if pg_started else 'already running'} "
+                      f"in {postgres.pgdata}")
+        run_async(_serve(settings, agents, start_embedded=False))
+    except EmbeddedError as e:
+        raise fail(str(e)) from None
+    finally:
+        if started:
+            server.stop()
+            err.print("Temporal stopped")
+        if postgres is not None and pg_started:
+            postgres.stop()
+            err.print("PostgreSQL stopped")
+
+
+@app.command()
+def down() -> None:
+    """Stop the embedded Temporal server and PostgreSQL that `conductor run` left running."""
+    settings = load_settings()
+    server = EmbeddedTemporal(settings.data_dir, settings.embedded_port, settings.embedded_ui_port)
+    stopped = [name for name, stop in (("Temporal", server.stop),
+                                       ("PostgreSQL", EmbeddedPostgres(settings.data_dir).stop))
+               if stop()]
+    out.print(f"stopped {' and '.join(stopped)}" if stopped else
+              f"no embedded server was started from {settings.data_dir}")

@@ -1,0 +1,226 @@
+"""`conductor traces list|show` (recorded traces, from PostgreSQL) and `conductor history` (a
+run's step trail from its Temporal history alone, for running and failed runs too).
+
+Both views print a run round by round: its plan attempts, then its steps through the one step
+table of render.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+from conductor_engine.engine.runtime.cli.app import (
+    app,
+    fail,
+    load_settings,
+    open_trace_store,
+    out,
+    run_async,
+    traces_app,
+)
+from conductor_engine.engine.runtime.cli.render import (
+    SHORT,
+    Column,
+    attempt_errors,
+    record_rows,
+    reward_line,
+    steps_table,
+    trail_rows,
+)
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceSummary
+from conductor_engine.engine.storage.traces import Trace
+from conductor_engine.engine.text import shorten
+
+if TYPE_CHECKING:
+    from conductor_engine.engine.runtime.history import Trail, TrailRound
+
+TRACE_COLUMNS: tuple[Column, ...] = ("step", "agent", "subtask", "saw", "output", "tokens",
+                                     "seconds", "attempts")
+TRAIL_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "status",
+                                     "output", "tokens", "cost", "attempts", "errors")
+FullOpt = Annotated[bool, typer.Option(help="print outputs in full, not cut")]
+RunIdOpt = Annotated[str | None, typer.Option(help="a run other than the latest")]
+
+
+@traces_app.command("list")
+def traces_list(
+    dataset: Annotated[str | None, typer.Option(help="only this dataset")] = None,
+    tag: Annotated[str | None, typer.Option(help="only tasks with this tag")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="only this task id")] = None,
+    policy: Annotated[str | None, typer.Option(help="only this policy (conductor id)")] = None,
+    version: Annotated[str | None, typer.Option(help="only this policy version")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="completed, invalid_plan, failed or cancelled")] = None,
+    min_reward: Annotated[float | None, typer.Option(help="reward at least this")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="reward at most this")] = None,
+    since: Annotated[datetime | None, typer.Option(help="finished at or after (ISO date)")] = None,
+    self_calls: Annotated[bool, typer.Option(help="include self-call traces")] = False,
+    limit: Annotated[int, typer.Option(help="most rows")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trace each")] = False,
+) -> None:
+    """List recorded traces, newest first."""
+    settings = load_settings()
+    filters = TraceFilter(
+        dataset=dataset, tag=tag, task_id=task, policy_name=policy, policy_version=version,
+        status=status, min_reward=min_reward, max_reward=max_reward,
+        since=since.astimezone(UTC) if since else None, roots_only=not self_calls,
+    )
+
+    async def go() -> list[TraceSummary]:
+        async with open_trace_store(settings) as store:
+            return await store.search(filters, limit=limit)
+
+    rows = run_async(go())
+    if as_json:
+        for r in rows:
+            print(r.model_dump_json())
+        return
+    table = Table(title=f"{len(rows)} trace(s)", title_justify="left")
+    for col in ("finished", "workflow", "task", "dataset", "policy", "status", "reward",
+                "tokens", "cost $", "s", "question"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), r.workflow_id, r.task_id,
+            r.dataset or "", f"{r.policy.name}@{r.policy.version}", r.status,
+            "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
+            f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", escape(shorten(r.question, 60)),
+        )
+    out.print(table)
+
+
+@traces_app.command("show")
+def traces_show(
+    workflow_id: str,
+    run_id: RunIdOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the whole trace as JSON")] = False,
+    full: FullOpt = False,
+) -> None:
+    """Show one trace whole: plan attempts, steps, self-calls, answer and reward."""
+    settings = load_settings()
+
+    async def go() -> Trace | None:
+        async with open_trace_store(settings) as store:
+            return await store.get(workflow_id, run_id)
+
+    trace = run_async(go())
+    if trace is None:
+        raise fail(f"no trace of {workflow_id!r}: the run may still be going "
+                   f"(`conductor status {workflow_id}`) or was recorded to another database")
+    if as_json:
+        print(trace.model_dump_json(indent=2))
+        return
+    _print_trace(trace, limit=None if full else SHORT)
+    out.print(f"Temporal UI: {settings.workflow_url(trace.workflow_id, trace.run_id)}",
+              soft_wrap=True)
+
+
+def _print_trace(trace: Trace, *, limit: int | None, indent: str = "") -> None:
+    """The trace, then each self-call's trace indented beneath it."""
+    t = trace.totals
+    out.print(
+        f"{indent}[bold]{trace.workflow_id}[/] · run {trace.run_id} · "
+        f"{trace.policy.name}@{trace.policy.version} · [bold]{trace.status}[/] · "
+        f"{t.usage.input_tokens}/{t.usage.output_tokens} tokens · ${t.cost_usd:.4f} · "
+        f"{t.seconds:.1f}s · {trace.finished_at.astimezone():%Y-%m-%d %H:%M:%S}",
+        soft_wrap=True,
+    )
+    task = trace.task
+    where = (f" · dataset {task.dataset}" if task.dataset else "") + (
+        f" · tags {', '.join(task.tags)}" if task.tags else "")
+    out.print(f"{indent}task {task.id}{where}: {escape(shorten(task.question, limit))}",
+              highlight=False, soft_wrap=True)
+    for rnd in trace.rounds:
+        for a in rnd.attempts:
+            verdict = "plan ok" if a.plan is not None else f"[red]{escape(a.error or '')}[/]"
+            lp = "with logprobs" if a.logprobs is not None else "no logprobs"
+            out.print(f"{indent}round {rnd.index + 1} · plan attempt {a.attempt}: {verdict} · "
+                      f"{a.usage.output_tokens} tokens, {lp}", soft_wrap=True)
+        if rnd.steps:
+            out.print(steps_table(record_rows(rnd), TRACE_COLUMNS, limit=limit))
+    if trace.answer is not None:
+        out.print(Panel(escape(shorten(trace.answer, limit)), title="answer", title_align="left"))
+    if trace.error:
+        out.print(f"{indent}[red]error:[/] {escape(trace.error)}", soft_wrap=True)
+    if trace.reward is not None:
+        out.print(indent + reward_line(trace.reward))
+    for child in trace.children:
+        out.print(f"{indent}└ self-call:")
+        _print_trace(child, limit=limit, indent=indent + "  ")
+
+
+@app.command()
+def history(
+    workflow_id: str,
+    run_id: RunIdOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the trail as JSON")] = False,
+    full: FullOpt = False,
+) -> None:
+    """A run's step trail from its Temporal history alone: what each agent was asked, saw and
+    answered, tokens, cost, attempts and errors. Works for running and failed runs too."""
+    from conductor_engine.engine.runtime.history import HistoryError, step_trail
+
+    settings = load_settings()
+
+    async def go() -> Trail:
+        conductor = await ConductorClient.connect(settings)
+        return await step_trail(conductor.client, workflow_id, run_id)
+
+    try:
+        trail = run_async(go())
+    except HistoryError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        print(trail.model_dump_json(indent=2))
+        return
+    _print_trail(trail, limit=None if full else SHORT)
+    out.print(f"Temporal UI: {settings.workflow_url(trail.workflow_id, trail.run_id)}",
+              soft_wrap=True)
+
+
+def _print_trail(trail: Trail, *, limit: int | None) -> None:
+    engine_status = f" ({trail.run_status})" if trail.run_status not in (None, trail.status) \
+        else ""
+    out.print(f"[bold]{trail.workflow_id}[/] · run {trail.run_id} · [bold]{trail.status}[/]"
+              f"{engine_status} · {trail.usage.input_tokens}/{trail.usage.output_tokens} tokens"
+              f" · ${trail.cost_usd:.4f} · {trail.events} events", soft_wrap=True)
+    if trail.reset is not None:
+        out.print(f"resumed from run {trail.reset.base_run_id} (event {trail.reset.event_id}: "
+                  f"{escape(trail.reset.reason)}); its failures: conductor history "
+                  f"{trail.workflow_id} --run-id {trail.reset.base_run_id}", soft_wrap=True,
+                  highlight=False)
+    if trail.task is not None:
+        out.print(f"task {trail.task.id}: {escape(shorten(trail.task.question, limit))}",
+                  highlight=False, soft_wrap=True)
+    for rnd in trail.rounds:
+        _print_trail_round(rnd, limit)
+    if trail.answer is not None:
+        out.print(Panel(escape(shorten(trail.answer, limit)), title="answer", title_align="left"))
+    if trail.error:
+        out.print(f"[red]error:[/] {escape(trail.error)}", soft_wrap=True)
+    if trail.reward is not None:
+        out.print(reward_line(trail.reward))
+    for child in trail.self_calls:
+        out.print(f"└ self-call: conductor history {child}", highlight=False, soft_wrap=True)
+
+
+def _print_trail_round(rnd: TrailRound, limit: int | None) -> None:
+    for a in rnd.plan_attempts:
+        if a.status != "done":
+            verdict = f"[red]{a.status}[/]"
+        elif a.plan is not None:
+            verdict = f"plan ok ({len(a.plan)} steps)"
+        else:
+            verdict = f"[red]rejected: {escape(a.error or '')}[/]"
+        out.print(f"round {rnd.index + 1} · plan attempt {a.attempt}: {verdict} · "
+                  f"{a.usage.output_tokens} tokens · {a.attempts} call(s)", soft_wrap=True)
+        if a.errors:
+            out.print(escape(attempt_errors(a.errors)), soft_wrap=True, highlight=False)
+    if rnd.steps:
+        out.print(steps_table(trail_rows(rnd), TRAIL_COLUMNS, limit=limit))
