@@ -1,5 +1,5 @@
-"""Shared fixtures: one real Temporal dev server per session, the scripted agent server, and
-a factory for workers serving a test's own pool on a task queue of its own."""
+"""Shared fixtures: one real Temporal dev server per session, the scripted agent server, S3 on
+moto, and a factory for workers serving a test's own pool on a task queue of its own."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
@@ -21,9 +24,6 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
-from temporalio.client import Client
-from temporalio.worker import Worker
-
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
 
 # The `conductor` command as a subprocess, from this interpreter (no reliance on PATH).
@@ -51,6 +51,19 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
     url = server.start()
     yield url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_url() -> Iterator[str]:
+    """A real S3-compatible HTTP server on localhost, as MinIO would be (buckets:
+    tests/blob_stores.py)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
     server.stop()
 
 
@@ -166,11 +179,12 @@ def first_load(wheel: Path, local_data_dir: Path) -> Iterator[Any]:
     """The first start of the local model: convert the wheel's GGUF into the session's data
     dir, in this process, and load it."""
     from conductor_engine.engine.providers import local
+    from conductor_engine.engine.providers.local.model import loaded_models
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CONDUCTOR_DATA_DIR", str(local_data_dir))
         mp.setenv(local.WHEEL_ENV, str(wheel))
-        local._models.pop(local.SMOLLM2, None)
+        loaded_models.pop(local.SMOLLM2, None)
         yield local.load_model(AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2))
 
 

@@ -1,6 +1,7 @@
 """Our GRPO samples laid out as TRL's `GRPOTrainer._generate_and_score_completions` lays out a
 batch, so that `GRPOTrainer.compute_loss` can run on exactly the batch our trainer sees: shared
-by the agreement test (tests/test_grpo_trl.py) and the throughput benchmark (bench_trainer.py).
+by the agreement test (tests/unit/test_grpo_trl.py) and the throughput benchmark
+(tests/benchmarks/bench_trainer.py).
 Needs torch and trl, imported by the caller's choice (this module imports trl lazily).
 """
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from conductor_engine.engine.contracts.training import LossConfig
 from conductor_engine.trainer.grpo import Sample
 

@@ -27,7 +27,6 @@ import statistics
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -38,28 +37,32 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conductor_engine.engine.contracts.names import (  # noqa: E402
+    batch_child_workflow_id,
+    batch_workflow_id,
+)
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
 from conductor_engine.engine.tasks.model import Task  # noqa: E402
-
-from tests.agent_server import Reply, start_agent_server  # noqa: E402
+from tests.agent_server import start_agent_server  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
-    PHASES,
+    answer_after,
     bench_pool,
     ms,
-    phases,
     quiet_logs,
     run,
     stack,
     table,
 )
+from tests.benchmarks._phases import PHASES, phases  # noqa: E402
 
 PLAN = ('{"steps": [{"agent": "a", "subtask": "Read the question.", "access": []}, '
         '{"agent": "b", "subtask": "Work it out.", "access": [0]}, '
         '{"agent": "c", "subtask": "State the answer.", "access": [1]}]}')
 STEPS = 3
+AGENTS = ["a", "b", "c"]
 
 
 def _plan(prompt: str) -> str:
@@ -71,15 +74,9 @@ def serve_agents(latency: float, urls: Queue[str], stop: Event) -> None:
     worker's interpreter (and its GIL) would bill their HTTP handling to the engine."""
     with start_agent_server() as agents:
         agents.set_responder("conductor", _plan)
-        for agent in ("a", "b", "c"):
-            agents.set_responder(agent, lambda p: Reply.ok("42").after(latency))
+        answer_after(agents, AGENTS, latency, "42")
         urls.put(agents.openai_base_url)
         stop.wait()
-
-
-@dataclass
-class RemoteAgents:
-    openai_base_url: str
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -89,24 +86,23 @@ async def main(args: argparse.Namespace) -> int:
     stop = ctx.Event()
     agents_process = ctx.Process(target=serve_agents, args=(args.latency, urls, stop))
     agents_process.start()
-    remote = RemoteAgents(urls.get(timeout=60))
+    agents_url = urls.get(timeout=60)
     try:
-        return await _bench(args, remote)
+        return await _bench(args, agents_url)
     finally:
         stop.set()
         agents_process.join(10)
 
 
-async def _bench(args: argparse.Namespace, remote: RemoteAgents) -> int:
-    with stack() as s:
+async def _bench(args: argparse.Namespace, agents_url: str) -> int:
+    with stack() as s:  # its own agent server stays idle: the agents answer from agents_url
         client = await s.client()
-        settings = s.queue(f"bench-batch-{uuid.uuid4().hex[:6]}")
+        settings = s.queue("batch")
         conductor = ConductorClient(client, settings)
         tasks = [Task(id=f"t{i:05d}", question=f"Question {i}?", reference="42")
                  for i in range(args.tasks)]
         server = psutil.Process(s.temporal.process.pid) if s.temporal.process else None
-        async with build_worker(client, settings,
-                                bench_pool(remote, ["a", "b", "c"]),  # type: ignore[arg-type]
+        async with build_worker(client, settings, bench_pool(agents_url, AGENTS),
                                 max_concurrent_activities=1000):
             await shared_store(settings)  # connect and migrate before the clock starts
             name = f"bench-{uuid.uuid4().hex[:6]}"
@@ -114,12 +110,13 @@ async def _bench(args: argparse.Namespace, remote: RemoteAgents) -> int:
             started = time.perf_counter()
             await conductor.submit_batch(name, tasks, concurrency=args.concurrency,
                                          report=False)
-            handle = client.get_workflow_handle(f"batch-{name}")
+            handle = client.get_workflow_handle(batch_workflow_id(name))
             progress = await handle.result()
             wall = time.perf_counter() - started
             cpu = time.process_time() - cpu0
             srv = (sum(server.cpu_times()[:2]) - sum(srv0[:2])) if server and srv0 else 0.0
-            sample = [f"batch-{name}/{t.id}" for t in tasks[:: max(1, len(tasks) // 20)]]
+            every = max(1, len(tasks) // 20)
+            sample = [batch_child_workflow_id(name, t.id) for t in tasks[::every]]
             per_child = await asyncio.gather(*(phases(client, w) for w in sample))
             store = await shared_store(settings)
             traces = await store.batch_traces(name)

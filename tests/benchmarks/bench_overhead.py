@@ -37,26 +37,21 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor_engine.engine.runtime.client import ConductorClient, workflow_id_for  # noqa: E402
+from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.engine.tasks.model import RunOptions, Task  # noqa: E402
-
-from tests.agent_server import Reply  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
-    PHASE_LEGEND,
     Series,
-    add_common_args,
+    answer_after,
     bench_pool,
-    mean_phases,
+    conduct,
+    main_timing_runs,
     measure,
     ms,
-    phase_table,
-    quiet_logs,
-    run,
     series_table,
     stack,
     verdict,
 )
+from tests.benchmarks._phases import print_phases  # noqa: E402
 
 GOAL = 1.10
 AGENT = "gpt"
@@ -145,19 +140,15 @@ async def bench(args: argparse.Namespace) -> int:
     latency = args.latency
     with stack() as s:
         s.agents.set_responder("conductor", conductor_reply)
-        s.agents.set_responder(AGENT, lambda _: Reply.ok("done").after(latency))
+        answer_after(s.agents, [AGENT], latency, "done")
         client = await s.client()
         engine_settings, bare_settings = s.queue("engine"), s.queue("bare")
         conductor = ConductorClient(client, engine_settings)
 
         async def engine(steps: int) -> str:
             question = f"[steps={steps}] Benchmark task." if steps else "Benchmark task."
-            task = Task(question=question, options=RunOptions(max_plan_attempts=1))
-            res = await conductor.run(task)
-            want = "completed" if steps else "invalid_plan"
-            if res.status != want or len(res.steps) != steps:
-                raise RuntimeError(f"unexpected engine run: {res.status}, {len(res.steps)} steps")
-            return workflow_id_for(task)
+            workflow_id, _ = await conduct(conductor, question, steps)
+            return workflow_id
 
         async def bare(steps: int) -> str:
             workflow_id = f"bare-{steps}-{uuid.uuid4().hex[:12]}"
@@ -176,13 +167,10 @@ async def bench(args: argparse.Namespace) -> int:
             "engine, plan + 1 step": lambda: engine(1),
             "engine, plan only": lambda: engine(0),
         }
-        pool = bench_pool(s.agents, [AGENT])
+        pool = bench_pool(s.agents.openai_base_url, [AGENT])
         async with build_worker(client, engine_settings, pool), \
                 bare_worker(client, bare_settings.task_queue):
-            print(f"{args.runs} measured runs of each kind after {args.warmup} warm-up, "
-                  f"interleaved; agent latency {latency * 1000:.0f} ms; plan reply immediate.\n",
-                  flush=True)
-            series = await measure(kinds, args.runs, args.warmup)
+            series = await measure(kinds, args)
         return await report(client, series, latency)
 
 
@@ -215,17 +203,10 @@ fixed cost of a run (1-step run minus one incremental step; a difference of diff
 per run (plan activity, bigger workflow)
   a plan-only engine run (one plan activity, the plan rejected): {ms(e0)} ms
 """)
-    rows = [(name, await mean_phases(client, series[name])) for name in
-            ("bare, 5 activities", "engine, plan + 5 steps")]
-    rows += [(name, await mean_phases(client, series[name])) for name in
-             ("bare, 1 activity", "engine, plan + 1 step", "engine, plan only")]
-    print("Where the time goes (mean ms per run):")
-    print(phase_table(rows[:2]))
-    print()
-    print(phase_table(rows[2:]))
-    print()
-    print(PHASE_LEGEND)
-    (_, bp), (_, ep) = rows[0], rows[1]
+    phases = await print_phases(
+        client, series, ["bare, 5 activities", "engine, plan + 5 steps"],
+        ["bare, 1 activity", "engine, plan + 1 step", "engine, plan only"])
+    bp, ep = phases["bare, 5 activities"], phases["engine, plan + 5 steps"]
     print(f"\nactivity running minus the latency, per activity: bare "
           f"{(bp['activity running'] - 5 * latency) / bp['activities'] * 1000:.1f} ms, engine "
           f"{(ep['activity running'] - 5 * latency) / ep['activities'] * 1000:.1f} ms "
@@ -234,13 +215,7 @@ per run (plan activity, bigger workflow)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_common_args(parser, latency=0.2)
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    quiet_logs("error")  # every plan-only run logs an expected "plan rejected" warning
-    return run(lambda: bench(args))
+    return main_timing_runs(bench, __doc__, latency=0.2, argv=argv)
 
 
 if __name__ == "__main__":

@@ -35,27 +35,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
-from conductor_engine.engine.runtime.client import ConductorClient, workflow_id_for  # noqa: E402
+from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.engine.tasks.model import RunOptions, Task  # noqa: E402
-
-from tests.agent_server import Reply  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
-    PHASE_LEGEND,
     Series,
-    add_common_args,
+    answer_after,
     bench_pool,
-    mean_phases,
+    conduct,
+    main_timing_runs,
     measure,
     ms,
-    phase_table,
-    quiet_logs,
-    run,
     series_table,
     stack,
     table,
     verdict,
 )
+from tests.benchmarks._phases import print_phases  # noqa: E402
 
 GOAL = 1.15
 AGENTS = ["gpt-a", "gpt-b", "gpt-c", "gpt-d"]
@@ -93,8 +88,7 @@ async def bench(args: argparse.Namespace) -> int:
     latency = args.latency
     with stack() as s:
         s.agents.set_responder("conductor", conductor_reply)
-        for agent in [*AGENTS, AGGREGATOR]:
-            s.agents.set_responder(agent, lambda _: Reply.ok("finding").after(latency))
+        answer_after(s.agents, [*AGENTS, AGGREGATOR], latency, "finding")
         client = await s.client()
         settings = s.queue("parallel")
         conductor = ConductorClient(client, settings)
@@ -102,13 +96,9 @@ async def bench(args: argparse.Namespace) -> int:
 
         async def engine(plan: str | None, steps: int) -> str:
             question = f"[plan={plan}] Benchmark task." if plan else "Benchmark task."
-            task = Task(question=question, options=RunOptions(max_plan_attempts=1))
-            res = await conductor.run(task)
-            want = "completed" if plan else "invalid_plan"
-            if res.status != want or len(res.steps) != steps:
-                raise RuntimeError(f"unexpected run: {res.status}, {len(res.steps)} steps")
+            workflow_id, res = await conduct(conductor, question, steps)
             last[plan or "none"] = res
-            return workflow_id_for(task)
+            return workflow_id
 
         kinds = {
             "plan only": lambda: engine(None, 0),
@@ -116,11 +106,9 @@ async def bench(args: argparse.Namespace) -> int:
             "fan-out 4 + aggregator": lambda: engine("fanout", 5),
             "chain of 5": lambda: engine("chain", 5),
         }
-        async with build_worker(client, settings, bench_pool(s.agents, [*AGENTS, AGGREGATOR])):
-            print(f"{args.runs} measured runs of each kind after {args.warmup} warm-up, "
-                  f"interleaved; agent latency {latency * 1000:.0f} ms; plan reply immediate.\n",
-                  flush=True)
-            series = await measure(kinds, args.runs, args.warmup)
+        pool = bench_pool(s.agents.openai_base_url, [*AGENTS, AGGREGATOR])
+        async with build_worker(client, settings, pool):
+            series = await measure(kinds, args)
         await report(client, series, latency)
         print(overlap_check(last["fanout"]))
     return 0
@@ -158,23 +146,13 @@ fixed cost of any run: start, one plan activity, completion, result):
     print(table(["ratio", "value", "note"], rows))
     print(f"\nexcess over the critical-path bound: {ms(fan - bound)} ms "
           f"(the two step levels' own overhead, and the fan-out's four activities at once)\n")
-    phase_rows = [(name, await mean_phases(client, series[name])) for name in
-                  ("plan only", "1 step", "fan-out 4 + aggregator", "chain of 5")]
-    print("Where the time goes (mean ms per run):")
-    print(phase_table(phase_rows))
-    print()
-    print(PHASE_LEGEND)
+    await print_phases(client, series,
+                       ["plan only", "1 step", "fan-out 4 + aggregator", "chain of 5"])
     print()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_common_args(parser, latency=0.3)
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    quiet_logs("error")  # every plan-only run logs an expected "plan rejected" warning
-    return run(lambda: bench(args))
+    return main_timing_runs(bench, __doc__, latency=0.3, argv=argv)
 
 
 if __name__ == "__main__":

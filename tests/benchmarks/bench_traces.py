@@ -33,11 +33,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
-from conductor_engine.engine.storage.database import EmbeddedPostgres  # noqa: E402
 from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
 from conductor_engine.engine.storage.traces import PolicyRef  # noqa: E402
-
-from tests.integration.test_trace_store import make_trace  # noqa: E402
+from tests.benchmarks._harness import postgres, run  # noqa: E402
+from tests.traces import make_trace  # noqa: E402
 
 COLUMNS = _UPSERT.split("INSERT INTO traces (", 1)[1].split(")", 1)[0].replace("\n", " ")
 COLUMNS = COLUMNS.replace(", superseded", "")
@@ -102,29 +101,25 @@ async def time_groups(store: TraceStore, size: int, runs: int = 15) -> float:
     return statistics.median(times) * 1000
 
 
-async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp))
-        url = pg.start()
-        try:
-            store = await TraceStore.open(url, LocalBlobStore(Path(tmp) / "blobs"),
-                                          max_size=args.concurrency)
-            engine_rate, baseline_rate = await bench_writes(store, args.writes, args.concurrency)
-            print(f"writes: engine {engine_rate:,.0f} traces/s ({args.concurrency} writers, "
-                  f"upsert) · baseline executemany {baseline_rate:,.0f} rows/s · "
-                  f"ratio {engine_rate / baseline_rate:.2f} (goal >= 0.5)")
-            started = time.perf_counter()
-            await load_groups(store, args.stored)
-            total = await store.count()
-            print(f"loaded {args.stored:,} traces by COPY in {time.perf_counter() - started:.1f}s "
-                  f"({total:,} root traces stored)")
-            for size in (8, 64):
-                ms = await time_groups(store, size)
-                print(f"group fetch: 4 groups x {size} rollouts of {total:,} traces: "
-                      f"median {ms:.1f} ms")
-            await store.close()
-        finally:
-            pg.stop()
+async def main(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp, postgres(Path(tmp)) as url:
+        store = await TraceStore.open(url, LocalBlobStore(Path(tmp) / "blobs"),
+                                      max_size=args.concurrency)
+        engine_rate, baseline_rate = await bench_writes(store, args.writes, args.concurrency)
+        print(f"writes: engine {engine_rate:,.0f} traces/s ({args.concurrency} writers, "
+              f"upsert) · baseline executemany {baseline_rate:,.0f} rows/s · "
+              f"ratio {engine_rate / baseline_rate:.2f} (goal >= 0.5)")
+        started = time.perf_counter()
+        await load_groups(store, args.stored)
+        total = await store.count()
+        print(f"loaded {args.stored:,} traces by COPY in {time.perf_counter() - started:.1f}s "
+              f"({total:,} root traces stored)")
+        for size in (8, 64):
+            ms = await time_groups(store, size)
+            print(f"group fetch: 4 groups x {size} rollouts of {total:,} traces: "
+                  f"median {ms:.1f} ms")
+        await store.close()
+    return 0
 
 
 if __name__ == "__main__":
@@ -132,4 +127,5 @@ if __name__ == "__main__":
     parser.add_argument("--writes", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--stored", type=int, default=100_000)
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    sys.exit(run(lambda: main(args)))

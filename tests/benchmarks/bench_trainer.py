@@ -47,10 +47,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
 from conductor_engine.engine.contracts.training import LossConfig  # noqa: E402
 from conductor_engine.trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
-
-from tests.benchmarks._harness import table  # noqa: E402
+from tests.benchmarks._harness import add_common_args, table  # noqa: E402
 from tests.trl_inputs import trl_inputs  # noqa: E402
 
 GOAL = 1.0
@@ -265,8 +265,7 @@ def report(title: str, results: dict[str, dict[str, list[float]]]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    add_common_args(parser)
     parser.add_argument("--samples", type=int, default=16, help="rollouts per update")
     parser.add_argument("--group-size", type=int, default=8,
                         help="completions per prompt (1: every prompt its own)")

@@ -11,18 +11,18 @@ import time
 import uuid
 
 import pytest
+from temporalio.client import Client
+
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.runtime.history import Trail, step_trail
 from conductor_engine.engine.runtime.resume import ResumeError, failed_runs, plan_resume, resume
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.agent_server import Reply
+from tests.cli import one_line_error
 from tests.conftest import CONDUCTOR, make_pool, running_worker
-from tests.integration.test_cli import one_line_error
-from tests.integration.test_conduct_workflow import _self_calling_conductor, plan_json
+from tests.plans import plan_json, self_calling_conductor
 
 CHAIN = plan_json(
     ("gpt", "Compute 2^10.", []),
@@ -210,7 +210,7 @@ async def test_a_self_call_step_is_its_child_workflow_answer(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
     trace_store: TraceStore,
 ) -> None:
-    agent_server.set_responder("conductor", _self_calling_conductor)
+    agent_server.set_responder("conductor", self_calling_conductor)
     agent_server.script("gpt", [Reply.ok("1024 and 1000")])
     agent_server.script("claude", [Reply.ok("1024 is larger")])
     async with running_worker(client, settings, make_pool(agent_server)):

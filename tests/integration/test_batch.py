@@ -11,14 +11,14 @@ import time
 import uuid
 from pathlib import Path
 
+from temporalio.client import Client
+
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.conftest import CONDUCTOR, make_pool, running_worker
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 N = 200
 
@@ -168,8 +168,7 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
 def test_the_task_report_lists_the_sources_web_searching_agents_cited() -> None:
     from conductor_engine.engine.providers.base import Citation
     from conductor_engine.engine.storage.batch_report import task_markdown
-
-    from tests.integration.test_trace_store import make_trace
+    from tests.traces import make_trace
 
     trace = make_trace("cited")
     trace.steps[2].citations = [Citation(url="https://example.org/a", title="A [survey]")]

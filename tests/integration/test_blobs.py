@@ -7,11 +7,11 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
+from temporalio.api.common.v1 import Payload
+
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import (
@@ -24,32 +24,14 @@ from conductor_engine.engine.storage.blobs import (
     ref_for,
 )
 from conductor_engine.engine.storage.payloads import KEY_PREFIX, data_converter
-from moto.server import ThreadedMotoServer
-from temporalio.api.common.v1 import Payload
-
+from tests.blob_stores import fresh_bucket, stored_objects
 from tests.conftest import free_port
-
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-
-
-@pytest.fixture(scope="session")
-def moto_url() -> Iterator[str]:
-    """A real S3-compatible HTTP server on localhost, as MinIO would be."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture
 def s3_settings(moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings for a fresh bucket on the moto server, with test credentials in the env."""
-    for name, value in AWS_ENV.items():
-        monkeypatch.setenv(name, value)
-    bucket = f"conductor-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_url).create_bucket(Bucket=bucket)
+    bucket = fresh_bucket(moto_url, monkeypatch)
     return Settings(data_dir=tmp_path, s3_bucket=bucket, s3_endpoint_url=moto_url,
                     s3_prefix="runs/")
 
@@ -67,15 +49,6 @@ def store_settings(request: pytest.FixtureRequest) -> Settings:
 @pytest.fixture
 def store(store_settings: Settings) -> BlobStore:
     return blob_store(store_settings)
-
-
-def stored_objects(store: BlobStore) -> list[str]:
-    """Every object in the store, as keys (temporary files included, so leftovers show)."""
-    if isinstance(store, LocalBlobStore):
-        return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*") if p.is_file())
-    assert isinstance(store, S3BlobStore)
-    listing = store.client.list_objects_v2(Bucket=store.bucket)
-    return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
 # --- the content-addressed store ------------------------------------------------------------

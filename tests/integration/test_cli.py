@@ -11,11 +11,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conductor_engine.engine.settings import Settings
 
+from conductor_engine.engine.settings import Settings
 from tests.agent_server import Reply
+from tests.cli import one_line_error
 from tests.conftest import CONDUCTOR, free_port, make_pool, write_pool
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 
 def conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
@@ -24,13 +25,6 @@ def conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None =
         [*CONDUCTOR, *args], capture_output=True, text=True, input=stdin,
         env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout,
     )
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    return lines[0]
 
 
 def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(

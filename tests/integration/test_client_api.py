@@ -8,15 +8,15 @@ import time
 import uuid
 
 import pytest
+from temporalio.client import Client
+
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 
 async def test_cancel_stops_the_agent_call_and_records_a_cancelled_trace(

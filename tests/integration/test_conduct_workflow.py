@@ -7,17 +7,14 @@ import json
 import time
 
 import pytest
+from temporalio.client import Client
+
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
-
-
-def plan_json(*steps: tuple[str, str, object]) -> str:
-    return json.dumps({"steps": [{"agent": a, "subtask": s, "access": acc} for a, s, acc in steps]})
+from tests.plans import plan_json, self_calling_conductor
 
 
 async def test_plan_runs_as_a_dag_with_independent_steps_in_parallel(
@@ -156,17 +153,10 @@ async def test_a_hung_agent_is_bounded_by_the_step_deadline(
     assert 2 <= agent_server.calls("gpt") <= 4
 
 
-def _self_calling_conductor(prompt: str) -> str:
-    """Plans for the parent (a self-call then a summary) and for the child (one gpt step)."""
-    if "Task:\nFind the two numbers." in prompt:
-        return plan_json(("gpt", "Compute 2^10 and 10^3.", []))
-    return plan_json(("conductor", "Find the two numbers.", []), ("claude", "Compare.", "all"))
-
-
 async def test_a_step_given_to_the_conductor_runs_as_a_child_workflow(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings
 ) -> None:
-    agent_server.set_responder("conductor", _self_calling_conductor)
+    agent_server.set_responder("conductor", self_calling_conductor)
     agent_server.script("gpt", [Reply.ok("1024 and 1000")])
     agent_server.script("claude", [Reply.ok("1024 is larger")])
     async with running_worker(client, settings, make_pool(agent_server)):

@@ -5,11 +5,13 @@ bytes live in the blob store (a local directory, or S3 served by moto)."""
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
-import boto3
 import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, connect_temporal
 from conductor_engine.engine.settings import Settings
@@ -17,14 +19,10 @@ from conductor_engine.engine.storage.blobs import blob_store, ref_for
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.conduct import ConductWorkflow
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
-
 from tests.agent_server import AgentServer, Reply
+from tests.blob_stores import fresh_bucket, stored_objects
 from tests.conftest import make_pool, running_worker
-from tests.integration.test_blobs import AWS_ENV, moto_url, stored_objects  # noqa: F401  (a fixture)
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 MB = 1024 * 1024
 
@@ -75,13 +73,10 @@ async def test_a_5mb_agent_output_runs_through_a_whole_run(
 
 
 async def test_the_same_run_with_blobs_in_s3(
-    agent_server: AgentServer, settings: Settings, moto_url: str,  # noqa: F811
+    agent_server: AgentServer, settings: Settings, moto_url: str,
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    for name, value in AWS_ENV.items():
-        monkeypatch.setenv(name, value)
-    bucket = f"conductor-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_url).create_bucket(Bucket=bucket)
+    bucket = fresh_bucket(moto_url, monkeypatch)
     # a data_dir of its own, as a separate deployment would have (and so its own trace store)
     s3 = settings.model_copy(update={"s3_bucket": bucket, "s3_endpoint_url": moto_url,
                                      "data_dir": tmp_path})

@@ -4,14 +4,14 @@ answers every step, through the real Temporal dev server."""
 from __future__ import annotations
 
 import pytest
+from temporalio.client import Client
+
 from conductor_engine.engine.providers import local
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.conftest import running_worker
 
 pytestmark = pytest.mark.slow

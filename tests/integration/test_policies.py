@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from conductor_engine.activities.plan import PlanActivities
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
@@ -23,9 +24,8 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef
-
 from tests.agent_server import AgentServer
-from tests.integration.test_trace_store import make_trace
+from tests.traces import make_trace
 
 
 def _name() -> str:

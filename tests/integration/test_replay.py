@@ -13,17 +13,17 @@ import asyncio
 import json
 from pathlib import Path
 
+from temporalio.client import Client, WorkflowHistory
+from temporalio.worker import Replayer
+
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.conduct import ConductWorkflow
-from temporalio.client import Client, WorkflowHistory
-from temporalio.worker import Replayer
-
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -89,7 +89,6 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
     from conductor_engine.engine.runtime.client import connect_temporal
     from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
     from conductor_engine.engine.storage.database import EmbeddedPostgres
-
     from tests.agent_server import start_agent_server
     from tests.conftest import free_port
 

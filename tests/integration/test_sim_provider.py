@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conductor_engine.activities.agent import AgentActivities, AgentCallInput
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from conductor_engine.activities.agent import AgentActivities
+from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.providers import CompletionRequest, Message, TaskInfo, complete
 from conductor_engine.engine.providers import sim as sim_provider
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError, SimSettings
@@ -21,11 +25,8 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-from temporalio.testing import ActivityEnvironment
-
 from tests.conftest import make_pool, running_worker
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sim"
 

@@ -9,27 +9,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from temporalio import activity
+from temporalio.client import Client
+
 from conductor_engine.activities.record import RecordActivities
-from conductor_engine.engine.contracts.records import (
-    PlanAttempt,
-    RoundRecord,
-    RunResult,
-    StepRecord,
-)
-from conductor_engine.engine.rewards import Reward, RewardWeights, Verdict
+from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, RecordRequest, Trace
+from conductor_engine.engine.storage.traces import PolicyRef
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio import activity
-from temporalio.client import Client
-
 from tests.agent_server import Reply
 from tests.conftest import make_pool
-from tests.integration.test_conduct_workflow import _self_calling_conductor, plan_json
+from tests.plans import plan_json, self_calling_conductor
+from tests.traces import make_trace
 
 
 async def _fresh_database(postgres_url: str) -> str:
@@ -41,35 +36,6 @@ async def _fresh_database(postgres_url: str) -> str:
     finally:
         await conn.close()
     return postgres_url.replace("/postgres?", f"/{name}?")
-
-
-def make_trace(task_id: str, *, version: str = "v1", reward: float = 1.0,
-               finished: datetime | None = None, dataset: str = "bench",
-               output: str = "1024") -> Trace:
-    """A realistic 3-step trace, as a run of the default scheme would leave it."""
-    now = finished or datetime.now(UTC)
-    steps = [
-        StepRecord(round=0, index=i, agent=a, subtask=f"Subtask {i} of the plan.", access=acc,
-                   saw=list(range(i)) if acc == "all" else [], status="done",
-                   output=output if i == 2 else f"partial result {i} " * 20, model=a,
-                   seconds=1.5, attempts=1)
-        for i, (a, acc) in enumerate([("gpt", []), ("claude", []), ("gemini", "all")])
-    ]
-    attempt = PlanAttempt(attempt=1, raw_text='{"steps": [...]}' * 10, conductor_id="conductor",
-                          policy_version=version, token_ids=list(range(120)),
-                          logprobs=[-0.5] * 120)
-    wid = f"conduct-{task_id}-{uuid.uuid4().hex[:6]}"
-    result = RunResult(task_id=task_id, workflow_id=wid, run_id=str(uuid.uuid4()),
-                       answer=output, rounds=[RoundRecord(index=0, attempts=[attempt],
-                                                          steps=steps, answer=output)])
-    verdict = Verdict(verifier="math", correct=reward == 1.0, score=reward, reason="checked")
-    return Trace.from_run(
-        Task(id=task_id, question="Which is larger, 2^10 or 10^3?", reference="1024",
-             dataset=dataset, tags=["math", "easy"]),
-        result, policy=PolicyRef(name="conductor", version=version),
-        started_at=now - timedelta(seconds=5), finished_at=now,
-        reward=Reward(value=reward, verdict=verdict, reason="", weights=RewardWeights()),
-    )
 
 
 async def test_migrations_apply_to_an_empty_database_once_even_when_raced(
@@ -187,11 +153,12 @@ async def test_a_retried_record_activity_leaves_one_trace(
             if activity.info().attempt == 1:
                 raise RuntimeError("connection reset after commit")
 
+    from temporalio.worker import Worker
+
     from conductor_engine.activities.agent import AgentActivities
     from conductor_engine.activities.plan import PlanActivities
     from conductor_engine.activities.score import score
     from conductor_engine.workflows.conduct import ConductWorkflow
-    from temporalio.worker import Worker
 
     agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Compute 2^10.", [])))])
     agent_server.script("gpt", [Reply.ok("1024")])
@@ -223,9 +190,9 @@ async def test_a_self_call_and_a_refinement_round_read_back_whole(
 
     def conductor_model(prompt: str) -> str:
         if "Task:\nFind the two numbers." in prompt:
-            return _self_calling_conductor(prompt)
+            return self_calling_conductor(prompt)
         calls["n"] += 1
-        return _self_calling_conductor(prompt) if calls["n"] == 1 else '{"steps": []}'
+        return self_calling_conductor(prompt) if calls["n"] == 1 else '{"steps": []}'
 
     agent_server.set_responder("conductor", conductor_model)
     agent_server.script("gpt", [Reply.ok("1024 and 1000")])

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
@@ -16,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client, WorkflowHandle
+
+from conductor_engine.engine.contracts.names import training_workflow_id
 from conductor_engine.engine.contracts.training import (
     LossConfig,
     PolicyConfig,
     Recipe,
     RolloutConfig,
 )
-from conductor_engine.engine.providers import local
+from conductor_engine.engine.providers.local import batching
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
@@ -31,15 +33,8 @@ from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.engine.tasks.model import Task
 from conductor_engine.trainer.service import build_trainer_worker
-from conductor_engine.workflows.train import (
-    TrainingWorkflow,
-    TrainInput,
-    TrainProgress,
-    training_workflow_id,
-)
-from temporalio.client import Client, WorkflowHandle
-
-from tests.conftest import running_worker
+from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
+from tests.conftest import CONDUCTOR, running_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_POOL = ROOT / "examples" / "sim" / "pool.toml"
@@ -133,7 +128,7 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
                                scale_rewards=False),
     )
     # an iteration's 64 plans in one batch: a tiny model costs little more for 64 rows than 16
-    monkeypatch.setattr(local._queue, "max_batch", 64)
+    monkeypatch.setattr(batching.queue, "max_batch", 64)
     inp = TrainInput(name=f"learn-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
                      tasks=tasks, iterations=20, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue)
@@ -186,8 +181,9 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
         assert all(r.rounds[0].attempts[0].policy_version == "base" for r in results)
         # the stored trace says which plan tokens the grammar forced, and the trainer's sample
         # leaves exactly those out of the loss
-        from conductor_engine.trainer.rollouts import attempt_sample, deciding_attempts
         from transformers import AutoTokenizer
+
+        from conductor_engine.trainer.rollouts import attempt_sample, deciding_attempts
 
         stored = await trace_store.get(ids[0])
         assert stored is not None
@@ -220,9 +216,9 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
     assert nxt.rounds[0].attempts[0].policy_version == "v1"
     trace = await trace_store.get(nxt.workflow_id)
     assert trace is not None and trace.policy.version == "v1"
-    from conductor_engine.engine.providers import local
+    from conductor_engine.engine.providers.local.model import loaded_models
 
-    assert any(k.startswith(f"{smollm2_model_dir}@") for k in local._models), "adapter applied"
+    assert any(k.startswith(f"{smollm2_model_dir}@") for k in loaded_models), "adapter applied"
 
 
 def trainer_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
@@ -233,7 +229,7 @@ def trainer_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
            "CONDUCTOR_TRAINER_TASK_QUEUE": settings.trainer_task_queue,
            "CONDUCTOR_LOG_LEVEL": "info"}
     return subprocess.Popen(
-        [sys.executable, "-c", "from engine.cli import main; main()", "trainer"],
+        [*CONDUCTOR, "trainer"],
         env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.client import Client
+
 from conductor_engine.activities.plan import PlanActivities
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
@@ -21,11 +23,9 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry, PolicyVersion
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from temporalio.client import Client
-
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 
 async def _publish_v1(store: TraceStore, name: str) -> PolicyVersion:

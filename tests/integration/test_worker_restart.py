@@ -13,10 +13,9 @@ from pathlib import Path
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.model import Task
-
 from tests.agent_server import Reply
 from tests.conftest import CONDUCTOR, make_pool, write_pool
-from tests.integration.test_conduct_workflow import plan_json
+from tests.plans import plan_json
 
 
 def start_worker(settings: Settings, pool_file: Path, log: Path) -> subprocess.Popen[bytes]:

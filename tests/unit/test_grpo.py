@@ -5,7 +5,6 @@ gradient accumulation, checkpoint and optimiser round trips, and that training l
 from __future__ import annotations
 
 import dataclasses
-import random
 import statistics
 from pathlib import Path
 from typing import Any
@@ -26,66 +25,7 @@ from conductor_engine.trainer.grpo import (  # noqa: E402
     per_token_logprobs,
     train_step,
 )
-
-# A word-level vocabulary: w0 .. w60, then padding, end of turn, unknown.
-PAD, EOS, VOCAB = 61, 62, 64
-
-
-def tiny_tokenizer() -> Any:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast
-
-    words = {f"w{i}": i for i in range(PAD)} | {"<pad>": PAD, "<eos>": EOS, "<unk>": VOCAB - 1}
-    tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>")
-
-
-def tiny_model(seed: int = 0, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2) -> Any:
-    """A random Llama with tied embeddings (as SmolLM2 and Qwen2.5-0.5B), float32, seeded."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).float()
-
-
-def tiny_model_dir(out: Path, seed: int = 0) -> Path:
-    tiny_model(seed).save_pretrained(out)
-    tiny_tokenizer().save_pretrained(out)
-    return out
-
-
-def random_samples(n: int, seed: int = 0, *, old: bool | None = None, truncated: int = 0,
-                   zero: int = 0, groups: int = 0, completion_len: tuple[int, int] = (2, 9)
-                   ) -> list[Sample]:
-    """n samples of varied prompt and completion lengths; advantages of both signs (the first
-    `zero` are 0); behaviour log-probs on every row (old=True), none (False) or every other
-    row (None); the last `truncated` samples truncated. With `groups`, sample i has the prompt
-    of group i % groups, as GRPO groups do; otherwise every prompt is its own."""
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(PAD) for _ in range(rng.randint(3, 8))] for _ in range(groups)]
-    out = []
-    for i in range(n):
-        completion = [rng.randrange(PAD) for _ in range(rng.randint(*completion_len))]
-        has_old = old if old is not None else i % 2 == 0
-        out.append(Sample(
-            prompt_ids=prompts[i % groups] if groups else
-            [rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
-            completion_ids=completion,
-            advantage=0.0 if i < zero else rng.choice([-1, 1]) * rng.uniform(0.3, 1.5),
-            behaviour_logprobs=[rng.uniform(-6.0, -2.0) for _ in completion] if has_old else None,
-            truncated=i >= n - truncated,
-        ))
-    return out
+from tests.grpo_inputs import EOS, PAD, random_samples, tiny_model, tiny_model_dir  # noqa: E402
 
 
 class GradRecorder(torch.optim.SGD):  # type: ignore[misc,name-defined]
@@ -254,10 +194,13 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, bet
     samples = random_samples(7, seed=1, truncated=1, zero=1, groups=groups)
     cfg = LossConfig.model_validate(dict(loss_type=loss_type, beta=beta, mask_truncated=True,
                                          epsilon_high=0.28, max_completion_length=16))
-    ref = tiny_model(seed=7) if beta else None
+    # in float64: what is compared is the accumulation's arithmetic, not float32's rounding
+    # (summed in another order, a near-zero gradient element of the float32 model moved by
+    # 1.5e-6, over the tolerance; in float64 the largest difference is about 2e-8)
+    ref = tiny_model(seed=7).double() if beta else None
 
     # the whole batch in one pass, written out by hand
-    model = tiny_model()
+    model = tiny_model().double()
     batch = collate(samples, PAD)
     ref_logp = per_token_logprobs(ref, batch).detach() if ref is not None else None
     loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg, ref_logprobs=ref_logp)
@@ -265,7 +208,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, bet
     full = [p.grad for p in model.parameters()]
 
     for micro in (1, 3):
-        model = tiny_model()
+        model = tiny_model().double()
         recorder = GradRecorder(model.parameters())
         step = train_step(model, recorder, samples,
                           cfg.model_copy(update={"micro_batch_size": micro, "max_grad_norm": 1e9}),

@@ -24,19 +24,21 @@ pytest.importorskip("datasets", reason="TRL's GRPOTrainer needs the datasets pac
 
 from conductor_engine.engine.contracts.training import LossConfig  # noqa: E402
 from conductor_engine.trainer.grpo import Sample, collate, grpo_loss, per_token_logprobs  # noqa: E402
-
+from tests.grpo_inputs import (  # noqa: E402
+    PAD,
+    random_samples,
+    tiny_model,
+    tiny_model_dir,
+    tiny_tokenizer,
+)
 from tests.trl_inputs import trl_inputs  # noqa: E402
-from tests.unit.test_grpo import PAD, random_samples, tiny_model, tiny_tokenizer  # noqa: E402
 
 SAMPLES = 6
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model().save_pretrained(out)
-    tiny_tokenizer().save_pretrained(out)
-    return out
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def no_reward(completions: list[Any], **_: Any) -> list[float | None]:

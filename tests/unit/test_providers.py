@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from conductor_engine.engine.providers import AgentCallError, CompletionRequest, Message, complete
 from conductor_engine.engine.providers import errors as E
 from conductor_engine.engine.providers.pool import AgentSpec
-
 from tests.agent_server import AgentServer, Reply
 
 PROVIDERS = ["openai", "anthropic", "google"]

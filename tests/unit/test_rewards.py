@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from conductor_engine.engine.rewards import (
     VERIFIERS,
     RewardWeights,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conductor_engine.engine.tasks.files import (
     TaskFileError,
     derived_id,

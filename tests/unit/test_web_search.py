@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conductor_engine.activities.agent import AgentActivities, AgentCallInput
+from temporalio.testing import ActivityEnvironment
+
+from conductor_engine.activities.agent import AgentActivities
+from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.records import AgentReply, StepRecord
 from conductor_engine.engine.providers import (
     AgentCallError,
@@ -34,8 +37,6 @@ from conductor_engine.engine.providers.pool import (
     WebSearch,
 )
 from conductor_engine.engine.tasks.files import load_jsonl
-from temporalio.testing import ActivityEnvironment
-
 from tests.agent_server import AgentServer, Reply
 
 PROVIDERS = ["openai", "anthropic", "google"]

@@ -1,0 +1,126 @@
+"""The layers hold: workflows -> activities -> engine, trainer -> engine, and only the runtime at
+the engine's edge (engine/runtime/) imports workflows, activities or trainer. No import cycles.
+
+Read from the source with `ast`, so every import counts: module level, inside functions (the
+lazy imports that keep torch out of light processes) and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "conductor_engine"
+FOLDERS = ("engine", "activities", "workflows", "trainer")
+RUNTIME = f"{NAMESPACE}.engine.runtime"
+# The edge: the runtime, and `python -m conductor_engine.engine`, which only calls into it.
+EDGE = (RUNTIME, f"{NAMESPACE}.engine.__main__")
+# Within the edge, only what assembles processes (worker, client, CLI) reaches the layers above;
+# the audit tools (history, resume) read the contracts like everyone else.
+ASSEMBLY = tuple(f"{RUNTIME}.{m}" for m in ("worker", "client", "cli"))
+ABOVE = tuple(f"{NAMESPACE}.{f}" for f in ("activities", "workflows", "trainer"))
+
+# What each layer must never import (by module prefix).
+FORBIDDEN = {
+    f"{NAMESPACE}.engine": (f"{NAMESPACE}.activities", f"{NAMESPACE}.workflows",
+                            f"{NAMESPACE}.trainer", RUNTIME),
+    f"{NAMESPACE}.activities": (f"{NAMESPACE}.workflows", f"{NAMESPACE}.trainer", RUNTIME),
+    f"{NAMESPACE}.workflows": (f"{NAMESPACE}.trainer", RUNTIME),
+    f"{NAMESPACE}.trainer": (f"{NAMESPACE}.activities", f"{NAMESPACE}.workflows", RUNTIME),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([NAMESPACE, *parts])
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """Every module `name` imports, resolved to a module of ours where it names one."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield (sub if sub in MODULES else base), node.lineno
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {m for m, _ in _imports(name, path) if m in MODULES}
+            for name, path in MODULES.items()}
+
+
+def test_the_import_reader_sees_the_whole_package() -> None:
+    # A guard on the test itself: were the walk to find nothing, every check below would pass.
+    assert f"{NAMESPACE}.workflows.conduct" in MODULES and len(MODULES) > 40
+    assert f"{NAMESPACE}.activities.plan" in _graph()[f"{NAMESPACE}.engine.runtime.worker"]
+
+
+def test_no_code_imports_the_folders_by_their_generic_top_level_names() -> None:
+    files = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}"
+           for p in files for m, line in _imports(_module_name(p) if p in MODULES.values()
+                                                 else "tests", p)
+           if m.split(".")[0] in FOLDERS]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_layer_imports_only_what_is_below_it(layer: str) -> None:
+    bad = []
+    for name, path in MODULES.items():
+        if not name.startswith(layer) or name.startswith(EDGE):
+            continue
+        for target, line in _imports(name, path):
+            if any(target == f or target.startswith(f + ".") for f in FORBIDDEN[layer]):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_within_the_runtime_only_process_assembly_imports_the_layers_above() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+           for name, path in MODULES.items()
+           if name.startswith(RUNTIME) and not name.startswith(ASSEMBLY)
+           for target, line in _imports(name, path) if target.startswith(ABOVE)]
+    assert not bad, "\n".join(bad)
+
+
+def test_there_is_no_import_cycle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 on the current path, 2 finished
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)

@@ -1,0 +1,73 @@
+"""What `pip install` puts into site-packages: one distinctive namespace, nothing generic.
+
+The repository's folders are called engine/, activities/, workflows/ and trainer/; installed
+under those names they would collide with other packages (`workflows` is llama-index-workflows'
+import name, `trainer` Coqui's). The wheel built here is the one pip would install.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("engine", "activities", "workflows", "trainer")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # A copy of the tree, so the build's scratch folders never land in the checkout.
+    src = out / "src"
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others",
+                            "--exclude-standard"], check=True, capture_output=True,
+                           text=True).stdout.splitlines()
+    for name in files:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_bytes((ROOT / name).read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out), str(src)], check=True, capture_output=True)
+    (built,) = out.glob("conductor_engine-*.whl")
+    return built
+
+
+def test_the_wheel_installs_one_namespace_and_no_generic_top_level_name(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"conductor_engine"}
+    # every source file and the data files the engine reads at run time are in it
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            assert f"conductor_engine/{path.relative_to(ROOT).as_posix()}" in names, path
+    assert "conductor_engine/engine/providers/pools/default.toml" in names
+    assert "conductor_engine/engine/storage/migrations/001_traces.sql" in names
+
+
+def test_the_installed_project_imports_beside_modules_named_like_its_folders(
+    wheel: Path, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True)
+    others = tmp_path / "others"
+    others.mkdir()
+    for folder in FOLDERS:  # someone else's packages with the generic names
+        (others / f"{folder}.py").write_text(f"OWNER = 'not the conductor engine: {folder}'\n")
+    probe = (
+        "import conductor_engine.engine.runtime.worker, conductor_engine.trainer.service\n"
+        "import conductor_engine.engine as e, engine, workflows, activities, trainer\n"
+        f"assert e.__file__.startswith({str(site)!r}), e.__file__\n"
+        "assert all(m.OWNER.startswith('not the') for m in (engine, workflows, activities,"
+        " trainer))\n"
+        "from conductor_engine.engine.providers.pool import Pool\n"
+        "assert Pool.load().conductor.id\n"  # the shipped pool file came along
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": f"{site}:{others}"})
+    assert proc.returncode == 0, proc.stderr
