@@ -1,38 +1,17 @@
-"""A run's audit trail, read from its Temporal history alone.
-
-The trace store answers "what happened" for finished runs that reached their record activity.
-History answers it for every run, also a running one, one that failed before it could be
-recorded, or one whose trace database is gone: every activity's input and result is in it. So
-`step_trail` rebuilds, from the events and nothing else, what each step was asked, what it could
-see, what it answered, what it cost, and how each attempt failed. Payloads go through the
-client's data converter, which also fetches the payloads that were kept in the blob store.
-
-What history cannot say: Temporal writes an activity's attempts as one started event (carrying
-the final attempt number and the failure of the attempt before it) and one closing event. So a
-step that failed three times and then succeeded shows attempts 3 and the error of attempt 2;
-the error of attempt 1 is not in history (the worker's log has it). While an activity is still
-retrying, the server's pending-activity record gives its attempt and last failure, and the trail
-includes them.
-
-It reads the activities' input models and names from engine/contracts, not the activities.
-"""
+"""From grouped events to a Trail: every activity's input and outcome decoded through the
+client's data converter (which also fetches payloads kept in the blob store)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
 
-from pydantic import BaseModel, Field
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflow.v1 import PendingActivityInfo
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, FailureError, TimeoutError
-from temporalio.service import RPCError
 
 from conductor_engine.engine.contracts.activities import (
     AgentCallInput,
@@ -47,263 +26,27 @@ from conductor_engine.engine.contracts.names import (
     parse_self_call_id,
 )
 from conductor_engine.engine.contracts.records import AgentReply, PlanAttempt, RunResult
-from conductor_engine.engine.plan.language import Access, Plan
-from conductor_engine.engine.providers.base import Usage
+from conductor_engine.engine.plan.language import Plan
 from conductor_engine.engine.rewards import Reward
-from conductor_engine.engine.tasks.model import Task, VisibleStep
-
-ExecutionStatus = Literal[
-    "running", "completed", "failed", "cancelled", "terminated", "timed_out", "continued_as_new"
-]
-StepStatus = Literal["pending", "running", "done", "failed", "cancelled"]
-
-_CLOSE = {
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "cancelled",
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed_out",
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW: "continued_as_new",
-}
-
-
-class HistoryError(RuntimeError):
-    """A run's history cannot be read (no such run, or a payload that cannot be decoded)."""
-
-
-# --- the trail ------------------------------------------------------------------------------
-
-
-class AttemptError(BaseModel):
-    """How one attempt of an activity (or a self-call child) failed."""
-
-    attempt: int | None = Field(description="the attempt number, None where history omits it")
-    message: str
-    type: str | None = Field(default=None, description="the error's type, or the timeout kind")
-    non_retryable: bool = False
-
-
-class TrailStep(BaseModel):
-    round: int
-    index: int = Field(description="0-based, as in plans and traces")
-    agent: str
-    subtask: str
-    question: str = Field(default="", description="the task's question, as the agent got it")
-    access: Access | None = None
-    saw: list[int] = Field(default_factory=list)
-    visible: list[VisibleStep] = Field(
-        default_factory=list, description="the earlier steps the agent was shown, with outputs"
-    )
-    status: StepStatus = "pending"
-    output: str | None = None
-    model: str = ""
-    usage: Usage = Field(default_factory=Usage)
-    cost_usd: float = 0.0
-    seconds: float = Field(default=0.0, description="scheduled to closed, all attempts")
-    attempts: int = 0
-    errors: list[AttemptError] = Field(default_factory=list)
-    child_workflow_id: str | None = None
-    scheduled_event_id: int | None = None
-    scheduled_by_event_id: int | None = Field(
-        default=None, description="the WorkflowTaskCompleted event whose commands scheduled it"
-    )
-    started_event_id: int | None = None
-    closed_event_id: int | None = None
-
-    @property
-    def number(self) -> str:
-        return f"{self.index + 1}"
-
-
-class TrailPlanAttempt(BaseModel):
-    round: int
-    attempt: int
-    status: StepStatus = "running"
-    raw_text: str | None = None
-    plan: Plan | None = None
-    error: str | None = Field(default=None, description="why the plan was rejected")
-    usage: Usage = Field(default_factory=Usage)
-    cost_usd: float = 0.0
-    conductor_id: str = ""
-    policy_version: str = ""
-    attempts: int = Field(default=0, description="activity attempts (calls of the conductor)")
-    errors: list[AttemptError] = Field(default_factory=list)
-    scheduled_event_id: int | None = None
-    scheduled_by_event_id: int | None = None
-    started_event_id: int | None = None
-    closed_event_id: int | None = None
-
-
-class TrailRound(BaseModel):
-    index: int
-    plan_attempts: list[TrailPlanAttempt] = Field(default_factory=list)
-    plan: Plan | None = None
-    steps: list[TrailStep] = Field(default_factory=list)
-
-
-class ResetRecord(BaseModel):
-    """This run began as a reset of another run (a resume)."""
-
-    base_run_id: str
-    event_id: int = Field(description="the WorkflowTaskFailed event that marks the reset")
-    reason: str
-
-
-class Trail(BaseModel):
-    """Everything history says about one run, step by step."""
-
-    workflow_id: str
-    run_id: str
-    status: ExecutionStatus
-    task: Task | None = None
-    run_status: str | None = Field(
-        default=None, description="the engine's status: completed, invalid_plan, failed, ..."
-    )
-    answer: str | None = None
-    error: str | None = None
-    reward: Reward | None = None
-    rounds: list[TrailRound] = Field(default_factory=list)
-    self_calls: list[str] = Field(default_factory=list, description="child workflow ids")
-    reset: ResetRecord | None = None
-    usage: Usage = Field(default_factory=Usage)
-    cost_usd: float = 0.0
-    started_at: datetime | None = None
-    closed_at: datetime | None = None
-    events: int = 0
-
-    @property
-    def steps(self) -> list[TrailStep]:
-        return [s for r in self.rounds for s in r.steps]
-
-    @property
-    def plan_attempts(self) -> list[TrailPlanAttempt]:
-        return [a for r in self.rounds for a in r.plan_attempts]
-
-
-# --- reading history ------------------------------------------------------------------------
-
-
-@dataclass
-class ActivityEvents:
-    """One scheduled activity and what became of it, before decoding."""
-
-    type: str
-    activity_id: str
-    scheduled: HistoryEvent
-    started: HistoryEvent | None = None
-    closed: HistoryEvent | None = None
-    cancel_requested: bool = False
-    pending: PendingActivityInfo | None = None
-
-
-@dataclass
-class ChildEvents:
-    workflow_id: str
-    initiated: HistoryEvent
-    closed: HistoryEvent | None = None
-
-
-@dataclass
-class RunEvents:
-    """The events that matter, grouped by what they belong to."""
-
-    started: HistoryEvent | None = None
-    closed: HistoryEvent | None = None
-    reset: HistoryEvent | None = None
-    activities: dict[int, ActivityEvents] = field(default_factory=dict)
-    children: dict[int, ChildEvents] = field(default_factory=dict)
-    workflow_task_completed: list[int] = field(default_factory=list)
-    count: int = 0
-
-
-def _activity_event_owner(event: HistoryEvent) -> tuple[str, int] | None:
-    """(role, scheduled event id) for an activity event that closes or starts an activity."""
-    for role, attr in (
-        ("started", "activity_task_started_event_attributes"),
-        ("closed", "activity_task_completed_event_attributes"),
-        ("closed", "activity_task_failed_event_attributes"),
-        ("closed", "activity_task_timed_out_event_attributes"),
-        ("closed", "activity_task_canceled_event_attributes"),
-        ("cancel", "activity_task_cancel_requested_event_attributes"),
-    ):
-        if event.HasField(attr):  # type: ignore[arg-type]
-            return role, getattr(event, attr).scheduled_event_id
-    return None
-
-
-_CHILD_CLOSE_ATTRS = (
-    "child_workflow_execution_completed_event_attributes",
-    "child_workflow_execution_failed_event_attributes",
-    "child_workflow_execution_timed_out_event_attributes",
-    "child_workflow_execution_canceled_event_attributes",
-    "child_workflow_execution_terminated_event_attributes",
-    "start_child_workflow_execution_failed_event_attributes",
+from conductor_engine.engine.runtime.history.events import (
+    CHILD_CLOSE_ATTRS,
+    CLOSE_STATUS,
+    ActivityEvents,
+    ChildEvents,
+    RunEvents,
+    fetch_events,
 )
-
-
-def group_events(events: Sequence[HistoryEvent]) -> RunEvents:
-    out = RunEvents(count=len(events))
-    for e in events:
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            out.started = e
-        elif e.event_type in _CLOSE:
-            out.closed = e
-        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
-            out.workflow_task_completed.append(e.event_id)
-        elif (e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-              and e.workflow_task_failed_event_attributes.cause
-              == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW):
-            out.reset = e
-        elif e.HasField("activity_task_scheduled_event_attributes"):
-            a = e.activity_task_scheduled_event_attributes
-            out.activities[e.event_id] = ActivityEvents(a.activity_type.name, a.activity_id, e)
-        elif e.HasField("start_child_workflow_execution_initiated_event_attributes"):
-            c = e.start_child_workflow_execution_initiated_event_attributes
-            out.children[e.event_id] = ChildEvents(c.workflow_id, e)
-        elif (owner := _activity_event_owner(e)) is not None:
-            role, scheduled_id = owner
-            act = out.activities.get(scheduled_id)
-            if act is None:
-                continue
-            if role == "started":
-                act.started = e
-            elif role == "closed":
-                act.closed = e
-            else:
-                act.cancel_requested = True
-        else:
-            for attr in _CHILD_CLOSE_ATTRS:
-                if e.HasField(attr):  # type: ignore[arg-type]
-                    child = out.children.get(getattr(e, attr).initiated_event_id)
-                    if child is not None:
-                        child.closed = e
-    return out
-
-
-async def fetch_events(
-    client: Client, workflow_id: str, run_id: str | None = None
-) -> tuple[str, RunEvents]:
-    """The run's grouped events and its run id (the latest run unless one is given). The run
-    is described first, so a resume that starts a new run meanwhile cannot mix two runs; for a
-    running workflow the description also gives its activities' current attempts."""
-    try:
-        desc = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
-        history: WorkflowHistory = await client.get_workflow_handle(
-            workflow_id, run_id=desc.run_id).fetch_history()
-    except RPCError as e:
-        raise HistoryError(f"no run {workflow_id!r}"
-                           + (f" with run id {run_id}" if run_id else "")
-                           + f" in namespace {client.namespace}: {e.message}") from e
-    events = group_events(history.events)
-    if events.closed is None:
-        by_id = {a.activity_id: a for a in events.activities.values()}
-        for pending in desc.raw_description.pending_activities:
-            if (act := by_id.get(pending.activity_id)) is not None:
-                act.pending = pending
-    return desc.run_id, events
-
-
-# --- decoding -------------------------------------------------------------------------------
+from conductor_engine.engine.runtime.history.trail import (
+    AttemptError,
+    HistoryError,
+    ResetRecord,
+    StepStatus,
+    Trail,
+    TrailPlanAttempt,
+    TrailRound,
+    TrailStep,
+)
+from conductor_engine.engine.tasks.model import Task
 
 
 async def _decode(dc: DataConverter, payloads: Any, type_: type[Any], what: str) -> Any:
@@ -527,7 +270,7 @@ class _Builder:
                 step.output, step.model, step.status = res.answer, "self-call", "done"
                 step.attempts = step.attempts or 1
             return
-        for attr in _CHILD_CLOSE_ATTRS:
+        for attr in CHILD_CLOSE_ATTRS:
             if closed.HasField(attr):  # type: ignore[arg-type]
                 failure = getattr(getattr(closed, attr), "failure", None)
                 message = failure.message if failure is not None and failure.message else (
@@ -543,7 +286,7 @@ class _Builder:
             self.reward = self.reward or res.reward
         if ev is None:
             return
-        trail.status = _CLOSE[ev.event_type]  # type: ignore[assignment]
+        trail.status = CLOSE_STATUS[ev.event_type]  # type: ignore[assignment]
         trail.closed_at = ev.event_time.ToDatetime(tzinfo=UTC)
         if ev.HasField("workflow_execution_completed_event_attributes"):
             res = await _decode(self.dc, ev.workflow_execution_completed_event_attributes.result,
