@@ -1,8 +1,23 @@
-"""The `conductor` command's errors as tests expect them."""
+"""The `conductor` command as tests run it: a subprocess of this interpreter, and the one-line
+errors it must give."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+
+# The `conductor` command, from this interpreter (no reliance on PATH).
+CONDUCTOR = [sys.executable, "-m", "conductor_engine.engine"]
+
+
+def run_conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+                  timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`conductor ARGS...` to completion, output captured, at a width that keeps tables whole."""
+    return subprocess.run(
+        [*CONDUCTOR, *args], capture_output=True, text=True, input=stdin,
+        env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -25,9 +24,6 @@ from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
-
-# The `conductor` command as a subprocess, from this interpreter (no reliance on PATH).
-CONDUCTOR = [sys.executable, "-m", "conductor_engine.engine"]
 
 
 def free_port() -> int:

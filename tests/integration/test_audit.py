@@ -5,8 +5,6 @@ alone agrees with the recorded trace, and the CLI does both."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import time
 import uuid
 
@@ -20,8 +18,8 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import Reply
-from tests.cli import one_line_error
-from tests.conftest import CONDUCTOR, make_pool, running_worker
+from tests.cli import one_line_error, run_conductor
+from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json, self_calling_conductor
 
 CHAIN = plan_json(
@@ -30,13 +28,6 @@ CHAIN = plan_json(
     ("gemini", "Give the final answer.", "all"),
 )
 
-
-def conductor_cli(*args: str, env: dict[str, str], stdin: str | None = None
-                  ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CONDUCTOR, *args], capture_output=True, text=True, input=stdin,
-        env={**os.environ, "COLUMNS": "200", **env}, timeout=120,
-    )
 
 
 def _script_chain(agent_server, claude: list[Reply]) -> None:
@@ -242,19 +233,19 @@ async def test_cli_history_and_resume(
     env = _env(settings)
     async with running_worker(client, settings, make_pool(agent_server)):
         wid = await _fail(conductor, Task(question="q"))
-        shown = await asyncio.to_thread(conductor_cli, "history", wid, "--json", env=env)
+        shown = await asyncio.to_thread(run_conductor, "history", wid, "--json", env=env)
         assert shown.returncode == 0, shown.stderr
         trail = Trail.model_validate_json(shown.stdout)
         assert trail.status == "failed" and [s.status for s in trail.steps] == [
             "done", "failed", "pending"]
-        table = await asyncio.to_thread(conductor_cli, "history", wid, env=env)
+        table = await asyncio.to_thread(run_conductor, "history", wid, env=env)
         assert "invalid x-api-key" in table.stdout and "Compute 10^3" in table.stdout
 
         agent_server.script("claude", [Reply.ok("1000")])
-        declined = await asyncio.to_thread(conductor_cli, "resume", wid, env=env, stdin="n\n")
+        declined = await asyncio.to_thread(run_conductor, "resume", wid, env=env, stdin="n\n")
         assert declined.returncode == 1 and "Reset 1 run(s)?" in declined.stdout
         assert (await step_trail(client, wid)).run_id == trail.run_id, "nothing was reset"
-        proc = await asyncio.to_thread(conductor_cli, "resume", wid, "--yes", env=env)
+        proc = await asyncio.to_thread(run_conductor, "resume", wid, "--yes", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "kept" in proc.stdout and "step 1 (gpt)" in proc.stdout
         assert f"temporal workflow reset --namespace default --workflow-id {wid}" in proc.stdout
@@ -262,7 +253,7 @@ async def test_cli_history_and_resume(
     assert res.status == "completed" and res.run_id in proc.stdout
     assert settings.workflow_url(wid, res.run_id) in proc.stdout
     assert agent_server.calls("gpt") == 1
-    again = await asyncio.to_thread(conductor_cli, "resume", wid, "--yes", env=env)
+    again = await asyncio.to_thread(run_conductor, "resume", wid, "--yes", env=env)
     assert one_line_error(again) == f"error: run {wid} is completed; nothing to resume"
 
 
@@ -282,7 +273,7 @@ async def test_resume_a_batch_resets_its_failed_runs(
             await asyncio.sleep(0.3)
 
         agent_server.script("claude", [Reply.ok("1000")])
-        proc = await asyncio.to_thread(conductor_cli, "resume", "--batch", batch, "--yes",
+        proc = await asyncio.to_thread(run_conductor, "resume", "--batch", batch, "--yes",
                                        env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         results = [await conductor.result(wid) for wid in failed]

@@ -17,7 +17,8 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from tests.conftest import CONDUCTOR, make_pool, running_worker
+from tests.cli import CONDUCTOR
+from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json
 
 N = 200

@@ -14,17 +14,9 @@ import pytest
 
 from conductor_engine.engine.settings import Settings
 from tests.agent_server import Reply
-from tests.cli import one_line_error
-from tests.conftest import CONDUCTOR, free_port, make_pool, write_pool
+from tests.cli import CONDUCTOR, one_line_error, run_conductor
+from tests.conftest import free_port, make_pool, write_pool
 from tests.plans import plan_json
-
-
-def conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-              timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CONDUCTOR, *args], capture_output=True, text=True, input=stdin,
-        env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=timeout,
-    )
 
 
 def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
@@ -40,7 +32,7 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
     env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "CONDUCTOR_EMBEDDED_PORT": str(port),
            "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port), "CONDUCTOR_POOL_FILE": str(pool)}
     try:
-        proc = conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1",
+        proc = run_conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1",
                          "--reference", "1024", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "reward: 1 (" in proc.stdout
@@ -53,31 +45,31 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/", timeout=10) as r:
             assert r.status == 200
         # and the run can be read back by id
-        res = conductor("result", "conduct-cli-1", "--json", env=env)
+        res = run_conductor("result", "conduct-cli-1", "--json", env=env)
         assert json.loads(res.stdout)["answer"].startswith("2^10 = 1024")
-        st = conductor("status", "conduct-cli-1", env=env)
+        st = run_conductor("status", "conduct-cli-1", env=env)
         assert "completed" in st.stdout
         # the trace is in the embedded PostgreSQL, readable with `conductor traces`
-        shown = conductor("traces", "show", "conduct-cli-1", env=env)
+        shown = run_conductor("traces", "show", "conduct-cli-1", env=env)
         assert shown.returncode == 0, shown.stderr
         assert "reward: 1 (" in shown.stdout and "Say which is larger." in shown.stdout
-        listed = conductor("traces", "list", "--min-reward", "1", "--json", env=env)
+        listed = run_conductor("traces", "list", "--min-reward", "1", "--json", env=env)
         [row] = [json.loads(line) for line in listed.stdout.splitlines()]
         assert row["workflow_id"] == "conduct-cli-1" and row["reward"] == 1.0
-        missing = conductor("traces", "show", "conduct-nope", env=env)
+        missing = run_conductor("traces", "show", "conduct-nope", env=env)
         assert "no trace of 'conduct-nope'" in one_line_error(missing)
     finally:
-        down = conductor("down", env=env)
+        down = run_conductor("down", env=env)
     assert down.stdout.strip() == "stopped Temporal and PostgreSQL"
 
 
 def test_a_malformed_pool_file_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "pool.toml"
     bad.write_text('[conductor]\nid = "c"\nprovider = "nope"\nmodel = "m"\n')
-    line = one_line_error(conductor("pool", "show", "--pool", str(bad)))
+    line = one_line_error(run_conductor("pool", "show", "--pool", str(bad)))
     assert "pool file" in line and "conductor.provider" in line
     bad.write_text("this is = = not toml")
-    assert "is not valid TOML" in one_line_error(conductor("pool", "show", "--pool", str(bad)))
+    assert "is not valid TOML" in one_line_error(run_conductor("pool", "show", "--pool", str(bad)))
 
 
 def test_a_key_in_a_pool_file_is_refused(tmp_path: Path) -> None:
@@ -85,22 +77,22 @@ def test_a_key_in_a_pool_file_is_refused(tmp_path: Path) -> None:
     bad.write_text('[conductor]\nid = "c"\nprovider = "openai"\nmodel = "m"\n'
                    'api_key_env = "sk-live-123"\n[[agents]]\nid="a"\nprovider="local"\nmodel="m"\n')
     assert "NAME of an environment variable" in one_line_error(
-        conductor("pool", "show", "--pool", str(bad)))
+        run_conductor("pool", "show", "--pool", str(bad)))
 
 
 def test_an_unreachable_temporal_is_a_one_line_error() -> None:
     env = {"CONDUCTOR_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
-    line = one_line_error(conductor("submit", "hello", env=env, timeout=60))
+    line = one_line_error(run_conductor("submit", "hello", env=env, timeout=60))
     assert "cannot reach Temporal at 127.0.0.1" in line
 
 
 def test_plan_check_prints_the_plan_or_the_reason(tmp_path: Path) -> None:
     good = 'model_id = [0, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]'
-    proc = conductor("plan", "check", "--pool-size", "2", stdin=good)
+    proc = run_conductor("plan", "check", "--pool-size", "2", stdin=good)
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["steps"][1] == {"agent": "1", "subtask": "b", "access": "all"}
     bad = 'model_id = ["gpt-4"]\nsubtasks = ["a"]\naccess_list = [[]]'
-    line = one_line_error(conductor("plan", "check", "-", stdin=bad))
+    line = one_line_error(run_conductor("plan", "check", "-", stdin=bad))
     assert "unknown agent 'gpt-4'" in line
 
 
@@ -139,7 +131,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_pat
         for line in up.stderr:  # wait until the worker polls
             if "worker polling" in line:
                 break
-        proc = conductor("run", "q", "--no-worker", "--json", env=env)
+        proc = run_conductor("run", "q", "--no-worker", "--json", env=env)
         assert json.loads(proc.stdout)["answer"] == "served by up", proc.stderr
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=30) == 0, up.stderr.read()
@@ -151,15 +143,15 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_pat
 
 
 def test_tasks_check_counts_good_lines_and_names_bad_ones(tmp_path: Path, repo_root: Path) -> None:
-    shipped = conductor("tasks", "check", str(repo_root / "examples" / "tasks.jsonl"))
+    shipped = run_conductor("tasks", "check", str(repo_root / "examples" / "tasks.jsonl"))
     assert shipped.returncode == 0 and "5 task(s) ok" in shipped.stderr, shipped.stderr
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"id": "a", "question": "2+2?", "answer": "4"}\n{"question":\n'
                    '{"id": "b", "answer": "5"}\n')
-    proc = conductor("tasks", "check", str(bad), "--json")
+    proc = run_conductor("tasks", "check", str(bad), "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["id"] == "a"
     assert "1 task(s) ok" in proc.stderr
     assert "line 2: invalid JSON" in proc.stderr and "line 3:" in proc.stderr
-    missing = conductor("tasks", "check", str(tmp_path / "nope.jsonl"))
+    missing = run_conductor("tasks", "check", str(tmp_path / "nope.jsonl"))
     assert "nope.jsonl" in one_line_error(missing)

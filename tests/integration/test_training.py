@@ -34,7 +34,8 @@ from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.engine.tasks.model import Task
 from conductor_engine.trainer.service import build_trainer_worker
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
-from tests.conftest import CONDUCTOR, running_worker
+from tests.cli import CONDUCTOR
+from tests.conftest import running_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_POOL = ROOT / "examples" / "sim" / "pool.toml"

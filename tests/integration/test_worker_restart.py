@@ -14,7 +14,8 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.model import Task
 from tests.agent_server import Reply
-from tests.conftest import CONDUCTOR, make_pool, write_pool
+from tests.cli import CONDUCTOR
+from tests.conftest import make_pool, write_pool
 from tests.plans import plan_json
 
 
