@@ -7,9 +7,11 @@
   "**C**") over a stray letter (the last "(C)", then the last standalone capital A-J).
 - `math`: math-verify (symbolic and numeric equivalence, LaTeX or plain), in a helper process
   (`mathcheck`) so it is safe and bounded in time from any thread.
-- `code`: the reference is Python test code (asserts, or `test*` functions); the reply's last
-  ```python block (or the whole reply) runs against it in the sandbox (`sandbox`); the score is
-  the fraction of tests passed, correct only if all pass.
+- `code`: the reference holds stdin/stdout cases, function-call cases or Python test code
+  (`code_tests`); the reply's last ```python block (or the whole reply) runs in the sandbox
+  (`sandbox`) and, for cases, its outputs are compared here, outside the candidate's reach. The
+  score is the fraction of cases (or tests) passed, correct only if all pass; a verdict from
+  assert-style test code says it is untrusted (`details["trusted"]`).
 
 `verify` never raises. A verifier that cannot do its job (unknown name, malformed reference,
 crash, timeout of the verifier itself) returns correct=False, score 0, a reason starting
@@ -18,10 +20,19 @@ crash, timeout of the verifier itself) returns correct=False, score 0, a reason 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
+from conductor_engine.engine.rewards.code_tests import (
+    UNTRUSTED,
+    CodeTests,
+    looks_like_cases,
+    parse_reference,
+    same_output,
+    same_value,
+)
 from conductor_engine.engine.rewards.extract import (
     answer_candidates,
     answer_line,
@@ -32,7 +43,13 @@ from conductor_engine.engine.rewards.extract import (
 )
 from conductor_engine.engine.rewards.mathcheck import MathCheckError, check_math
 from conductor_engine.engine.rewards.models import Verdict
-from conductor_engine.engine.rewards.sandbox import SandboxLimits, SandboxResult, run_python_tests
+from conductor_engine.engine.rewards.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    run_call_cases,
+    run_io_cases,
+    run_python_tests,
+)
 from conductor_engine.engine.text import shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
@@ -93,7 +110,7 @@ def _looks_like_math(reference: str) -> bool:
 def detect_verifier(reference: str) -> str:
     """The verifier "auto" picks, from the reference alone:
     1. a single letter A-J, optionally "(B)" or "B." → `choice`;
-    2. a line starting `assert` or `def test` → `code`;
+    2. a line starting `assert` or `def test`, or JSON code cases (`code_tests`) → `code`;
     3. a number ("42", "-3.5", "1,000", "50%", "2/3"), a reference in `$...$` or `\\boxed{}`,
        anything with a LaTeX command (`\\frac`, `\\sqrt`, `\\pi`), or a short expression of
        digits, one-letter variables, known functions and operators ("x^2+1", "(1, 2)") →
@@ -101,7 +118,7 @@ def detect_verifier(reference: str) -> str:
     4. anything else (words, dates, codes) → `exact`."""
     if _LETTER_REFERENCE.match(reference):
         return "choice"
-    if _CODE_REFERENCE.search(reference):
+    if _CODE_REFERENCE.search(reference) or looks_like_cases(reference):
         return "code"
     if _looks_like_math(reference):
         return "math"
@@ -206,31 +223,95 @@ def _verify_math_strict(answer: str, reference: str, timeout_s: float) -> Verdic
 # --- code ---------------------------------------------------------------------------------
 
 
-def _test_summary(res: SandboxResult) -> str:
-    failed = [t for t in res.tests if not t.passed]
-    head = f"{res.passed}/{res.total} tests passed"
-    if res.timed_out:
-        head += " (timed out)"
-    if failed:
-        last_line = (failed[0].error.strip().splitlines() or [""])[-1]
-        head += f"; {failed[0].name}: {shorten(last_line, 120)}"
-    return head
+def _last_line(text: str, default: str = "") -> str:
+    return (text.strip().splitlines() or [default])[-1]
+
+
+def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str]]:
+    """Each case judged here, by trusted code: (passed, why not)."""
+    out: list[tuple[bool, str]] = []
+    unrun = _last_line(res.failure, "did not run") if not res.timed_out else "timed out"
+    if tests.form == "io":
+        for case, io in zip(tests.io, res.io, strict=True):
+            if io is None:
+                out.append((False, unrun))
+            elif io.timed_out:
+                out.append((False, "timed out"))
+            elif io.truncated:
+                out.append((False, "output over the limit"))
+            elif same_output(case.output, io.stdout):
+                out.append((True, ""))
+            else:
+                err = _last_line(io.stderr)
+                why = f"expected {shorten(case.output.strip(), 60)!r}, " \
+                      f"got {shorten(io.stdout.strip(), 60)!r}"
+                out.append((False, f"{why} ({shorten(err, 80)})" if err else why))
+        return out
+    for call_case, call in zip(tests.calls, res.calls, strict=True):
+        if call is None:
+            out.append((False, unrun))
+        elif call.error is not None or call.value is None:
+            out.append((False, shorten(_last_line(call.error or "", "error"), 120)))
+        else:
+            try:
+                got = json.loads(call.value)
+            except (ValueError, RecursionError):
+                out.append((False, "the return value is not JSON"))
+                continue
+            if same_value(call_case.expected, got):
+                out.append((True, ""))
+            else:
+                out.append((False, f"expected {shorten(json.dumps(call_case.expected), 60)}, "
+                                   f"got {shorten(call.value, 60)}"))
+    return out
+
+
+def _run_code(code: str, tests: CodeTests, limits: SandboxLimits) -> SandboxResult:
+    if tests.form == "io":
+        return run_io_cases(code, [c.input for c in tests.io], limits)
+    if tests.form == "call":
+        return run_call_cases(code, [(c.function, c.args, c.named) for c in tests.calls],
+                              limits)
+    return run_python_tests(code, tests.asserts, limits)
 
 
 def verify_code(answer: str, reference: str, timeout_s: float) -> Verdict:
-    code = last_code_block(answer)
-    res = run_python_tests(code, reference, SandboxLimits(timeout_s=timeout_s))
+    try:
+        tests = parse_reference(reference)
+    except ValueError as exc:
+        return _error("code", str(exc))
+    res = _run_code(last_code_block(answer), tests, SandboxLimits(timeout_s=timeout_s))
     details: dict[str, Any] = {
-        "tests": [t.model_dump() for t in res.tests], "output_tail": res.output_tail[-1000:],
+        "form": tests.form, "trusted": tests.trusted, "output_tail": res.output_tail[-1000:],
         "timed_out": res.timed_out, "isolation": res.isolation, "duration_s": res.duration_s,
     }
+    if not tests.trusted:
+        details["limits"] = UNTRUSTED
     if res.error:
         return _error("code", res.error, **details)
-    if res.total == 0:
+    if tests.form == "asserts":
+        details["tests"] = [t.model_dump() for t in res.tests]
+        outcomes = [(t.passed, f"{t.name}: {_last_line(t.error)}") for t in res.tests]
+        unit = "tests"
+    else:
+        outcomes = _case_outcomes(tests, res)
+        details["cases"] = [{"passed": ok, "reason": why} for ok, why in outcomes]
+        unit = "cases"
+    if not outcomes:
         reason = shorten(res.failure, 300) if res.failure else "no tests ran"
         return _verdict("code", False, reason, details)
-    score = res.passed / res.total
-    return _verdict("code", res.passed == res.total, _test_summary(res), details, score=score)
+    passed = sum(ok for ok, _ in outcomes)
+    reason = f"{passed}/{len(outcomes)} {unit} passed"
+    if res.timed_out:
+        reason += " (timed out)"
+    first = next((i for i, (ok, _) in enumerate(outcomes) if not ok), None)
+    if first is not None:
+        where = "" if tests.form == "asserts" else f"#{first + 1}: "
+        reason += f"; {where}{shorten(outcomes[first][1], 120)}"
+    if not tests.trusted:
+        reason += " [untrusted: assert-style tests]"
+    return _verdict("code", passed == len(outcomes), reason, details,
+                    score=passed / len(outcomes))
 
 
 # --- dispatch -----------------------------------------------------------------------------

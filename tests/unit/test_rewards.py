@@ -1,15 +1,11 @@
-"""Verifiers and the reward scheme. No Temporal needed; the code verifier's sandbox tests run real
-hostile code (network, fork bomb, endless loop, memory hog) under tight limits."""
+"""Verifiers and the reward scheme. No Temporal needed. The code verifier has its own tests
+(tests/unit/test_code_verifier.py) and attack suite (tests/security/)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,53 +14,22 @@ from conductor_engine.engine.rewards import (
     RewardWeights,
     Verdict,
     detect_verifier,
-    sandbox,
     score_run,
     verifiers,
     verify,
 )
-from conductor_engine.engine.rewards.sandbox import SandboxLimits, run_python_tests
 
-NAMESPACES = sandbox._host().namespaces
-needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="unshare does not work here")
-RUNNER_NAME = sandbox.RUNNER.name
+ADD_TESTS = """
+def test_small():
+    assert add(1, 2) == 3
+
+def test_negative():
+    assert add(-1, -1) == -2
+"""
 
 
 def fenced(code: str) -> str:
     return f"Here is my solution.\n\n```python\n{code}\n```\n\nIt works."
-
-
-def sandbox_processes() -> list[str]:
-    """Command lines of live sandbox runners (to prove a run left nothing behind)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if RUNNER_NAME in text:
-            found.append(text)
-    return found
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A local TCP server the candidate must not reach."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(0.2)
-    yield srv
-    srv.close()
-
-
-def nobody_connected(srv: socket.socket) -> bool:
-    try:
-        conn, _ = srv.accept()
-    except TimeoutError:
-        return True
-    conn.close()
-    return False
 
 
 # --- exact --------------------------------------------------------------------------------
@@ -200,156 +165,6 @@ def test_auto_falls_back_to_exact_when_math_verify_cannot_read_the_reference() -
     assert "fallback" in v.details
 
 
-# --- code ---------------------------------------------------------------------------------
-
-ADD_TESTS = """
-def test_small():
-    assert add(1, 2) == 3
-
-def test_negative():
-    assert add(-1, -1) == -2
-"""
-
-
-def test_code_passes_when_every_test_passes_and_reports_each() -> None:
-    v = verify(fenced("def add(a, b):\n    return a + b"), ADD_TESTS, "code")
-    assert (v.correct, v.score, v.reason) == (True, 1.0, "2/2 tests passed")
-    assert [(t["name"], t["passed"]) for t in v.details["tests"]] == [
-        ("test_small", True), ("test_negative", True)]
-
-
-def test_code_scores_the_fraction_of_tests_passed() -> None:
-    v = verify(fenced("def add(a, b):\n    return abs(a + b)"), ADD_TESTS, "code")
-    assert (v.correct, v.score) == (False, 0.5)
-    assert "test_negative" in v.reason and "AssertionError" in v.reason
-
-
-def test_code_runs_top_level_asserts_as_one_test() -> None:
-    assert verify("def sq(x):\n    return x * x", "assert sq(3) == 9", "code").correct
-    v = verify("def sq(x):\n    return x + x", "assert sq(3) == 9", "code")
-    assert (v.correct, v.score) == (False, 0.0) and "AssertionError" in v.reason
-
-
-def test_code_takes_the_last_python_block_and_allows_importing_solution() -> None:
-    answer = ("First try:\n```python\ndef f(): return 0\n```\nBetter:\n"
-              "```python\ndef f(): return 1\n```")
-    assert verify(answer, "from solution import f\nassert f() == 1", "code").correct
-
-
-def test_code_that_does_not_import_is_wrong_not_an_error() -> None:
-    v = verify(fenced("def broken(:\n    pass"), ADD_TESTS, "code")
-    assert (v.correct, v.score) == (False, 0.0)
-    assert "SyntaxError" in v.reason and "error" not in v.details
-
-
-def test_code_sees_no_inherited_environment() -> None:
-    """conftest sets TEST_*_KEY variables, as a worker would hold real API keys."""
-    assert os.environ.get("TEST_OPENAI_KEY")
-    tests = "import os\nassert not [k for k in os.environ if 'KEY' in k], dict(os.environ)"
-    v = verify("x = 1", tests, "code")
-    assert v.correct, v.reason
-
-
-def test_code_cannot_reach_the_network(listener: socket.socket) -> None:
-    port = listener.getsockname()[1]
-    tests = f"""
-import socket
-def test_connect():
-    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
-def test_resolve():
-    socket.getaddrinfo("localhost", 80)
-"""
-    v = verify("pass", tests, "code")
-    assert (v.correct, v.score) == (False, 0.0)
-    assert all("network access is disabled" in t["error"] for t in v.details["tests"])
-    assert nobody_connected(listener)
-
-
-@needs_namespaces
-def test_network_namespace_alone_stops_connections(listener: socket.socket) -> None:
-    """Without the audit hook (which raw syscalls or subprocesses could bypass) the network
-    namespace still has nothing to connect to."""
-    port = listener.getsockname()[1]
-    tests = (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
-    res = run_python_tests("", tests, SandboxLimits(block_sockets=False))
-    assert res.passed == 0 and "unreachable" in res.failure.lower(), res.failure
-    assert res.isolation["network"] == "namespace"
-    assert nobody_connected(listener)
-
-
-def test_audit_hook_alone_stops_connections(listener: socket.socket) -> None:
-    port = listener.getsockname()[1]
-    tests = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
-    res = run_python_tests("", tests, SandboxLimits(use_namespaces=False))
-    assert "network access is disabled" in res.failure
-    assert res.isolation["network"] == "audit hook"
-    assert nobody_connected(listener)
-
-
-BOUNDED_FORKS = """
-import os, time
-def test_forks():
-    made = failed = 0
-    for _ in range(200):
-        try:
-            pid = os.fork()
-        except OSError:
-            failed += 1
-            continue
-        if pid == 0:
-            time.sleep(0.5)
-            os._exit(0)
-        made += 1
-    assert failed == 0, f"{made} forks, then {failed} refused"
-"""
-
-
-def test_process_count_is_bounded() -> None:
-    res = run_python_tests("", BOUNDED_FORKS, SandboxLimits(max_processes=16))
-    assert res.error is None, res.error
-    assert res.total == 1 and res.passed == 0
-    made = int(res.tests[0].error.split("AssertionError: ")[1].split()[0])
-    assert made < 16, res.tests[0].error
-
-
-def test_fork_bomb_is_contained_and_leaves_nothing_behind() -> None:
-    bomb = ("import os\ndef bomb():\n    while True:\n        try:\n            os.fork()\n"
-            "        except OSError:\n            pass\n")
-    started = time.monotonic()
-    v = verify(fenced(bomb), "def test_bomb():\n    bomb()", "code", timeout_s=2)
-    assert time.monotonic() - started < 8
-    assert v.correct is False and v.details["timed_out"] and "timed out" in v.reason
-    deadline = time.monotonic() + 3
-    while sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sandbox_processes() == []
-
-
-def test_an_endless_loop_times_out_keeping_the_tests_that_finished() -> None:
-    tests = "def test_quick():\n    assert True\n\ndef test_forever():\n    spin()\n"
-    started = time.monotonic()
-    v = verify(fenced("def spin():\n    while True:\n        pass"), tests, "code", timeout_s=2)
-    assert time.monotonic() - started < 5
-    assert (v.correct, v.score) == (False, 0.5)
-    assert v.details["timed_out"] and "timed out" in v.reason
-    assert v.details["tests"][1]["error"] == "timed out after 2s"
-
-
-def test_memory_is_limited() -> None:
-    v = verify("def hog():\n    return bytearray(2 * 1024**3)", "def test_hog():\n    hog()",
-               "code")
-    assert v.correct is False and "MemoryError" in v.reason
-
-
-@needs_namespaces
-def test_files_outside_the_scratch_directory_are_read_only(tmp_path: Path) -> None:
-    target = tmp_path / "written-by-candidate"
-    tests = (f"open('inside.txt', 'w').write('ok')\nopen({str(target)!r}, 'w').write('no')\n")
-    res = run_python_tests("", tests, SandboxLimits())
-    assert "Read-only file system" in res.failure, res.failure
-    assert not target.exists()
-
-
 # --- verifier errors are verdicts, never exceptions ----------------------------------------
 
 
@@ -376,14 +191,6 @@ def test_a_crashing_verifier_is_reward_zero_with_its_reason(
     assert (v.correct, v.score) == (False, 0.0) and "disk on fire" in v.reason
     reward = score_run("completed", "Paris", "Paris", "exact")
     assert reward.value == 0.0 and "disk on fire" in reward.reason
-
-
-def test_a_sandbox_that_cannot_bound_processes_refuses_to_run_code(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    host = sandbox._Host(root=True, tools={}, namespaces=False, pids_cgroup=None)
-    monkeypatch.setattr(sandbox, "_host", lambda: host)
-    v = verify("x = 1", "assert x == 1", "code")
-    assert v.correct is False and "cannot bound processes" in v.reason
 
 
 # --- the reward scheme --------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""The attack suite: every attack in tests/security/attacks.py scores 0 or is refused, leaves no
+process behind and no trace on the host, as root and as an unprivileged user, through each
+backend this machine has, and with no sandbox at all (which must refuse)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conductor_engine.engine.rewards import sandbox
+from tests.security.attacks import ATTACKS, run_all
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="switching users needs root")
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+class Host:
+    """What an attack would reach on this host, and how to tell whether it did."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="conductor-attack-", dir="/tmp"))
+        self.dir.chmod(0o777)
+        self.unix = socket.socket(socket.AF_UNIX)
+        self.unix.bind(str(self.dir / "host.sock"))
+        (self.dir / "host.sock").chmod(0o777)
+        self.abstract_name = f"conductor-attack-{uuid.uuid4().hex}"
+        self.abstract = socket.socket(socket.AF_UNIX)
+        self.abstract.bind("\0" + self.abstract_name)
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        for s in (self.unix, self.abstract, self.tcp):
+            s.listen()
+            s.setblocking(False)
+        home = Path(os.path.expanduser("~"))
+        self.home_files = [str(p) for p in sorted(home.iterdir())[:20]
+                           if not str(Path(sys.base_prefix).resolve()).startswith(str(p))]
+
+    def context(self) -> dict[str, Any]:
+        return {"unix": str(self.dir / "host.sock"), "abstract": self.abstract_name,
+                "port": self.tcp.getsockname()[1], "writable": str(self.dir),
+                "home_files": self.home_files, "disk_budget": 80 << 20}
+
+    def untouched(self) -> list[str]:
+        """What the attacks did to the host ([] when nothing)."""
+        found = []
+        for name, s in (("unix", self.unix), ("abstract", self.abstract), ("tcp", self.tcp)):
+            try:
+                conn, _ = s.accept()
+                conn.close()
+                found.append(f"a connection to the {name} socket")
+            except BlockingIOError:
+                pass
+        for d in (self.dir, Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")):
+            if (d / "conductor-attack").exists():
+                found.append(f"a file written in {d}")
+        return found
+
+    def close(self) -> None:
+        for s in (self.unix, self.abstract, self.tcp):
+            s.close()
+        for p in self.dir.iterdir():
+            p.unlink()
+        self.dir.rmdir()
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    h = Host()
+    yield h
+    h.close()
+
+
+def leftovers() -> list[str]:
+    """Sandbox processes still alive (runner or candidate), after a short grace for reaping."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "/runner.py" in text or "_runner.py" in text:
+                found.append(text)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def assert_held(results: dict[str, dict[str, Any]], host: Host) -> None:
+    assert set(results) == set(ATTACKS)
+    won = {name: r["reason"] for name, r in results.items()
+           if r["score"] != 0.0 or r["correct"] is not False}
+    assert won == {}, f"attacks that scored: {won}"
+    for name, r in results.items():
+        assert "$blob" not in json.dumps(r["details"]), name
+    assert host.untouched() == []
+    assert leftovers() == []
+
+
+def as_unprivileged(backend: str, host: Host, *broken: str) -> dict[str, Any]:
+    breaks = [a for tool in broken for a in ("--break", tool)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.security.unprivileged", *breaks, "--",
+         "tests.security.attacks", backend, json.dumps(host.context())],
+        cwd=PROJECT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TEST_ATTACK_KEY": "sk-in-the-workers-environment"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@needs_root
+def test_attacks_fail_as_root_through_our_namespaces(host: Host) -> None:
+    iso = sandbox.isolation()
+    assert iso.backend == "namespaces", iso.problems
+    results = run_all(host.context())
+    assert results["host home"]["details"]["isolation"]["user"] == "uid 65534"
+    assert_held(results, host)
+
+
+@needs_root
+@pytest.mark.parametrize("backend", ["bwrap", "namespaces"])
+def test_attacks_fail_as_an_unprivileged_user(backend: str, host: Host) -> None:
+    if backend == "bwrap" and not sandbox.isolation().tools.get("bwrap"):
+        pytest.skip("bubblewrap is not installed")
+    out = as_unprivileged(backend, host)
+    assert out["isolation"]["backend"] == backend, out["isolation"]
+    assert_held(out["results"], host)
+
+
+@needs_root
+def test_with_no_sandbox_every_attack_is_refused(host: Host) -> None:
+    """unshare and bwrap fail (as where user namespaces are forbidden): the verifier refuses."""
+    out = as_unprivileged("auto", host, "unshare", "bwrap")
+    assert out["isolation"]["backend"] is None
+    for name, r in out["results"].items():
+        assert r["score"] == 0.0 and r["correct"] is False, name
+        assert r["reason"].startswith("verifier error: no code sandbox is available"), name
+    assert host.untouched() == []
+
+
+@needs_root
+def test_a_failed_probe_is_retried_not_cached() -> None:
+    script = (
+        "import subprocess\n"
+        "from conductor_engine.engine.rewards import sandbox\n"
+        "first = sandbox.isolation().backend\n"
+        "subprocess.run(['umount', '/usr/bin/unshare'], check=True)\n"
+        "print(first, sandbox.isolation().backend)\n"
+    )
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount --bind /bin/false /usr/bin/unshare && exec "$0" -c "$1"', sys.executable,
+         script], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["None", "namespaces"], proc.stderr[-2000:]
