@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import (
@@ -48,6 +49,17 @@ class Settings(BaseSettings):
         default=30.0, ge=0,
         description="seconds a stopping worker lets its running agent calls finish (a deploy "
         "then pays for no call twice); what is still running after that is retried elsewhere",
+    )
+
+    # --- the code verifier's sandbox (README: Security) -----------------------------------------
+    code_sandbox: Literal["auto", "bwrap", "namespaces", "unconfined"] = Field(
+        default="auto",
+        description="how model-written code is isolated: auto = bubblewrap (non-root) or own "
+        "namespaces; with none available the code verifier refuses. unconfined = limits only, "
+        "an explicit opt-out for code you trust (never for training)",
+    )
+    code_sandbox_uid: int = Field(
+        default=65534, ge=1, description="the uid candidates run as when the worker is root"
     )
 
     # --- traces -------------------------------------------------------------------------------
