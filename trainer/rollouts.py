@@ -1,13 +1,21 @@
 """Rollouts: complete GRPO groups from the trace store, turned into token-level samples.
 
-A *group* is G finished root runs of one task under one policy version. The trainer takes groups
-of the version it trains from, and of up to `max_staleness` versions before it (older ones wait
-forever: they are never consumed); a group k versions old has its advantages multiplied by
-`stale_discount ** k`. Only traces no published update has trained on are taken; the registry
-marks them consumed in the same transaction that publishes the new version.
+A *group* is the G oldest finished root runs of one task under one policy version. The trainer
+takes groups of the version it trains from, and of up to `max_staleness` versions before it
+(older ones wait forever: they are never consumed); a group k versions old has its advantages
+multiplied by `stale_discount ** k`. Only traces no published update has decided on are taken;
+the registry marks every run of the chosen groups consumed, trained on or left out, in the same
+transaction that publishes the new version.
 
-From each run the trainer takes the conductor's completions that decided the outcome: the last
-plan attempt of every round (the plan that ran, or the final unparseable one). Each gets the
+Runs that are not honest rollouts (an infrastructure failure, a verifier error, no reward, an
+unreadable trace: engine/contracts/rollouts.py) are left out of their group and counted by
+reason, never scored 0; the group's advantages are over the rest. A group left with fewer than
+MIN_GROUP rollouts trains nothing (its rollouts count as "too_few_left") but is consumed all the
+same, and the selection reaches past it for a group that does train.
+
+From each run the trainer takes the conductor's completions that decided the outcome: the plan
+attempt of every round, one per round since a rollout gets one attempt (a stored run that retried
+its first plan is trained as the invalid plan it started with: `Trace.as_rollout`). Each gets the
 run's group-relative advantage. Token ids and behaviour logprobs come from the trace when the
 backend returned them; otherwise the raw text is tokenized again and the update is on-policy.
 """
@@ -16,9 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.rollouts import merge_counts
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.storage.policies import version_label
@@ -30,29 +39,47 @@ from conductor_engine.trainer.grpo import Sample, group_advantages
 async def select_groups(
     store: TraceStore, name: str, version: int, cfg: RolloutConfig
 ) -> list[tuple[Group, int]]:
-    """Up to `groups_per_update` unconsumed groups, newest version first, with their age."""
+    """Up to `groups_per_update` unconsumed groups that train, newest version first, with their
+    age; plus every group too small to train met on the way (consumed with them)."""
     picked: list[tuple[Group, int]] = []
     for age in range(0, min(cfg.max_staleness, version) + 1):
-        room = cfg.groups_per_update - len(picked)
+        room = cfg.groups_per_update - sum(g.trainable for g, _ in picked)
         if room <= 0:
             break
-        found = await store.groups(
-            PolicyRef(name=name, version=version_label(version - age)), size=cfg.group_size,
-            limit=room, dataset=cfg.dataset, task_ids=cfg.task_ids, unconsumed=True,
-        )
+        found = await _trainable_first(
+            store, PolicyRef(name=name, version=version_label(version - age)), cfg, room)
         picked.extend((g, age) for g in found)
     return picked
 
 
+async def _trainable_first(store: TraceStore, policy: PolicyRef, cfg: RolloutConfig,
+                           room: int) -> list[Group]:
+    """The oldest groups up to `room` that train, and the too-small ones before them: asked
+    again with a larger limit while too-small groups take the places (rare: a whole group
+    failed)."""
+    limit = room
+    while True:
+        found = await store.groups(policy, size=cfg.group_size, limit=limit,
+                                   dataset=cfg.dataset, task_ids=cfg.task_ids, unconsumed=True)
+        trainable = sum(g.trainable for g in found)
+        if trainable >= room or len(found) < limit:
+            return found
+        limit = room + (len(found) - trainable)
+
+
 def deciding_attempts(trace: Trace) -> list[PlanAttempt]:
-    """The conductor completions that decided the run: the last attempt of each round."""
+    """The conductor completions that decided the run: the last attempt of each round (a
+    rollout's only one; see the module docstring for stored runs that retried)."""
     return [r.attempts[-1] for r in trace.rounds if r.attempts]
 
 
 def group_samples(
     group: Group, age: int, tokenizer: Any, cfg: RolloutConfig
 ) -> list[Sample]:
-    """The samples of one group: group-relative advantages over its runs' rewards."""
+    """The samples of one group: group-relative advantages over its rollouts' rewards, the
+    runs left out taking no part; none for a group too small to train."""
+    if not group.trainable:
+        return []
     advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
     weight = cfg.stale_discount**age
     out: list[Sample] = []
@@ -92,22 +119,27 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
 
 
 class GroupStats(BaseModel):
-    """What the groups of one update say about the policy that sampled them."""
+    """What the groups of one update say about the policy that sampled them: figures over the
+    rollouts of the groups that train; runs not trained on, by reason."""
 
     groups: int = 0
     rollouts: int = 0
     mean_reward: float | None = None
     valid_plan_rate: float | None = None
     tokens: int = 0
+    left_out: dict[str, int] = Field(default_factory=dict)
 
 
 def group_stats(groups: list[tuple[Group, int]]) -> GroupStats:
-    traces = [t for g, _ in groups for t in g.traces]
+    left_out = merge_counts(*(g.left_out_counts() for g, _ in groups))
+    trained = [g for g, _ in groups if g.trainable]
+    traces = [t for g in trained for t in g.traces]
     if not traces:
-        return GroupStats()
-    rewards = [r for g, _ in groups for r in g.rewards]
+        return GroupStats(left_out=left_out)
+    rewards = [r for g in trained for r in g.rewards]
     return GroupStats(
-        groups=len(groups), rollouts=len(traces), mean_reward=sum(rewards) / len(rewards),
+        groups=len(trained), rollouts=len(traces), mean_reward=sum(rewards) / len(rewards),
         valid_plan_rate=sum(t.valid_plan for t in traces) / len(traces),
         tokens=sum(t.totals.usage.input_tokens + t.totals.usage.output_tokens for t in traces),
+        left_out=left_out,
     )

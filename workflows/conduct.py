@@ -1,6 +1,6 @@
 """ConductWorkflow: one conductor run, durable.
 
-    plan (retried on parse failure) ─▶ steps as a DAG of agent activities ─▶ answer
+    plan (retried on parse failure; one attempt in training) ─▶ steps as a DAG ─▶ answer
        └─ refinement rounds: the conductor sees its last plan and answer, may plan again
     ─▶ score (when the task has a reference) ─▶ record the trace (every run, failed ones too)
 
@@ -102,6 +102,8 @@ class ConductWorkflow:
             else:
                 result.status = "failed"
                 result.error = getattr(e, "message", None) or str(e) or type(e).__name__
+                # what failed, so training can leave an infrastructure failure out of its group
+                result.failure = getattr(e, "type", None)
             self._tally(workflow.time() - started)
             await self._score_and_record(task, started_at)
             if reason is not None:
@@ -185,7 +187,10 @@ class ConductWorkflow:
     async def _plan(
         self, task: Task, rnd: RoundRecord, previous: list[PreviousRound]
     ) -> PlanAttempt:
-        """Ask for a plan until one parses, recording every attempt with its raw text."""
+        """Ask for a plan until one parses, recording every attempt with its raw text. A
+        training rollout gets one attempt (the training workflow sets max_plan_attempts=1): as
+        in the paper, a malformed plan scores 0 and no prompt it trains on holds retry
+        feedback."""
         opts, last_error = task.options, None
         attempt = PlanAttempt(attempt=0, raw_text="")
         for n in range(1, opts.max_plan_attempts + 1):

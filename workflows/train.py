@@ -11,6 +11,11 @@ registry's transaction makes sure the groups are consumed once. A `stop` signal 
 the next iteration boundary; `conductor train start` with the same name resumes from there.
 In `from_traces` mode there are no rollouts: each iteration trains on groups already stored,
 until none is left.
+
+A rollout is an honest sample of the policy: one plan attempt (a malformed plan scores 0, as in
+the paper, and no trained prompt holds retry feedback), and a run that failed for infrastructure
+reasons, or whose verifier failed, is left out of its group and counted by reason
+(engine/contracts/rollouts.py), never scored 0.
 """
 
 from __future__ import annotations
@@ -22,7 +27,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.names import (
@@ -35,6 +45,12 @@ with workflow.unsafe.imports_passed_through():
         update_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.rollouts import (
+        LeftOutReason,
+        count_reasons,
+        failure_reason,
+        left_out_reason,
+    )
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
     from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
     from conductor_engine.engine.storage.policies import version_label
@@ -43,14 +59,23 @@ with workflow.unsafe.imports_passed_through():
 
 Phase = Literal["starting", "rollouts", "update", "stopped", "finished"]
 
+# Rollouts started from here on get one plan attempt; an iteration already under way when this
+# shipped replays, and finishes, with the attempts it started with.
+ONE_PLAN_ATTEMPT_PATCH = "one-plan-attempt-rollouts"
+
 
 class IterationStats(BaseModel):
     """One iteration: how the sampling version did, and what the update did."""
 
     iteration: int
     version: str = Field(description="the policy version that wrote the rollouts")
-    rollouts: int = 0
-    failed: int = 0
+    rollouts: int = Field(default=0, description="runs that are rollouts (the figures below)")
+    left_out: dict[str, int] = Field(
+        default_factory=dict, description="this iteration's runs left out of their groups, by "
+        "reason (from_traces: the update's)")
+    update_left_out: dict[str, int] = Field(
+        default_factory=dict, description="runs of the update's groups it did not train on, by "
+        "reason (stale groups and unreadable traces included)")
     mean_reward: float | None = None
     valid_plan_rate: float | None = None
     tokens: int = 0
@@ -136,7 +161,7 @@ class TrainingWorkflow:
             recipe = recipe.model_copy(update={"rollouts": rollouts})
         p.phase = "update"
         result = await self._update(inp, recipe)
-        self._record(stats, result)
+        self._record(stats, result, inp.from_traces)
         p.history.append(stats)
         p.version = result.version
         p.iteration += 1
@@ -149,21 +174,25 @@ class TrainingWorkflow:
         workflow.continue_as_new(inp.model_copy(update={"progress": p}))
 
     async def _rollouts(self, inp: TrainInput, tasks: list[Task], stats: IterationStats) -> None:
-        """G runs of each task at the rollout temperature, pinned to the current version."""
+        """G runs of each task at the rollout temperature, pinned to the current version, one
+        plan attempt each; the figures are over the runs that are rollouts."""
         p, g = self._progress, inp.recipe.rollouts.group_size
         chain = workflow.info().first_execution_run_id[:8]
         slots = asyncio.Semaphore(inp.concurrency)
+        one_attempt = workflow.patched(ONE_PLAN_ATTEMPT_PATCH)
         rewards: list[float] = []
         valid: list[bool] = []
+        left_out: list[LeftOutReason] = []
 
         async def one(task: Task, sample: int) -> None:
             async with slots:
                 await rollout(task, sample)
 
         async def rollout(task: Task, sample: int) -> None:
-            options = task.options.model_copy(update={
-                "temperature": inp.temperature, "policy_version": p.label, "sample": sample})
-            task = task.model_copy(update={"options": options})
+            update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample}
+            if one_attempt:
+                update["max_plan_attempts"] = 1
+            task = task.model_copy(update={"options": task.options.model_copy(update=update)})
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             try:
                 res: RunResult = await workflow.execute_child_workflow(
@@ -172,17 +201,22 @@ class TrainingWorkflow:
                     search_attributes=task_search_attributes(task),
                     static_summary=f"rollout {sample} · {inp.name} it{p.iteration}",
                 )
-                rewards.append(res.reward.value if res.reward and res.reward.value is not None
-                               else 0.0)
-                valid.append(res.status != "invalid_plan")
-                stats.tokens += res.totals.usage.input_tokens + res.totals.usage.output_tokens
             except WorkflowAlreadyStartedError:
-                pass  # ran before a reset of this workflow: its trace is in the store
-            except ChildWorkflowError:
-                stats.failed += 1
+                return  # ran before a reset of this workflow: its trace is in the store
+            except ChildWorkflowError as e:
+                left_out.append(_child_failure(e))
+                return
+            stats.tokens += res.totals.usage.input_tokens + res.totals.usage.output_tokens
+            reason = left_out_reason(res.status, res.reward, res.failure)
+            if reason is not None or res.reward is None or res.reward.value is None:
+                left_out.append(reason or "no_reward")
+                return
+            rewards.append(res.reward.value)
+            valid.append(res.status != "invalid_plan")
 
         await asyncio.gather(*(one(task, sample) for task in tasks for sample in range(g)))
         stats.rollouts = len(rewards)
+        stats.left_out = count_reasons(left_out)
         if rewards:
             stats.mean_reward = sum(rewards) / len(rewards)
             stats.valid_plan_rate = sum(valid) / len(valid)
@@ -206,10 +240,12 @@ class TrainingWorkflow:
             summary=f"grpo_update · {inp.policy} {p.label} → v{p.version + 1}",
         )
 
-    def _record(self, stats: IterationStats, result: UpdateResult) -> None:
-        if not stats.rollouts and result.rollouts:  # from_traces: the groups' own figures
+    def _record(self, stats: IterationStats, result: UpdateResult, from_traces: bool) -> None:
+        if from_traces:  # no rollouts of its own: the groups' figures
             stats.rollouts, stats.mean_reward = result.rollouts, result.mean_reward
             stats.valid_plan_rate, stats.tokens = result.valid_plan_rate, result.rollout_tokens
+            stats.left_out = result.left_out
+        stats.update_left_out = result.left_out
         stats.published = version_label(result.version) if result.published else None
         stats.update_seconds = result.seconds
         stats.note = result.reason
@@ -217,3 +253,12 @@ class TrainingWorkflow:
             s = result.step
             stats.loss, stats.clip_fraction, stats.kl = s.loss, s.clip_fraction, s.kl
             stats.grad_norm, stats.trained_tokens = s.grad_norm, s.tokens
+
+
+def _child_failure(error: ChildWorkflowError) -> LeftOutReason:
+    """Why a rollout that ended in an exception is left out: a ConductWorkflow raises on a
+    failed run (StepFailed, PlanFailed) and on a cancelled one."""
+    cause = error.cause
+    if isinstance(cause, CancelledError):
+        return "cancelled"
+    return failure_reason(cause.type if isinstance(cause, ApplicationError) else None)

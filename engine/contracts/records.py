@@ -102,6 +102,9 @@ class RunResult(BaseModel):
     status: RunStatus = "completed"
     answer: str | None = None
     error: str | None = None
+    failure: str | None = Field(
+        default=None, description="the type of the error that ended a failed run: StepFailed "
+        "(an agent exhausted its retries) or PlanFailed (the conductor could not be called)")
     rounds: list[RoundRecord] = Field(default_factory=list)
     totals: Totals = Field(default_factory=Totals)
     reward: Reward | None = None

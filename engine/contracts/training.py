@@ -110,5 +110,8 @@ class UpdateResult(BaseModel):
     mean_reward: float | None = None
     valid_plan_rate: float | None = None
     rollout_tokens: int = 0
+    left_out: dict[str, int] = Field(
+        default_factory=dict,
+        description="runs of the chosen groups not trained on, by reason (contracts/rollouts.py)")
     step: StepMetrics | None = None
     seconds: float = 0.0

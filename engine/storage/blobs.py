@@ -27,7 +27,7 @@ from conductor_engine.engine.settings import Settings
 REF_ALGORITHM = "sha256"
 T = TypeVar("T")
 _MAX_NAME = 200  # bytes per file name; most file systems allow 255
-_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
+_REF = re.compile(r"sha256:([0-9a-f]{64})")  # always fullmatch: `$` would allow a newline
 
 _S3_HINT = (
     "set CONDUCTOR_S3_BUCKET to an existing bucket, CONDUCTOR_S3_ENDPOINT_URL for MinIO or "
@@ -45,6 +45,27 @@ class BlobNotFound(BlobStoreError, LookupError):
     """No blob under that reference or key; the message names it and the store's location."""
 
 
+class BlobCorrupt(BlobStoreError):
+    """The blob's bytes do not hash to its reference."""
+
+
+def is_ref(value: object) -> bool:
+    """Whether `value` is exactly what `put` returns: 'sha256:' and 64 lowercase hex digits."""
+    return isinstance(value, str) and _REF.fullmatch(value) is not None
+
+
+def checked_key(key: str) -> str:
+    """`key` if it can only ever name an object under the store's root, else ValueError.
+
+    Keys reach a file path (local) or an S3 object key, and some come from outside this
+    process (Temporal history, trace documents), so none may be absolute, climb (`..`), hold
+    empty or `.` segments, a backslash, or a control character (NUL ends a C string)."""
+    if (not key or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key)
+            or any(part in ("", ".", "..") for part in key.split("/"))):
+        raise ValueError(f"invalid blob key {key!r}")
+    return key
+
+
 def ref_for(data: bytes) -> str:
     """The content address of `data`: what `put` returns for it."""
     return f"{REF_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
@@ -52,7 +73,7 @@ def ref_for(data: bytes) -> str:
 
 def key_for(ref: str) -> str:
     """The storage key of a reference: `sha256/ab/cdef...` (two-character fan-out)."""
-    match = _REF.match(ref)
+    match = _REF.fullmatch(ref) if isinstance(ref, str) else None
     if match is None:
         raise ValueError(f"not a blob reference: {ref!r} (expected 'sha256:' and 64 hex digits)")
     digest = match.group(1)
@@ -103,8 +124,8 @@ class BlobStore(ABC):
         except BlobNotFound as e:
             raise BlobNotFound(f"blob {ref} not found in {self.location}") from e
         if ref_for(data) != ref:
-            raise BlobStoreError(f"blob {ref} in {self.location} is corrupt: its content hashes "
-                                 f"to {ref_for(data)}")
+            raise BlobCorrupt(f"blob {ref} in {self.location} is corrupt: its content hashes "
+                              f"to {ref_for(data)}")
         return data
 
     async def exists(self, ref: str) -> bool:
@@ -125,11 +146,8 @@ class LocalBlobStore(BlobStore):
 
     def path(self, key: str) -> Path:
         """The file for `key`. Keys come from history and traces, so one that could leave the
-        directory (absolute, `..`, empty segments) is refused rather than trusted."""
-        parts = key.split("/")
-        if "\\" in key or any(part in ("", ".", "..") for part in parts):
-            raise ValueError(f"invalid blob key {key!r}")
-        return self.root.joinpath(*map(_file_name, parts))
+        directory is refused rather than trusted (`checked_key`)."""
+        return self.root.joinpath(*map(_file_name, checked_key(key).split("/")))
 
     async def put_key(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(_write_atomic, self.path(key), data)
@@ -208,24 +226,33 @@ class S3BlobStore(BlobStore):
         return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
 
     def object_key(self, key: str) -> str:
+        """The S3 key under the prefix; `checked_key` refuses any key that could climb out of
+        it on a server that normalises paths."""
+        key = checked_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     async def put_key(self, key: str, data: bytes) -> None:
+        obj = self.object_key(key)  # an invalid key is a ValueError, not an S3 problem
+
         def put() -> None:
-            self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data)
+            self.client.put_object(Bucket=self.bucket, Key=obj, Body=data)
 
         await self._run(put, key)
 
     async def get_key(self, key: str) -> bytes:
+        obj = self.object_key(key)
+
         def get() -> bytes:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            response = self.client.get_object(Bucket=self.bucket, Key=obj)
             return bytes(response["Body"].read())
 
         return await self._run(get, key)
 
     async def exists_key(self, key: str) -> bool:
+        obj = self.object_key(key)
+
         def head() -> None:
-            self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+            self.client.head_object(Bucket=self.bucket, Key=obj)
 
         try:
             await self._run(head, key)

@@ -13,6 +13,12 @@ against the bucket; in the embedded default it is a local directory (`blobs_path
 Reusing the driver rather than writing a second one for local files keeps one key scheme and
 one integrity check, both the SDK's and tested there.
 
+Only the SDK makes a payload a reference: it marks it in the payload's metadata (encoding),
+which no content can set, so an agent's output that looks like a reference stays data. The key in
+a reference comes back from history, so `BlobStoreDriverClient` accepts only keys shaped as the
+driver writes them (percent-encoded segments), and the blob store refuses any key that could
+leave its root (`checked_key`).
+
 Every worker, client and replayer of a namespace must use the same blob settings
 (CONDUCTOR_S3_BUCKET, CONDUCTOR_S3_PREFIX, CONDUCTOR_S3_ENDPOINT_URL, or the same
 CONDUCTOR_BLOB_DIR on a shared disk): a payload written by one process is read back by another,
@@ -23,6 +29,7 @@ a directory); a process configured for a different one says so instead of guessi
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
@@ -35,6 +42,11 @@ from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blo
 DRIVER_NAME = "conductor.blobs"
 LOCAL_BUCKET = "local"
 KEY_PREFIX = "temporal/"
+# The SDK driver's keys: segments percent-encoded to S3's safe characters, joined by "/".
+_DRIVER_KEY = re.compile(r"[A-Za-z0-9!\-_.*'()%]+(/[A-Za-z0-9!\-_.*'()%]+)*")
+# "." is safe to the SDK, so a workflow id "." or ".." stays a segment that is a path step;
+# "%2E" is not one the SDK writes (it encodes "%" as "%25"), so the mapping is one to one.
+_DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
 
 
 class BlobStoreDriverClient(S3StorageDriverClient):
@@ -61,7 +73,10 @@ class BlobStoreDriverClient(S3StorageDriverClient):
                 f"this payload was stored in bucket {bucket!r}, but this process keeps blobs in "
                 f"{self.store.location}: every worker and client must use the same "
                 "CONDUCTOR_S3_BUCKET / CONDUCTOR_BLOB_DIR settings")
-        return KEY_PREFIX + key
+        if _DRIVER_KEY.fullmatch(key) is None:
+            raise BlobStoreError(f"payload key {key!r} is not one the storage driver writes; "
+                                 "the reference in this history was not made by this engine")
+        return KEY_PREFIX + "/".join(_DOT_SEGMENTS.get(p, p) for p in key.split("/"))
 
 
 def storage_driver(settings: Settings, store: BlobStore | None = None) -> S3StorageDriver:

@@ -5,9 +5,10 @@ and every GRPO update publishes version parent + 1. A version's checkpoint files
 LoRA adapter or full weights) live in the blob store, content-addressed; its row in PostgreSQL
 says which files, what it was trained from, and the update's metrics.
 
-Publishing a version and marking the traces it was trained on as consumed happen in one
-transaction, keyed by the update's id. So a retried update (a trainer killed after committing but
-before Temporal heard back) finds its version already there, and no trace is consumed twice.
+Publishing a version and marking the traces it decided on (trained on, or left out of their
+groups: trainer/rollouts.py) as consumed happen in one transaction, keyed by the update's id. So
+a retried update (a trainer killed after committing but before Temporal heard back) finds its
+version already there, and no trace is consumed twice.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class PolicyRegistry:
     async def publish(
         self, version: PolicyVersion, consumed: list[tuple[str, str]]
     ) -> PolicyVersion:
-        """Register `version` and mark the traces it trained on (workflow id, run id) consumed.
+        """Register `version` and mark the traces it decided on (workflow id, run id) consumed:
+        those it trained on and those its groups left out, so none is chosen again.
 
         Idempotent per update id: a retry of a committed update returns the committed version.
         Raises StaleParent when the policy moved on since `version.parent`, and

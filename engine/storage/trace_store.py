@@ -4,26 +4,42 @@ Writes are upserts keyed by (workflow id, run id): a record activity that is ret
 workflow replayed, writes the same row again instead of a second one. Any string in a trace
 longer than the blob threshold (an agent's 5 MB output, a long prompt) is replaced in the stored
 document by `{"$blob": "sha256:...", "bytes": n, "preview": "..."}` and put in the blob store;
-reads put the text back unless asked not to.
+reads put the text back unless asked not to. Content that merely looks like such a reference
+stays data (blob_refs.py).
 
-The trainer reads *groups*: the root traces of one task under one policy version.
+The trainer reads *groups*: the G oldest root traces of one task under one policy version,
+complete once G runs have finished, whatever their status. Runs that are not honest rollouts
+(engine/contracts/rollouts.py) are left out of the group and listed with their reason; the others
+form it when at least MIN_GROUP remain.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 import asyncpg
+import structlog
 from pydantic import BaseModel, Field
 
-from conductor_engine.engine.storage.blobs import BlobStore
+from conductor_engine.engine.contracts.rollouts import (
+    MIN_GROUP,
+    LeftOutReason,
+    count_reasons,
+)
+from conductor_engine.engine.storage.blob_refs import decode, encode, may_hold_blob_keys, refs_in
+from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
 from conductor_engine.engine.storage.database import connect_pool
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
+from conductor_engine.engine.storage.traces import PolicyRef, Trace, TraceStatus
 
-BLOB_KEY = "$blob"
-PREVIEW_CHARS = 200
+log = structlog.get_logger(__name__)
+
+UNREADABLE = (BlobCorrupt, LookupError, TypeError, ValueError)
+"""What reading one trace raises when the trace itself is bad: a missing or corrupt blob, a
+document that does not validate (pydantic's ValidationError and UnicodeDecodeError are
+ValueErrors). A blob store or database that cannot be reached raises something else, and a
+retry is the right answer to that."""
 
 _UPSERT = """
 WITH written AS (
@@ -120,17 +136,48 @@ class TraceFilter(BaseModel):
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
 
+class LeftOut(BaseModel):
+    """A run of a group that is not one of its rollouts, and why."""
+
+    workflow_id: str
+    run_id: str
+    reason: LeftOutReason
+    detail: str | None = Field(default=None, description="the run's error, or the read error")
+
+
 class Group(BaseModel):
-    """GRPO's unit: `size` rollouts of one task under one policy version, oldest first."""
+    """GRPO's unit: the `size` oldest runs of one task under one policy version. `traces` are
+    the honest rollouts among them (as `Trace.as_rollout` makes them), oldest first; `left_out`
+    the others. The rollouts form the group when there are at least MIN_GROUP of them."""
 
     task_id: str
     policy: PolicyRef
     traces: list[Trace]
+    left_out: list[LeftOut] = Field(default_factory=list)
+
+    @property
+    def trainable(self) -> bool:
+        return len(self.traces) >= MIN_GROUP
 
     @property
     def rewards(self) -> list[float]:
+        """The rollouts' rewards (every rollout has one: a run without is left out)."""
         return [t.reward.value if t.reward and t.reward.value is not None else 0.0
                 for t in self.traces]
+
+    @property
+    def runs(self) -> list[tuple[str, str]]:
+        """(workflow id, run id) of every run the group decided on, rollout or left out."""
+        return [(t.workflow_id, t.run_id) for t in self.traces] + \
+            [(x.workflow_id, x.run_id) for x in self.left_out]
+
+    def left_out_counts(self) -> dict[str, int]:
+        """Runs not trained on, by reason; a group too small to form counts its rollouts as
+        "too_few_left"."""
+        reasons: list[str] = [x.reason for x in self.left_out]
+        if not self.trainable:
+            reasons += ["too_few_left"] * len(self.traces)
+        return count_reasons(reasons)
 
 
 class TraceStore:
@@ -157,10 +204,14 @@ class TraceStore:
 
     async def row(self, trace: Trace) -> tuple[Any, ...]:
         """The row's values in _UPSERT's order, large texts moved to the blob store. A
-        document no longer than the threshold cannot hold a longer text: it goes as is."""
-        doc: bytes | dict[str, Any] = trace.document_json()
-        if len(doc) > self.blob_threshold:
-            doc = await self._offload(trace.document())
+        document no longer than the threshold cannot hold a longer text, and one with no key
+        to escape goes as it is, unwalked (the common case)."""
+        raw = trace.document_json()
+        doc: bytes | dict[str, Any] = raw
+        if len(raw) > self.blob_threshold or may_hold_blob_keys(raw):
+            encoded = encode(trace.document(), threshold=self.blob_threshold)
+            await asyncio.gather(*(self.blobs.put(data) for data in encoded.blobs.values()))
+            doc = encoded.doc
         verdict = trace.reward.verdict if trace.reward else None
         usage = trace.totals.usage
         return (
@@ -173,35 +224,18 @@ class TraceStore:
             trace.started_at, trace.finished_at, trace.schema_version, doc, trace.task.batch,
         )
 
-    async def _offload(self, value: Any) -> Any:
-        if isinstance(value, str):
-            if len(value) > self.blob_threshold // 4:
-                data = value.encode()
-                if len(data) > self.blob_threshold:
-                    ref = await self.blobs.put(data)
-                    return {BLOB_KEY: ref, "bytes": len(data), "preview": value[:PREVIEW_CHARS]}
-            return value
-        if isinstance(value, dict):
-            return {k: await self._offload(v) for k, v in value.items()}
-        if isinstance(value, list) and value and isinstance(value[0], str | dict | list):
-            return [await self._offload(v) for v in value]
-        return value
-
-    async def _restore(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            if BLOB_KEY in value:
-                return (await self.blobs.get(value[BLOB_KEY])).decode()
-            return {k: await self._restore(v) for k, v in value.items()}
-        if isinstance(value, list) and value and isinstance(value[0], dict | list):
-            return [await self._restore(v) for v in value]
-        return value
-
     # --- reading ---------------------------------------------------------------------------
 
+    async def _document(self, doc: dict[str, Any], resolve_blobs: bool) -> dict[str, Any]:
+        """The stored document as written: its blobs fetched (concurrently), keys unescaped."""
+        if not resolve_blobs:
+            return decode(doc, None)
+        refs = sorted(refs_in(doc))
+        data = await asyncio.gather(*(self.blobs.get(r) for r in refs))
+        return decode(doc, {r: d.decode() for r, d in zip(refs, data, strict=True)})
+
     async def _trace(self, doc: dict[str, Any], resolve_blobs: bool) -> Trace:
-        if resolve_blobs:
-            doc = await self._restore(doc)
-        return Trace.from_document(doc)
+        return Trace.from_document(await self._document(doc, resolve_blobs))
 
     async def get(
         self, workflow_id: str, run_id: str | None = None, *, children: bool = True,
@@ -260,16 +294,20 @@ class TraceStore:
         size: int,
         limit: int = 4,
         dataset: str | None = None,
-        statuses: tuple[str, ...] = ("completed", "invalid_plan", "failed"),
-        resolve_blobs: bool = True,
+        statuses: tuple[str, ...] = get_args(TraceStatus),
         unconsumed: bool = False,
         task_ids: list[str] | None = None,
     ) -> list[Group]:
-        """Up to `limit` complete groups: tasks with at least `size` root traces under this
-        policy version, each group its `size` oldest traces. Two indexed queries.
+        """Up to `limit` complete groups: tasks with at least `size` root runs under this
+        policy version, each group its `size` oldest runs. Two indexed queries.
 
-        `unconsumed` leaves out traces a published update already trained on (the trainer's
-        view); `task_ids` keeps only those tasks."""
+        A group is complete once `size` runs have finished, failed ones included (every run
+        records a trace); which of them are rollouts is then decided per run (`_member`), so
+        a returned group may be too small to train on (`Group.trainable`): the trainer still
+        consumes it, so that it is not chosen again.
+
+        `unconsumed` leaves out traces an update already decided on (the trainer's view);
+        `task_ids` keeps only those tasks."""
         args: list[Any] = [policy.name, policy.version, list(statuses), size]
         dataset_sql = ""
         if dataset is not None:
@@ -290,21 +328,42 @@ class TraceStore:
             WITH g AS (
                 SELECT task_id, min(finished_at) AS first FROM traces WHERE {base}
                 GROUP BY task_id HAVING count(*) >= $4 ORDER BY first LIMIT {int(limit)})
-            SELECT g.task_id, r.trace FROM g CROSS JOIN LATERAL (
-                SELECT trace FROM traces WHERE {base} AND traces.task_id = g.task_id
+            SELECT g.task_id, r.workflow_id, r.run_id, r.trace FROM g CROSS JOIN LATERAL (
+                SELECT workflow_id, run_id, finished_at, trace FROM traces
+                WHERE {base} AND traces.task_id = g.task_id
                 ORDER BY finished_at, workflow_id LIMIT $4) r
-            ORDER BY g.first, g.task_id
+            ORDER BY g.first, g.task_id, r.finished_at, r.workflow_id
             """,
             *args,
         )
-        docs: dict[str, list[dict[str, Any]]] = {}
+        by_task: dict[str, list[asyncpg.Record]] = {}
         for r in rows:
-            docs.setdefault(r["task_id"], []).append(r["trace"])
+            by_task.setdefault(r["task_id"], []).append(r)
         out = []
-        for task_id, group_docs in docs.items():
-            traces = await asyncio.gather(*(self._trace(d, resolve_blobs) for d in group_docs))
-            out.append(Group(task_id=task_id, policy=policy, traces=list(traces)))
+        for task_id, group_rows in by_task.items():
+            members = await asyncio.gather(*(self._member(r) for r in group_rows))
+            out.append(Group(task_id=task_id, policy=policy,
+                             traces=[m for m in members if isinstance(m, Trace)],
+                             left_out=[m for m in members if isinstance(m, LeftOut)]))
         return out
+
+    async def _member(self, row: asyncpg.Record) -> Trace | LeftOut:
+        """One run of a group: its rollout, or why it is left out. A trace that cannot be read
+        is left out (and logged) rather than raised: the update that reads it would otherwise
+        fail on it at every retry, forever."""
+        wid, rid = row["workflow_id"], row["run_id"]
+        try:
+            trace = await self._trace(row["trace"], resolve_blobs=True)
+        except UNREADABLE as e:
+            detail = f"{type(e).__name__}: {e}"
+            log.warning("trace left out of its group: unreadable", workflow_id=wid, run_id=rid,
+                        error=detail)
+            return LeftOut(workflow_id=wid, run_id=rid, reason="unreadable", detail=detail)
+        rollout = trace.as_rollout()
+        if isinstance(rollout, Trace):
+            return rollout
+        why = trace.error or (trace.reward.reason if trace.reward else None)
+        return LeftOut(workflow_id=wid, run_id=rid, reason=rollout, detail=why)
 
 
 def _summary(r: asyncpg.Record) -> TraceSummary:

@@ -4,24 +4,29 @@ server: migrations, idempotent upserts, group queries, traces read back whole.""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio import activity
 from temporalio.client import Client
 
 from conductor_engine.activities.record import RecordActivities
 from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.rewards import Reward, Verdict
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
+from conductor_engine.engine.storage.traces import PolicyRef, Trace
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import Reply
+from tests.cli import run_conductor
 from tests.conftest import make_pool
 from tests.plans import plan_json, self_calling_conductor
 from tests.traces import make_trace
@@ -245,6 +250,9 @@ async def test_failed_and_unparseable_runs_are_recorded_with_reward_zero(
     assert failed is not None and failed.status == "failed" and failed.reward is not None
     assert failed.reward.value == 0.0 and "gpt" in (failed.error or "")
     assert failed.steps[0].status == "failed" and failed.steps[0].error
+    # what failed is recorded, so training leaves the run out of its group instead of a zero
+    assert failed.failure == "StepFailed" and failed.as_rollout() == "step_failed"
+    assert bad.as_rollout() == bad, "an unparseable plan is the policy's own: a rollout"
 
 
 async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
@@ -269,3 +277,152 @@ async def test_a_sampled_nul_character_is_stored_as_a_replacement_character(
     back = await trace_store.get(trace.workflow_id)
     assert back is not None and back.answer == "a\ufffdb \\u0000 kept"
     assert back.rounds[0].attempts[0].raw_text == "plan\ufffd"
+
+
+# --- content that looks like a blob reference, and groups of honest rollouts --------------
+
+REF = "sha256:" + "ab" * 32
+
+
+def forged_trace(task_id: str, **kw: Any) -> Trace:
+    """A trace whose content imitates the store's blob references: in a verifier's details (as
+    a forged sandbox event carried them) and in a step's output, short and long."""
+    trace = make_trace(task_id, **kw)
+    assert trace.reward is not None and trace.reward.verdict is not None
+    trace.reward.verdict.details = {
+        "events": [{"$blob": "sha256:../../../../etc/passwd"},
+                   {"$blob": REF, "bytes": 4, "preview": "pwnd"}, 7, [{"$$blob": None}]],
+        "$blob": "sha256:..", "$$blob": {"$blob": REF}, "extracted": "1024"}
+    forged = json.dumps({"$blob": "sha256:../..", "bytes": 1, "preview": "x"})
+    trace.rounds[0].steps[0].output = forged
+    trace.rounds[0].steps[1].output = forged + " " + "y" * 3000  # long: a real blob
+    return trace
+
+
+@pytest.mark.parametrize("threshold", [1024, 64 * 1024])
+async def test_trace_content_that_looks_like_a_blob_reference_round_trips_exactly(
+    postgres_url: str, tmp_path: Path, threshold: int,
+) -> None:
+    blobs = LocalBlobStore(tmp_path / "blobs")
+    store = await TraceStore.open(postgres_url, blobs, blob_threshold=threshold, max_size=2)
+    try:
+        trace = forged_trace(f"forged-{uuid.uuid4().hex[:6]}")
+        await store.write(trace)
+        raw = await store.pool.fetchval(
+            "SELECT trace FROM traces WHERE workflow_id = $1", trace.workflow_id)
+        details = raw["reward"]["verdict"]["details"]
+        assert raw["$escaped"] == 1 and "$blob" not in details and details["$$blob"] == "sha256:.."
+        assert details["$$$blob"] == {"$$blob": REF}
+        back = await store.get(trace.workflow_id)
+        assert back is not None and back.model_dump() == trace.model_dump()
+        made = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+        assert len(made) == (1 if threshold == 1024 else 0), "only the long output is a blob"
+    finally:
+        await store.close()
+
+
+async def test_conductor_traces_show_prints_a_trace_with_forged_references(
+    trace_store: TraceStore, base_settings: Settings,
+) -> None:
+    trace = forged_trace(f"show-{uuid.uuid4().hex[:6]}")
+    await trace_store.write(trace)
+    env = {"CONDUCTOR_DATABASE_URL": base_settings.database_url or "",
+           "CONDUCTOR_DATA_DIR": str(base_settings.data_dir)}
+    shown = run_conductor("traces", "show", trace.workflow_id, "--full", env=env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert trace.workflow_id in shown.stdout and "sha256:../.." in shown.stdout
+    as_json = run_conductor("traces", "show", trace.workflow_id, "--json", env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    assert Trace.model_validate_json(as_json.stdout).model_dump() == trace.model_dump()
+
+
+def _failed(trace: Trace, failure: str) -> Trace:
+    return trace.model_copy(update={
+        "status": "failed", "failure": failure, "answer": None,
+        "error": f"step 1/3 (gpt) failed: HTTP 500 ({failure})",
+        "reward": Reward(value=0.0, reason="run failed")})
+
+
+def _verifier_error(trace: Trace) -> Trace:
+    verdict = Verdict(verifier="code", correct=False, score=0.0, reason="verifier error: boom",
+                      details={"error": "sandbox exited 137"})
+    return trace.model_copy(update={
+        "reward": Reward(value=0.0, verdict=verdict, reason="verifier error: boom")})
+
+
+async def test_a_group_leaves_out_failed_unreadable_and_unverified_runs_and_counts_them(
+    postgres_url: str, tmp_path: Path,
+) -> None:
+    """Six runs finished: the group is complete. Three are rollouts (one with forged
+    references in its verdict, read back exactly); a step that failed, a verifier that failed
+    and a trace whose blob is gone are left out, each with its reason, and the trainer's group
+    read neither fails nor scores them 0."""
+    blobs = LocalBlobStore(tmp_path / "blobs")
+    store = await TraceStore.open(postgres_url, blobs, blob_threshold=1024, max_size=2)
+    name, task = f"honest-{uuid.uuid4().hex[:6]}", "t-honest"
+    start = datetime.now(UTC) - timedelta(hours=1)
+
+    def run(i: int, reward: float, **kw: Any) -> Trace:
+        t = make_trace(task, version="v1", reward=reward, finished=start + timedelta(minutes=i),
+                       **kw)
+        return t.model_copy(update={"policy": PolicyRef(name=name, version="v1")})
+
+    forged = forged_trace(task, version="v1", reward=0.5, finished=start + timedelta(minutes=1))
+    forged = forged.model_copy(update={"policy": PolicyRef(name=name, version="v1")})
+    lost = run(5, 1.0, output="z" * 5000)  # its answer goes to a blob, which is then lost
+    runs = [run(0, 1.0), forged, _failed(run(2, 1.0), "StepFailed"), run(3, 1.0),
+            _verifier_error(run(4, 1.0)), lost]
+    try:
+        for t in runs:
+            await store.write(t)
+        for path in (tmp_path / "blobs").rglob("*"):
+            if path.is_file() and path.read_bytes() == b"z" * 5000:
+                path.unlink()
+        policy = PolicyRef(name=name, version="v1")
+        assert await store.groups(policy, size=7) == [], "complete once all G have finished"
+        [group] = await store.groups(policy, size=6)
+        assert [t.workflow_id for t in group.traces] == [runs[i].workflow_id for i in (0, 1, 3)]
+        assert group.rewards == [1.0, 0.5, 1.0] and group.trainable
+        assert group.traces[1].model_dump() == forged.model_dump()
+        assert {(x.workflow_id, x.reason) for x in group.left_out} == {
+            (runs[2].workflow_id, "step_failed"), (runs[4].workflow_id, "verifier_error"),
+            (lost.workflow_id, "unreadable")}
+        assert any("BlobNotFound" in (x.detail or "") for x in group.left_out)
+        assert sorted(group.runs) == sorted((t.workflow_id, t.run_id) for t in runs)
+
+        from conductor_engine.engine.contracts.training import RolloutConfig
+        from conductor_engine.trainer.rollouts import group_stats, select_groups
+
+        cfg = RolloutConfig(group_size=6, groups_per_update=1, max_staleness=0)
+        picked = await select_groups(store, name, 1, cfg)
+        stats = group_stats(picked)
+        assert (stats.groups, stats.rollouts) == (1, 3)
+        assert stats.mean_reward == pytest.approx(2.5 / 3)
+        assert stats.left_out == {"step_failed": 1, "unreadable": 1, "verifier_error": 1}
+    finally:
+        await store.close()
+
+
+async def test_a_group_too_small_to_train_is_taken_with_the_next_that_trains(
+    trace_store: TraceStore,
+) -> None:
+    name = f"small-{uuid.uuid4().hex[:6]}"
+    start = datetime.now(UTC) - timedelta(hours=1)
+
+    def run(task: str, i: int, reward: float = 1.0) -> Trace:
+        t = make_trace(task, version="v1", reward=reward, finished=start + timedelta(minutes=i))
+        return t.model_copy(update={"policy": PolicyRef(name=name, version="v1")})
+
+    dead = [run("a", 0), _failed(run("a", 1), "PlanFailed"), _failed(run("a", 2), "StepFailed")]
+    live = [run("b", 3, 1.0), run("b", 4, 0.5), _failed(run("b", 5), "StepFailed")]
+    for t in dead + live:
+        await trace_store.write(t)
+    from conductor_engine.engine.contracts.training import RolloutConfig
+    from conductor_engine.trainer.rollouts import group_stats, select_groups
+
+    cfg = RolloutConfig(group_size=3, groups_per_update=1, max_staleness=0)
+    picked = await select_groups(trace_store, name, 1, cfg)
+    assert [(g.task_id, g.trainable) for g, _ in picked] == [("a", False), ("b", True)]
+    stats = group_stats(picked)
+    assert (stats.groups, stats.rollouts, stats.mean_reward) == (1, 2, 0.75)
+    assert stats.left_out == {"step_failed": 2, "plan_failed": 1, "too_few_left": 1}

@@ -5,6 +5,7 @@ and served, and a trainer killed mid-update loses nothing and consumes nothing t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -30,12 +31,15 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.engine.storage.traces import PolicyRef
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.trainer.service import build_trainer_worker
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
+from tests.agent_server import AgentServer, Reply
 from tests.cli import CONDUCTOR
-from tests.conftest import running_worker
+from tests.conftest import make_pool, running_worker
+from tests.plans import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_POOL = ROOT / "examples" / "sim" / "pool.toml"
@@ -220,6 +224,91 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
     from conductor_engine.engine.providers.local.model import loaded_models
 
     assert any(k.startswith(f"{smollm2_model_dir}@") for k in loaded_models), "adapter applied"
+
+
+def scripted_rollouts(server: AgentServer) -> None:
+    """A conductor and agents on the agent server whose runs differ per sample, by a counter
+    per task: alpha's first plan is malformed and its answers alternate right and wrong; beta's
+    first plan sends its step to an agent that answers 500 until the retries run out; gamma's
+    reference is no letter, so its choice verifier fails on every answer."""
+    plans = {"ALPHA": itertools.count(), "BETA": itertools.count()}
+
+    def conductor(prompt: str) -> str:
+        if "TASK-ALPHA" in prompt:
+            return "no plan here" if next(plans["ALPHA"]) == 0 else plan_json(
+                ("gpt", "Answer the alpha question.", []))
+        if "TASK-BETA" in prompt:
+            marker = " FAILME" if next(plans["BETA"]) == 0 else ""
+            return plan_json(("claude", f"Answer the beta question.{marker}", []))
+        return plan_json(("gemini", "Answer the gamma question.", []))
+
+    alpha, beta = itertools.count(), itertools.count()
+    server.set_responder("conductor", conductor)
+    server.set_responder("gpt", lambda _: "42" if next(alpha) % 2 else "41")
+    server.set_responder("claude", lambda text: Reply.error(500, "overloaded")
+                         if "FAILME" in text else "7" if next(beta) % 2 else "8")
+    server.set_responder("gemini", lambda _: "A")
+
+
+async def test_runs_that_failed_for_infrastructure_reasons_are_left_out_of_their_groups(
+    client: Client, settings: Settings, agent_server: AgentServer, tiny_policy_dir: Path,
+    trace_store: TraceStore,
+) -> None:
+    """One iteration of three groups of 4. alpha: every run a rollout, its malformed plan one
+    attempt scored 0. beta: a run whose agent kept answering 500 is left out, the other three
+    form the group. gamma: the verifier failed on all four, so no group forms. Nothing of it
+    is scored 0 in a group, and each left-out run is counted by reason."""
+    settings = trainer_settings(settings)
+    scripted_rollouts(agent_server)
+    pool = make_pool(agent_server, conductor={"id": f"cond-{uuid.uuid4().hex[:8]}"})
+    options = RunOptions(max_step_attempts=2, max_plan_attempts=3)  # training overrides plans
+    tasks = [Task(id=f"{k}-{uuid.uuid4().hex[:6]}", question=f"TASK-{k.upper()}: {q}",
+                  reference=ref, verifier=v, options=options)
+             for k, q, ref, v in (("alpha", "What is 6 * 7?", "42", "exact"),
+                                  ("beta", "What is 3 + 4?", "7", "exact"),
+                                  ("gamma", "Which letter?", "42", "choice"))]
+    recipe = Recipe(policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+                    loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+                    rollouts=RolloutConfig(group_size=4, groups_per_update=3, max_staleness=0,
+                                           scale_rewards=False))
+    inp = TrainInput(name=f"honest-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
+                     tasks=tasks, iterations=1, recipe=recipe,
+                     trainer_task_queue=settings.trainer_task_queue)
+    async with training_stack(client, settings, pool) as conductor:
+        await conductor.start_training(inp)
+        final = await asyncio.wait_for(client.get_workflow_handle(
+            training_workflow_id(inp.name), result_type=TrainProgress).result(), timeout=300)
+
+    [it] = final.history
+    assert it.published == "v1", it
+    assert it.left_out == {"verifier_error": 4, "step_failed": 1}
+    assert it.update_left_out == it.left_out, "the trainer left out the same runs"
+    assert it.rollouts == 7 and it.valid_plan_rate == pytest.approx(6 / 7)
+
+    policy = PolicyRef(name=pool.conductor.id, version="base")
+    groups = {g.task_id.split("-")[0]: g for g in await trace_store.groups(policy, size=4)}
+    alpha, beta, gamma = groups["alpha"], groups["beta"], groups["gamma"]
+    # a rollout gets one plan attempt: a malformed plan is a 0 with no retry feedback
+    every = [t for g in groups.values() for t in g.traces] + [
+        await trace_store.get(x.workflow_id) for g in groups.values() for x in g.left_out]
+    assert len(every) == 12
+    assert all(t is not None and len(r.attempts) == 1 for t in every for r in t.rounds)
+    [invalid] = [t for t in alpha.traces if t.status == "invalid_plan"]
+    assert invalid.reward is not None and invalid.reward.value == 0.0
+    assert "not a valid plan" not in invalid.rounds[0].attempts[0].prompt[-1].content
+    assert len(alpha.traces) == 4 and not alpha.left_out
+    # beta: the 500s left their run out; the group and its advantages are the other three
+    [failed] = beta.left_out
+    assert failed.reason == "step_failed" and "overloaded" in (failed.detail or "")
+    assert len(beta.traces) == 3 and all(t.status == "completed" for t in beta.traces)
+    assert not gamma.traces and {x.reason for x in gamma.left_out} == {"verifier_error"}
+    rewards = alpha.rewards + beta.rewards
+    assert it.mean_reward == pytest.approx(sum(rewards) / len(rewards))
+    version = await PolicyRegistry(trace_store.pool).get(pool.conductor.id, 1)
+    assert version.metrics["samples"] == 7, "one sample per rollout: none of a left-out run"
+    assert version.metrics["left_out"] == it.left_out
+    consumed = await PolicyRegistry(trace_store.pool).consumed_by(version.update_id)
+    assert len(consumed) == 12, "every run was decided on, so none is chosen again"
 
 
 def trainer_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]:

@@ -20,6 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from conductor_engine.engine.contracts.rollouts import describe_counts
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.registry import ProviderName, capabilities, listed
 from conductor_engine.engine.runtime.cli.app import (
@@ -200,10 +201,20 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def _iteration_line(s: Any) -> str:
     made = f" → {s.published}" if s.published else f" (no update: {s.note})" if s.note else ""
-    return (f"it {s.iteration:>3} · {s.version}{made} · reward {_fmt(s.mean_reward)} · "
+    return (f"it {s.iteration:>3} · {s.version}{made} · {s.rollouts} rollouts"
+            f"{_left_out_note(s)} · reward {_fmt(s.mean_reward)} · "
             f"valid {_fmt(s.valid_plan_rate, 2)} · loss {_fmt(s.loss, 4)} · clip "
             f"{_fmt(s.clip_fraction, 3)} · kl {_fmt(s.kl, 4)} · |g| {_fmt(s.grad_norm, 3)} · "
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
+
+
+def _left_out_note(s: Any) -> str:
+    """" · left out 5 (verifier_error 4, step_failed 1)", and what the update left out when
+    that differs (stale groups, unreadable traces); "" when nothing was."""
+    note = f" · left out {describe_counts(s.left_out)}" if s.left_out else ""
+    if s.update_left_out and s.update_left_out != s.left_out:
+        note += f" · update left out {describe_counts(s.update_left_out)}"
+    return note
 
 
 @train_app.command("status")
@@ -224,18 +235,29 @@ def train_status(
     if p is None:
         raise fail(f"training run {name} is {status} but no worker answered its progress "
                     f"query; start a worker (`conductor worker`)")
-    table = Table("it", "version", "rollouts", "reward", "valid", "loss", "clip", "kl",
-                  "grad norm", "tokens", "published", title=f"{name} · {status} · {p.phase}")
+    out.print(history_table(f"{name} · {status} · {p.phase}", p.history))
     for s in p.history:
-        table.add_row(str(s.iteration), s.version, str(s.rollouts), _fmt(s.mean_reward),
-                      _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4), _fmt(s.clip_fraction),
-                      _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}", s.published or "—")
-    out.print(table)
+        if s.update_left_out and s.update_left_out != s.left_out:
+            out.print(f"it {s.iteration}: the update left out "
+                      f"{describe_counts(s.update_left_out)}", highlight=False)
     curve = [(s.iteration, s.mean_reward) for s in p.history if s.mean_reward is not None]
     if not curve:
         return
     _terminal_curve(name, curve)
     _png_curve(name, curve, plot or Path(f"train-{name}.png"))
+
+
+def history_table(title: str, history: list[Any]) -> Table:
+    """One row per iteration (IterationStats): its rollouts and the runs left out of their
+    groups, by reason, then how the policy did and what the update did."""
+    table = Table("it", "version", "rollouts", "left out", "reward", "valid", "loss", "clip",
+                  "kl", "grad norm", "tokens", "published", title=title)
+    for s in history:
+        table.add_row(str(s.iteration), s.version, str(s.rollouts),
+                      describe_counts(s.left_out), _fmt(s.mean_reward),
+                      _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4), _fmt(s.clip_fraction),
+                      _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}", s.published or "—")
+    return table
 
 
 def _terminal_curve(name: str, curve: list[tuple[int, float]]) -> None:
