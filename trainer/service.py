@@ -25,7 +25,14 @@ from temporalio.worker import Worker
 
 from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY
-from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
+from conductor_engine.engine.contracts.rollouts import MIN_GROUP, describe_counts
+from conductor_engine.engine.contracts.training import (
+    LossConfig,
+    PolicyConfig,
+    Recipe,
+    UpdateRequest,
+    UpdateResult,
+)
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
     PolicyError,
@@ -38,18 +45,23 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.shared import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.trainer.rollouts import group_samples, group_stats, select_groups
+from conductor_engine.trainer.rollouts import (
+    GroupStats,
+    group_samples,
+    group_stats,
+    select_groups,
+)
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass
 class _Held:
-    """The policy this process holds: which version, trained with which recipe."""
+    """The policy this process holds: which version, loaded as which policy config."""
 
     name: str
     version: int
-    recipe: Recipe
+    config: PolicyConfig
     policy: Any  # trainer.policy.Policy
     optimizer: Any
     reference: Any = None  # the frozen reference model, when beta > 0
@@ -62,6 +74,7 @@ class Trainer:
         self.settings = settings
         self._held: _Held | None = None
         self._lock = asyncio.Lock()
+        self.loads = 0  # policies loaded from the registry or the base: what holding saves
 
     async def update(self, req: UpdateRequest) -> UpdateResult:
         async with self._lock:
@@ -82,23 +95,17 @@ class Trainer:
             )
         groups = await select_groups(store, req.name, req.parent, req.recipe.rollouts)
         stats = group_stats(groups)
-        if not groups:
-            return UpdateResult(
-                name=req.name, version=req.parent, published=False,
-                reason=(f"no complete unconsumed group of {req.recipe.rollouts.group_size} "
-                        f"rollouts under {version_label(req.parent)} or up to "
-                        f"{req.recipe.rollouts.max_staleness} versions before it"),
-                seconds=time.monotonic() - started,
-            )
+        if not stats.groups:
+            return _nothing_to_train(req, stats, started)
         held = await self._hold(req, registry, store)
         samples = [s for g, age in groups
                    for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts)]
         self._held = None  # the weights are about to change: unusable until published
         step = await asyncio.to_thread(self._train, held, samples, req.recipe)
-        consumed = [(t.workflow_id, t.run_id) for g, _ in groups for t in g.traces]
+        consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
-                   "rollout_tokens": stats.tokens}
+                   "rollout_tokens": stats.tokens, "left_out": stats.left_out}
         version = await self._save(held, req, store, metrics)
         try:
             published = await registry.publish(version, consumed)
@@ -107,8 +114,8 @@ class Trainer:
         held.version = published.version
         self._held = held
         log.info("policy published", policy=req.name, version=published.label,
-                 groups=stats.groups, loss=round(step.loss, 5), grad_norm=round(step.grad_norm, 4),
-                 seconds=round(time.monotonic() - started, 2))
+                 groups=stats.groups, left_out=stats.left_out, loss=round(step.loss, 5),
+                 grad_norm=round(step.grad_norm, 4), seconds=round(time.monotonic() - started, 2))
         result = _published(published, started)
         result.reason = step.skipped
         return result
@@ -116,12 +123,12 @@ class Trainer:
     async def _hold(self, req: UpdateRequest, registry: PolicyRegistry,
                     store: TraceStore) -> _Held:
         """The policy at `req.parent` with its optimiser state: kept from the last update when it
-        is that version, else loaded from the registry (or the base model for version 0)."""
-        held = self._held
-        if (held is not None and held.name == req.name and held.version == req.parent
-                and held.recipe == req.recipe):
-            return held
+        is that version (`_holds`), else loaded from the registry (or the base model for
+        version 0)."""
+        if self._held is not None and _holds(self._held, req):
+            return self._held
         self._held = None
+        self.loads += 1
         checkpoint, optimizer_state = None, None
         if req.parent > 0:
             parent = await registry.get(req.name, req.parent)
@@ -136,6 +143,7 @@ class Trainer:
 
         if recipe.loss.beta > 0 and held.reference is None:
             held.reference = reference_model(held.policy)
+        _set_learning_rate(held.optimizer, recipe.loss)
         return train_step(held.policy.model, held.optimizer, samples, recipe.loss,
                           ref_model=held.reference, pad_id=held.policy.pad_id)
 
@@ -157,6 +165,28 @@ class Trainer:
         )
 
 
+def _holds(held: _Held, req: UpdateRequest) -> bool:
+    """Whether the held model and optimiser are exactly what `req` would load: the same policy
+    at the same version, built from the same PolicyConfig (base, LoRA shape, device, dtype,
+    checkpointing), which alone decides the weights' layout and the optimiser's parameters.
+
+    The rest of the recipe is deliberately not compared. `rollouts` only picks which traces an
+    update trains on, and the training workflow changes its `task_ids` every iteration: comparing
+    it made every update reload the checkpoint and the optimiser state from the blob store.
+    `loss` is read afresh by every step, and its one optimiser setting, the learning rate, is
+    set on the optimiser before each step (`_set_learning_rate`)."""
+    return (held.name == req.name and held.version == req.parent
+            and held.config == req.recipe.policy)
+
+
+def _set_learning_rate(optimizer: Any, loss: LossConfig) -> None:
+    """The recipe's learning rate on every param group, before each update: a held optimiser
+    follows a changed recipe, and a reloaded one does not keep the rate saved with its state
+    (load_state_dict restores the param groups as they were)."""
+    for group in optimizer.param_groups:
+        group["lr"] = loss.learning_rate
+
+
 def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | None) -> _Held:
     from conductor_engine.trainer.grpo import make_optimizer
     from conductor_engine.trainer.policy import load_optimizer, load_policy
@@ -170,7 +200,19 @@ def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | 
             load_optimizer(optimizer, Path(f.name))
     log.info("policy loaded", policy=req.name, version=version_label(req.parent),
              kind=policy.kind, device=str(policy.device))
-    return _Held(req.name, req.parent, req.recipe, policy, optimizer)
+    return _Held(req.name, req.parent, req.recipe.policy, policy, optimizer)
+
+
+def _nothing_to_train(req: UpdateRequest, stats: GroupStats, started: float) -> UpdateResult:
+    """No group with MIN_GROUP rollouts: nothing is published and nothing consumed."""
+    cfg = req.recipe.rollouts
+    reason = (f"no complete unconsumed group of {cfg.group_size} runs with at least "
+              f"{MIN_GROUP} rollouts under {version_label(req.parent)} or up to "
+              f"{cfg.max_staleness} versions before it")
+    if stats.left_out:
+        reason += f"; left out: {describe_counts(stats.left_out)}"
+    return UpdateResult(name=req.name, version=req.parent, published=False, reason=reason,
+                        left_out=stats.left_out, seconds=time.monotonic() - started)
 
 
 def _published(version: PolicyVersion, started: float) -> UpdateResult:
@@ -181,7 +223,7 @@ def _published(version: PolicyVersion, started: float) -> UpdateResult:
         name=version.name, version=version.version, published=True,
         groups=m.get("groups", 0), rollouts=m.get("rollouts", 0),
         mean_reward=m.get("mean_reward"), valid_plan_rate=m.get("valid_plan_rate"),
-        rollout_tokens=m.get("rollout_tokens", 0),
+        rollout_tokens=m.get("rollout_tokens", 0), left_out=m.get("left_out", {}),
         step=StepMetrics.model_validate(m), seconds=time.monotonic() - started,
     )
 

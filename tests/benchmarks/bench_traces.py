@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -35,7 +34,7 @@ if str(ROOT) not in sys.path:
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
 from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
 from conductor_engine.engine.storage.traces import PolicyRef  # noqa: E402
-from tests.benchmarks._harness import postgres, run  # noqa: E402
+from tests.benchmarks._harness import postgres, reachable_tempdir, run  # noqa: E402
 from tests.traces import make_trace  # noqa: E402
 
 COLUMNS = _UPSERT.split("INSERT INTO traces (", 1)[1].split(")", 1)[0].replace("\n", " ")
@@ -102,7 +101,7 @@ async def time_groups(store: TraceStore, size: int, runs: int = 15) -> float:
 
 
 async def main(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory() as tmp, postgres(Path(tmp)) as url:
+    with reachable_tempdir("conductor-bench-") as tmp, postgres(tmp) as url:
         store = await TraceStore.open(url, LocalBlobStore(Path(tmp) / "blobs"),
                                       max_size=args.concurrency)
         engine_rate, baseline_rate = await bench_writes(store, args.writes, args.concurrency)

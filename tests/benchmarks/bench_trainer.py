@@ -1,6 +1,16 @@
 """Update throughput: `trainer.grpo.train_step` against TRL's GRPOTrainer doing the same update.
 
     python tests/benchmarks/bench_trainer.py [--runs 5] [--warmup 1] [--gpu]
+    python tests/benchmarks/bench_trainer.py --hold [--updates 4] [--shapes tiny,smollm2] [--gpu]
+
+With --hold it times instead what the trainer service saves by keeping its policy between the
+updates of one training run: consecutive `Trainer.update` calls (real PostgreSQL, a local blob
+store, groups of stored rollouts whose task_ids change every update, as the training workflow's
+iterations do), once holding the policy and optimiser, once reloading the parent version from
+the blob store before every update (what the service did while it compared whole recipes). The
+updates are interleaved; the first of each run loads in both and is shown apart. Printed: the
+median seconds per update and per getting the policy (`Trainer._hold`) of each, the time saved
+per update and the ratio reload / hold of whole updates.
 
 Both train the same model (same initial weights, float32 on the CPU, bfloat16 on the GPU) on the
 same batch of rollouts (groups of completions of varied length sharing a prompt, advantages,
@@ -39,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +274,153 @@ def report(title: str, results: dict[str, dict[str, list[float]]]) -> float:
     return ratio
 
 
+# ------------------------------------------------------------------------------ holding the policy
+
+SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    max_position_embeddings=2048, tie_word_embeddings=True)
+HOLD_SHAPES = {"tiny": (TINY, False), "smollm2": (SMOLLM2_135M, True),  # shape, LoRA
+               "smollm2-full": (SMOLLM2_135M, False)}
+
+
+def policy_dir(shape: dict[str, Any], out: Path) -> Path:
+    """A randomly initialised model of `shape` and a whitespace tokenizer, saved as a model
+    directory a PolicyConfig can name (no download)."""
+    from tokenizers.pre_tokenizers import Whitespace
+
+    model = build_model(shape, torch.float32, "cpu")
+    model.save_pretrained(out)
+    tokenizer = tiny_tokenizer()
+    tokenizer.backend_tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def hold_recipe(model: Path, lora: bool, task: str, group_size: int, device: str) -> Any:
+    from conductor_engine.engine.contracts.training import PolicyConfig, Recipe, RolloutConfig
+
+    return Recipe(policy=PolicyConfig(base=str(model), lora=lora, lora_r=16, device=device),
+                  loss=LossConfig(learning_rate=1e-4, micro_batch_size=8),
+                  rollouts=RolloutConfig(group_size=group_size, groups_per_update=1,
+                                         max_staleness=1000, task_ids=[task]))
+
+
+@dataclass
+class HoldTimes:
+    """Seconds of each kind of trainer ("hold", "reload"): per update after the first, the part
+    of it spent getting the policy (`Trainer._hold`), the first update, and the loads."""
+
+    updates: dict[str, list[float]]
+    getting: dict[str, list[float]]
+    first: dict[str, float]
+    loads: dict[str, int]
+
+
+def timed_trainer(settings: Any, reload_every_update: bool) -> Any:
+    """The trainer service's Trainer, timing how long each update takes to get its policy; the
+    baseline drops what it holds first, so the parent version is loaded from the blob store
+    before every update."""
+    from conductor_engine.trainer.service import Trainer
+
+    class TimedTrainer(Trainer):
+        def __init__(self) -> None:
+            super().__init__(settings)
+            self.getting: list[float] = []
+
+        async def _hold(self, req: Any, registry: Any, store: Any) -> Any:
+            started = time.perf_counter()
+            if reload_every_update:
+                self._held = None
+            held = await super()._hold(req, registry, store)
+            self.getting.append(time.perf_counter() - started)
+            return held
+
+    return TimedTrainer()
+
+
+async def time_holding(args: argparse.Namespace, shape_name: str, root: Path, url: str
+                       ) -> HoldTimes:
+    """Interleaved consecutive updates of a held and of a reloading trainer, each on its own
+    policy name and its own tasks' groups."""
+    from conductor_engine.engine.contracts.training import UpdateRequest
+    from conductor_engine.engine.settings import Settings
+    from conductor_engine.engine.storage.shared import shared_store
+    from tests.rollout_groups import write_groups
+
+    shape, lora = HOLD_SHAPES[shape_name]
+    device = "cuda" if args.gpu else "cpu"
+    model = policy_dir(shape, root / f"model-{shape_name}")
+    settings = Settings(database_url=url, data_dir=root / "data", log_level="warning")
+    store = await shared_store(settings)
+    trainers = {"hold": timed_trainer(settings, False), "reload": timed_trainer(settings, True)}
+    names = {k: f"{shape_name}-{k}" for k in trainers}
+    for name in names.values():  # a group of a task of its own for every update
+        tasks = [f"{name}-{i}" for i in range(args.updates + 1)]
+        await write_groups(store, name, tasks, group_size=args.group_size,
+                           completion_len=args.completion_len, vocab=shape["vocab_size"],
+                           prompt_words=args.prompt_len)
+    seconds: dict[str, list[float]] = {k: [] for k in trainers}
+    for i in range(args.updates + 1):
+        for kind, trainer in trainers.items():
+            req = UpdateRequest(name=names[kind], parent=i, update_id=f"{names[kind]}-{i}",
+                                recipe=hold_recipe(model, lora, f"{names[kind]}-{i}",
+                                                   args.group_size, device))
+            started = time.perf_counter()
+            result = await trainer.update(req)
+            seconds[kind].append(time.perf_counter() - started)
+            assert result.published, result.reason
+    return HoldTimes(updates={k: v[1:] for k, v in seconds.items()},
+                     getting={k: t.getting[1:] for k, t in trainers.items()},
+                     first={k: v[0] for k, v in seconds.items()},
+                     loads={k: t.loads for k, t in trainers.items()})
+
+
+async def hold_bench(args: argparse.Namespace) -> int:
+    from conductor_engine.engine.storage.shared import close_shared_stores
+    from tests.benchmarks._harness import postgres, reachable_tempdir
+
+    print(f"{args.updates} consecutive updates after a first, each on a new task's group of "
+          f"{args.group_size} rollouts (prompts ~{args.prompt_len} words, completions of "
+          f"{args.completion_len} tokens), held vs reloaded, interleaved; torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads")
+    rows, met = [], True
+    with reachable_tempdir("bench-hold-") as root, postgres(root / "pg") as url:
+        try:
+            for shape_name in args.shapes.split(","):
+                t = await time_holding(args, shape_name, root, url)
+                med = {k: statistics.median(v) for k, v in t.updates.items()}
+                get = {k: statistics.median(v) for k, v in t.getting.items()}
+                saved = get["reload"] - get["hold"]
+                met = met and t.loads["hold"] == 1 and saved > 0
+                lora = "LoRA" if HOLD_SHAPES[shape_name][1] else "full"
+                rows.append([f"{shape_name} ({lora})",
+                             f"{t.first['hold']:.2f} / {t.first['reload']:.2f}",
+                             f"{med['hold']:.2f} / {med['reload']:.2f}",
+                             f"{get['hold']:.3f} / {get['reload']:.3f}",
+                             f"{t.loads['hold']} / {t.loads['reload']}",
+                             f"{saved:.3f} ({saved / med['reload']:.0%})",
+                             f"{med['reload'] / med['hold']:.2f}"])
+        finally:
+            await close_shared_stores()
+    print(table(["policy", "first update s", "s per update", "getting the policy s", "loads",
+                 "saved s per update", "reload / hold"], rows))
+    print("(hold / reload in each cell; medians over the updates after the first; saved: the "
+          "median time to get the policy, reloading minus holding, and its share of a "
+          "reloading update)")
+    print(f"goal: the held trainer loads once and saves time on every shape: "
+          f"{'MET' if met else 'MISSED'}")
+    return 0 if met else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(parser)
+    parser.add_argument("--hold", action="store_true",
+                        help="time consecutive updates holding the policy vs reloading it")
+    parser.add_argument("--updates", type=int, default=4, help="--hold: updates after the first")
+    parser.add_argument("--shapes", default="tiny,smollm2",
+                        help="--hold: tiny (full fine-tuning), smollm2 (SmolLM2-135M's shape, "
+                        "LoRA), smollm2-full (the same, full fine-tuning); --gpu: on CUDA")
     parser.add_argument("--samples", type=int, default=16, help="rollouts per update")
     parser.add_argument("--group-size", type=int, default=8,
                         help="completions per prompt (1: every prompt its own)")
@@ -283,6 +438,11 @@ def main() -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     logging.getLogger("trl").setLevel(logging.ERROR)
+    if args.hold:
+        from tests.benchmarks._harness import quiet_logs, run
+
+        quiet_logs("warning")
+        return run(lambda: hold_bench(args))
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         print(f"{args.samples} rollouts per update in groups of {args.group_size} "

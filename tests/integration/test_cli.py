@@ -20,8 +20,9 @@ from tests.plans import plan_json
 
 
 def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
-    agent_server, tmp_path: Path
+    agent_server, reachable_tmp: Path
 ) -> None:
+    tmp_path = reachable_tmp  # the embedded PostgreSQL lives in its data dir
     agent_server.script("conductor", [Reply.ok(plan_json(
         ("gpt", "Compute 2^10 and 10^3.", []), ("claude", "Say which is larger.", "all")))])
     agent_server.script("gpt", [Reply.ok("1024 and 1000")])
@@ -116,7 +117,9 @@ def test_settings_come_from_a_file_under_environment_variables(
     assert s.task_queue == "from-file" and s.temporal_namespace == "ns-env"
 
 
-def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, tmp_path: Path) -> None:
+def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachable_tmp: Path
+                                                           ) -> None:
+    tmp_path = reachable_tmp  # the embedded PostgreSQL lives in its data dir
     agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Answer.", [])))])
     agent_server.script("gpt", [Reply.ok("served by up")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")

@@ -95,6 +95,7 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
     for name in ("TEST_OPENAI_KEY", "TEST_ANTHROPIC_KEY", "TEST_GEMINI_KEY"):
         os.environ[name] = "sk-test-key"
     with tempfile.TemporaryDirectory() as tmp, start_agent_server() as server:
+        Path(tmp).chmod(0o711)  # run as root, the embedded PostgreSQL's own user must enter it
         temporal = EmbeddedTemporal(Path(tmp), free_port(), free_port())
         temporal.start(detached=False)
         postgres = EmbeddedPostgres(Path(tmp))

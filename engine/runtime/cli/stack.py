@@ -23,7 +23,7 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.embedded import EmbeddedError, EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.database import EmbeddedPostgres
+from conductor_engine.engine.storage.database import DatabaseError, EmbeddedPostgres
 
 
 async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> None:
@@ -74,7 +74,7 @@ def up(pool: PoolOpt = None) -> None:
             err.print(f"PostgreSQL (traces) {'started' if pg_started else 'already running'} "
                       f"in {postgres.pgdata}")
         run_async(_serve(settings, agents, start_embedded=False))
-    except EmbeddedError as e:
+    except (EmbeddedError, DatabaseError) as e:
         raise fail(str(e)) from None
     finally:
         if started:
@@ -90,8 +90,11 @@ def down() -> None:
     """Stop the embedded Temporal server and PostgreSQL that `conductor run` left running."""
     settings = load_settings()
     server = EmbeddedTemporal(settings.data_dir, settings.embedded_port, settings.embedded_ui_port)
-    stopped = [name for name, stop in (("Temporal", server.stop),
-                                       ("PostgreSQL", EmbeddedPostgres(settings.data_dir).stop))
-               if stop()]
+    try:
+        stopped = [name for name, stop in (("Temporal", server.stop),
+                                           ("PostgreSQL", EmbeddedPostgres(settings.data_dir).stop))
+                   if stop()]
+    except DatabaseError as e:
+        raise fail(str(e)) from None
     out.print(f"stopped {' and '.join(stopped)}" if stopped else
               f"no embedded server was started from {settings.data_dir}")
