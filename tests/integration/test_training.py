@@ -156,7 +156,11 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
     assert curve[0] < 0.8, f"an untrained conductor routes by chance: {curve}"
     assert min(curve[-2:]) >= target, f"no learning in {p.iteration} iterations: {curve}"
     assert final.phase == "stopped" and final.version == len(final.history)
-    assert all(s.valid_plan_rate == 1.0 for s in final.history), "the grammar keeps plans valid"
+    # one plan attempt per rollout (no retries): the grammar keeps nearly every plan valid; a
+    # plan cut off at its token limit still counts invalid, as in the paper
+    rates = [s.valid_plan_rate for s in final.history if s.valid_plan_rate is not None]
+    print("valid plan rates:", rates)
+    assert rates and sum(rates) / len(rates) >= 0.9, rates
 
 
 def coin_pool(conductor_model: str) -> Pool:

@@ -26,6 +26,7 @@ def start_worker(settings: Settings, pool_file: Path, log: Path) -> subprocess.P
         "CONDUCTOR_TASK_QUEUE": settings.task_queue,
         "CONDUCTOR_POOL_FILE": str(pool_file),
         "CONDUCTOR_DATA_DIR": str(settings.data_dir),
+        "CONDUCTOR_DATABASE_URL": settings.database_url or "",
     }
     return subprocess.Popen([*CONDUCTOR, "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
