@@ -16,10 +16,12 @@ authentication as the superuser, and ran `COPY ... TO PROGRAM`. So:
   required all the same.
 - Starting it never widens the permissions of any directory. PostgreSQL refuses to run as root,
   so when the engine runs as root the server runs as the unprivileged user `embedded_postgres`
-  (created if missing), which must be able to enter every parent of the data directory and
-  reach the binaries. Where it cannot (a data directory under /root, say), the start fails with
-  one line saying what to do, rather than opening /root to every user of the host as the
-  `embedded-postgres` package would.
+  (created if missing). Where that user cannot enter a parent of the data directory or reach
+  the binaries (a project under a 0700 /root, the common container case), the server runs with
+  one capability, CAP_DAC_READ_SEARCH (`setpriv`, ambient): it may pass and read through
+  directories closed to it, and write only its own cluster directory. Nobody else gains
+  anything, where the `embedded-postgres` package would have opened /root to every user of the
+  host. Without `setpriv` the start fails with one line saying what to do.
 - A cluster an earlier version initialised with trust authentication is upgraded on its next
   start, in place: pg_hba.conf rewritten and the password set (in single-user mode, before the
   server accepts any connection), all data kept. A server still running with trust is stopped
@@ -36,6 +38,7 @@ import hmac
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,11 +46,14 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
 SUPERUSER = "postgres"  # the database role (not a system user)
+SETPRIV = shutil.which("setpriv") or next(
+    (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.path.exists(p)), None)
+REACH_CAP = "dac_read_search"
 SYSTEM_USER = "embedded_postgres"  # the system user the server runs as when we are root
 PASSWORD_FILE = "postgres.password"
 LOCK_FILE = "postgres.lock"
@@ -82,6 +88,7 @@ class ServerUser:
     name: str
     uid: int
     gid: int
+    reach: bool = False  # runs with CAP_DAC_READ_SEARCH to pass directories closed to it
 
 
 @dataclass(frozen=True)
@@ -227,6 +234,10 @@ def run(args: list[str], user: ServerUser | None, *, cwd: Path, stdin: str | Non
     """Run a program as the server's user (no supplementary groups), output captured, never
     raising on a non-zero exit (callers word their own errors). Nothing here is logged: the
     embedded-postgres package's own wrappers log their arguments."""
+    if user is not None and user.reach:
+        args = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
+                f"--inh-caps=+{REACH_CAP}", f"--ambient-caps=+{REACH_CAP}", "--", *args]
+        user = None  # setpriv switches user; subprocess's own switch would drop the capability
     return subprocess.run(
         args, input=stdin, capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False,
         user=user.uid if user else None, group=user.gid if user else None,
@@ -235,8 +246,9 @@ def run(args: list[str], user: ServerUser | None, *, cwd: Path, stdin: str | Non
 
 
 def _can_enter(directory: Path, user: ServerUser) -> bool:
-    """Whether `user` can reach `directory` (the kernel's own check, ACLs included)."""
-    return run(["test", "-x", str(directory)], user, cwd=Path("/")).returncode == 0
+    """Whether `user` can pass through `directory`: a real path walk (stat of `directory/.`),
+    which honours capabilities and ACLs (access(2), as `test -x` uses, ignores capabilities)."""
+    return run(["test", "-e", f"{directory}/."], user, cwd=Path("/")).returncode == 0
 
 
 def _first_blocked(path: Path, user: ServerUser) -> Path:
@@ -247,26 +259,29 @@ def _first_blocked(path: Path, user: ServerUser) -> Path:
     return path
 
 
-def check_reachable(pgdata: Path, user: ServerUser) -> None:
-    """Fail with one line when the server's user cannot reach the data directory or the
-    binaries: the remedy is the user's choice of place, never a chmod of theirs by us."""
-    if not _can_enter(pgdata.parent, user):
-        blocked = _first_blocked(pgdata.parent, user)
-        mode = oct(blocked.stat().st_mode & 0o777)[2:]
-        raise DatabaseError(
-            f"the embedded PostgreSQL runs as the unprivileged user {user.name!r} (PostgreSQL "
-            f"refuses root), which cannot enter {blocked} (mode {mode}) on the way to {pgdata}; "
-            "the engine never widens directory permissions. Set CONDUCTOR_DATA_DIR to a "
-            "directory whose parents every user may enter (e.g. /var/lib/conductor), or "
-            "CONDUCTOR_DATABASE_URL to a PostgreSQL of your own, or run as a non-root user")
-    postgres = binary("postgres")
-    if run([str(postgres), "--version"], user, cwd=pgdata.parent).returncode != 0:
-        blocked = _first_blocked(postgres.parent, user)
-        raise DatabaseError(
-            f"the embedded PostgreSQL runs as the unprivileged user {user.name!r}, which cannot "
-            f"run {postgres} ({blocked} is closed to it); the engine never widens directory "
-            "permissions. Install the engine where every user may read it (e.g. a virtual "
-            "environment under /opt), or set CONDUCTOR_DATABASE_URL to a PostgreSQL of your own")
+def _reaches(pgdata: Path, user: ServerUser) -> bool:
+    return _can_enter(pgdata.parent, user) and run(
+        [str(binary("postgres")), "--version"], user, cwd=Path("/")).returncode == 0
+
+
+def reaching_user(pgdata: Path, user: ServerUser) -> ServerUser:
+    """`user`, or `user` with CAP_DAC_READ_SEARCH where it cannot reach the data directory or
+    the binaries otherwise (see module); one line when even that cannot help."""
+    if _reaches(pgdata, user):
+        return user
+    if SETPRIV is not None:
+        reaching = replace(user, reach=True)
+        if _reaches(pgdata, reaching):
+            return reaching
+    blocked = _first_blocked(pgdata.parent, user)
+    mode = oct(blocked.stat().st_mode & 0o777)[2:]
+    raise DatabaseError(
+        f"the embedded PostgreSQL runs as the unprivileged user {user.name!r} (PostgreSQL "
+        f"refuses root), which cannot enter {blocked} (mode {mode}) on the way to {pgdata} "
+        f"or run {binary('postgres')}, and setpriv (util-linux) is not there to let it pass; "
+        "the engine never widens directory permissions. Install util-linux, or set "
+        "CONDUCTOR_DATA_DIR and install the engine where every user may enter (e.g. under "
+        "/var/lib and /opt), or set CONDUCTOR_DATABASE_URL to a PostgreSQL of your own")
 
 
 @contextlib.contextmanager
@@ -441,8 +456,12 @@ class EmbeddedPostgres:
         with locked(self.data_dir):
             return self._start_locked()
 
-    def _start_locked(self) -> str:
+    def _user(self) -> ServerUser | None:
         user = server_user()
+        return None if user is None else reaching_user(self.pgdata, user)
+
+    def _start_locked(self) -> str:
+        user = self._user()
         postmaster = read_postmaster(self.pgdata)
         if postmaster is not None and postmaster.alive:
             if postmaster.ready and secured(self.pgdata) and self.password_file.is_file():
@@ -450,8 +469,6 @@ class EmbeddedPostgres:
             # started by an earlier version with trust auth (or by a start still under way
             # that someone killed): stop it, and start it again secured
             pg_ctl_stop(self.pgdata, user, postmaster)
-        if user is not None:
-            check_reachable(self.pgdata, user)
         password, new_password = ensure_password(self.password_file)
         prepare_directory(self.pgdata, user)
         if not (self.pgdata / "PG_VERSION").exists():
@@ -472,5 +489,5 @@ class EmbeddedPostgres:
         if postmaster is None or not postmaster.alive:
             return False
         with locked(self.data_dir):
-            pg_ctl_stop(self.pgdata, server_user(), postmaster)
+            pg_ctl_stop(self.pgdata, self._user(), postmaster)
         return True

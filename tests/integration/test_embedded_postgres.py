@@ -16,11 +16,10 @@ import pytest
 
 from conductor_engine.engine.storage import postgres_server as pg
 from conductor_engine.engine.storage.database import (
-    DatabaseError,
     EmbeddedPostgres,
     redact_url,
 )
-from tests.cli import one_line_error, run_conductor
+from tests.cli import run_conductor
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="another user of the host needs root to be")
@@ -194,21 +193,27 @@ def test_starting_changes_the_mode_of_no_parent_directory(reachable_tmp: Path) -
 
 
 @needs_root
-def test_as_root_a_data_dir_its_user_cannot_enter_is_one_line_and_nothing_widens(
+def test_as_root_a_data_dir_behind_a_closed_directory_works_and_nothing_widens(
         reachable_tmp: Path) -> None:
+    """A project under a 0700 /root, the common container case: the server's user passes
+    the closed directory with CAP_DAC_READ_SEARCH alone; the directory stays closed to others."""
     closed = reachable_tmp / "closed"
     closed.mkdir(mode=0o700)
     closed.chmod(0o700)
     data = closed / "data"
     before = modes(closed)
-    with pytest.raises(DatabaseError) as caught:
-        EmbeddedPostgres(data).start()
-    message = str(caught.value)
-    assert f"cannot enter {closed} (mode 700)" in message and "CONDUCTOR_DATA_DIR" in message
-    assert "\n" not in message
-    assert modes(closed) == before
-    assert not (data / "postgres" / "PG_VERSION").exists()
-    # the CLI says the same in one line
-    line = one_line_error(run_conductor("traces", "list", env={"CONDUCTOR_DATA_DIR": str(data)}))
-    assert "never widens directory permissions" in line
+    server = EmbeddedPostgres(data)
+    try:
+        url = server.start()
+        assert asyncio.run(fetch(url, "SELECT 1")) == 1
+        assert modes(closed) == before
+        user = pg.server_user()
+        assert user is not None and not pg._can_enter(closed, user)  # still closed to it
+        assert pg.reaching_user(server.pgdata, user).reach
+        assert not pg._can_enter(closed, pg.ServerUser("nobody", NOBODY, NOBODY))
+        # the CLI runs against it as well
+        proc = run_conductor("traces", "list", env={"CONDUCTOR_DATA_DIR": str(data)})
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        server.stop()
     assert modes(closed) == before
