@@ -64,6 +64,8 @@ class _Cases(BaseModel):
 
 
 def _from_json(data: Any) -> CodeTests:
+    if not data:
+        raise ValueError("no cases")
     if isinstance(data, list):  # LiveCodeBench: stdin cases only without a function name
         if any(c.get("testtype", "stdin") != "stdin" for c in data if isinstance(c, dict)):
             raise ValueError('functional LiveCodeBench cases need {"function": ..., "cases": ...}')
@@ -71,6 +73,8 @@ def _from_json(data: Any) -> CodeTests:
     if not isinstance(data, dict):
         raise ValueError("a JSON code reference is an object or a list of cases")
     if "io" in data:
+        if not data["io"]:
+            raise ValueError("no io cases")
         return CodeTests(form="io", io=[IoCase.model_validate(c) for c in data["io"]])
     spec = _Cases.model_validate(data)
     calls = []

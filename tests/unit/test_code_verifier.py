@@ -90,8 +90,10 @@ def test_the_trusted_comparison_is_strict_about_types_and_lenient_about_whitespa
 
 
 def test_a_malformed_json_reference_is_a_verifier_error() -> None:
-    v = verify("def f(): pass", '{"function": "f"}', "code")
-    assert v.correct is False and v.details["error"].startswith("malformed code cases")
+    for reference in ('{"function": "f"}', '{"io": []}', "[]"):
+        v = verify("def f(): pass", reference, "code")
+        assert v.correct is False and v.details["error"].startswith("malformed code cases")
+    assert verify("[]", "[]").details.get("form") is None  # an empty list is not code
 
 
 def test_auto_detects_json_cases_as_code() -> None:
@@ -119,7 +121,7 @@ def test_an_endless_loop_times_out_keeping_the_cases_that_finished() -> None:
                                                 {"args": [0], "expected": 0}]})
     started = time.monotonic()
     v = verify("def f(x):\n    while not x:\n        pass\n    return x", ref, "code",
-               timeout_s=2)
+               timeout_s=6)
     assert time.monotonic() - started < 30  # a safety net, not the check
     assert (v.correct, v.score) == (False, 0.5) and v.details["timed_out"]
 
@@ -127,10 +129,10 @@ def test_an_endless_loop_times_out_keeping_the_cases_that_finished() -> None:
 def test_an_io_case_that_hangs_fails_alone() -> None:
     ref = json.dumps({"io": [{"input": "1", "output": "1"}, {"input": "0", "output": "0"}]})
     program = "x = input()\nwhile x == '0':\n    pass\nprint(x)\n"
-    res = sb.run_io_cases(program, ["1", "0"], SandboxLimits(timeout_s=20, case_timeout_s=1))
+    res = sb.run_io_cases(program, ["1", "0"], SandboxLimits(timeout_s=60, case_timeout_s=5))
     assert res.io[0] is not None and res.io[0].stdout == "1\n"
     assert res.io[1] is not None and res.io[1].timed_out
-    assert verify(fenced(program), ref, "code", timeout_s=20).score == 0.5
+    assert verify(fenced(program), ref, "code", timeout_s=8).score == 0.5
 
 
 def test_memory_is_limited() -> None:
@@ -169,11 +171,10 @@ def test_the_probe_finds_a_backend_here_and_reports_it_in_the_verdict() -> None:
     assert v.details["isolation"]["backend"] == iso.backend
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a root worker never uses bubblewrap")
 def test_with_no_sandbox_the_verifier_refuses_and_the_probe_is_retried() -> None:
     try:
-        sb.configure(sb.SandboxConfig(backend="bwrap" if os.geteuid() == 0 else "unconfined"))
-        if os.geteuid() != 0:
-            pytest.skip("needs root: a root worker never uses bubblewrap")
+        sb.configure(sb.SandboxConfig(backend="bwrap"))  # never works for root: no sandbox
         v = verify("def f():\n    return 1", "assert f() == 1", "code")
         assert v.correct is False and v.reason.startswith("verifier error: no code sandbox")
         assert "code_sandbox" in v.reason
