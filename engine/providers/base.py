@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.providers.pool import WebSearch
+from conductor_engine.engine.redaction import redact_text
 
 if TYPE_CHECKING:
     from conductor_engine.engine.providers.pool import AgentSpec
@@ -113,7 +114,8 @@ class AgentCallError(Exception):
 
     `retryable` says whether Temporal should try again (429, 408, 409, 5xx, timeouts, connection
     errors); `retry_after` is the server's Retry-After in seconds when it sent one. The message
-    names the agent and, for errors a person must fix, says what to do.
+    names the agent and, for errors a person must fix, says what to do. It is redacted here, once
+    for every provider: it quotes servers and URLs, and it goes into history.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class AgentCallError(Exception):
         status: int | None = None,
         kind: str = "AgentCallError",
     ) -> None:
+        message = redact_text(message)
         super().__init__(message)
         self.message = message
         self.retryable = retryable

@@ -25,6 +25,7 @@ from conductor_engine.engine.providers.base import (
     parse_retry_after,
 )
 from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.redaction import redact_url
 
 # `kind` values: the activity can use them as Temporal error types, and tests can match them.
 KEY_MISSING = "AgentKeyMissing"
@@ -152,7 +153,7 @@ def status_error(
     if status == 404:
         hint = (
             f"; check the model name {spec.model!r}"
-            + (f" and base_url {spec.base_url!r}" if spec.base_url else "")
+            + (f" and base_url {redact_url(spec.base_url)!r}" if spec.base_url else "")
             + " in the pool file"
         )
     return AgentCallError(
@@ -175,7 +176,7 @@ def timeout_error(spec: AgentSpec) -> AgentCallError:
 
 def connection_error(spec: AgentSpec, detail: str) -> AgentCallError:
     """The agent's server could not be reached (refused, reset, DNS): usually transient."""
-    where = spec.base_url or f"the {spec.provider} API"
+    where = redact_url(spec.base_url) if spec.base_url else f"the {spec.provider} API"
     return AgentCallError(
         f"agent {spec.id}: could not reach {where}: {_quote(detail, None)}; will be retried",
         retryable=True,

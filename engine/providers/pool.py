@@ -7,6 +7,7 @@ can be committed and shared, and no key ever reaches a log line or a workflow hi
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -28,6 +29,7 @@ from conductor_engine.engine.providers.registry import (
     listed,
     web_search_providers,
 )
+from conductor_engine.engine.redaction import looks_like_key
 
 
 class PoolError(ValueError):
@@ -37,7 +39,7 @@ class PoolError(ValueError):
 class GenerationParams(BaseModel):
     """Sampling settings passed to the provider for every call to this agent."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     temperature: float | None = None
     top_p: float | None = None
@@ -47,7 +49,7 @@ class GenerationParams(BaseModel):
 class UserLocation(BaseModel):
     """Where the searcher should appear to be, so local questions get local results."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     city: str | None = None
     region: str | None = None
@@ -63,7 +65,7 @@ class WebSearch(BaseModel):
     API call and returns the sources it cited; the engine makes no search requests of its own.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     enabled: bool = True
     max_uses: int | None = Field(default=None, gt=0, description="searches per call, at most")
@@ -115,7 +117,7 @@ class SimSettings(BaseModel):
     task with no listed tag) and with a wrong answer otherwise, drawn from a hash of (task,
     agent, sample, attempt) so a rerun repeats exactly. Tags match case-insensitively."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     skills: dict[str, Probability] = Field(
         default_factory=dict, description="task tag -> probability of a right answer"
@@ -150,10 +152,14 @@ class SimSettings(BaseModel):
         return max(known) if known else self.default_skill
 
 
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
 class AgentSpec(BaseModel):
     """One model in the pool (or the conductor itself)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # a refused api_key_env may hold a key: no error repeats the input
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     provider: ProviderName
@@ -193,11 +199,18 @@ class AgentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _key_is_a_name(self) -> AgentSpec:
+        """A pool file is shared, committed and shown; a key pasted where its variable's name
+        belongs would travel with it. A name is upper-case letters, digits and underscores (the
+        convention every provider documents); anything else, or anything shaped like a key, is
+        refused without being repeated."""
         env = self.api_key_env
-        if env is not None and not env.replace("_", "").isalnum():
+        if env is not None and (_ENV_NAME.fullmatch(env) is None or looks_like_key(env)):
             raise ValueError(
-                f"api_key_env must be the NAME of an environment variable (like OPENAI_API_KEY), "
-                f"got something else for agent {self.id!r}; never put a key in a pool file"
+                f"agent {self.id!r}: api_key_env must be the NAME of an environment variable "
+                "(upper-case letters, digits and underscores, like OPENAI_API_KEY), and what is "
+                "there is not one; never put a key in a pool file: set "
+                f'api_key_env = "{self.provider.upper().replace("-", "_")}_API_KEY" and export '
+                "the key under that name"
             )
         return self
 
@@ -260,7 +273,7 @@ class AgentSpec(BaseModel):
 class Pool(BaseModel):
     """The conductor and the agents it may delegate to."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     conductor: AgentSpec
     agents: list[AgentSpec] = Field(min_length=1)

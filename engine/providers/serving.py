@@ -40,6 +40,7 @@ import structlog
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, is_retryable_status
 from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.redaction import redact_url
 from conductor_engine.engine.storage.policies import PolicyVersion, served_name
 
 log = structlog.get_logger(__name__)
@@ -150,7 +151,7 @@ def _message(response: httpx.Response, api_key: str) -> str:
 
 def _load_error(spec: AgentSpec, name: str, path: str, status: int, said: str,
                 response: httpx.Response, api_key: str) -> AgentCallError:
-    where = spec.base_url
+    where = redact_url(spec.base_url or "")
     if "No adapter found" in said:
         return AgentCallError(
             f"agent {spec.id}: vLLM at {where} cannot read adapter {name} at {path} (HTTP "

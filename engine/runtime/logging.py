@@ -8,8 +8,24 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
+
+from conductor_engine.engine.redaction import redact_text
+
+
+def _redacted(_logger: object, _method: str, event: MutableMapping[str, Any]
+              ) -> MutableMapping[str, Any]:
+    """Every text value of a line through `redact_text`: a logged error may quote a URL with a
+    password in it or a server that echoed a key."""
+    for k, v in event.items():
+        if isinstance(v, str):
+            event[k] = redact_text(v)
+        elif isinstance(v, BaseException):
+            event[k] = redact_text(f"{type(v).__name__}: {v}")
+    return event
 
 
 def configure_logging(fmt: str = "auto", level: str = "warning") -> None:
@@ -26,6 +42,7 @@ def configure_logging(fmt: str = "auto", level: str = "warning") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
+            _redacted,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import re
 from importlib import resources
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
+from conductor_engine.engine.redaction import redact_text, redact_url
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.postgres_server import DatabaseError, EmbeddedPostgres
 
@@ -125,33 +126,11 @@ async def connect_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> as
     return pool
 
 
-_SECRET = re.compile(r"(?i)\b(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
-
-
 def _scrubbed(text: str, url: str) -> str:
     """`text` (a driver's error, which may quote the connection string) without the URL's
-    password, should it appear in it."""
-    password = urlsplit(url).password if "://" in url else None
-    if password:
-        from urllib.parse import unquote
-
-        for form in {password, unquote(password)}:
-            text = text.replace(form, "***")
-    return _SECRET.sub(r"\1***", text)
-
-
-def redact_url(url: str) -> str:
-    """The connection string without its password, for messages and logs: the password of a
-    URL's user part and of a `password=` query parameter, or of a `key=value` DSN."""
-    if "://" not in url:  # libpq's key=value form
-        return _SECRET.sub(r"\1***", url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, hostport = netloc.rpartition("@")
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-    query = parts.query
-    if "password" in query.lower():
-        query = urlencode([(k, "***" if k.lower() == "password" else v)
-                           for k, v in parse_qsl(query, keep_blank_values=True)], safe="/:")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    secrets, should they appear in it."""
+    try:
+        password = urlsplit(url).password if "://" in url else None
+    except ValueError:
+        password = None
+    return redact_text(text, [p for p in {password, unquote(password or "")} if p])

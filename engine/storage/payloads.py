@@ -32,10 +32,17 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from temporalio.api.failure.v1 import Failure
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, ExternalStorage
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverter,
+    ExternalStorage,
+    PayloadConverter,
+)
 
+from conductor_engine.engine.redaction import redact_text
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
 
@@ -86,9 +93,29 @@ def storage_driver(settings: Settings, store: BlobStore | None = None) -> S3Stor
     return S3StorageDriver(client, client.bucket, driver_name=DRIVER_NAME)
 
 
+class RedactingFailureConverter(DefaultFailureConverter):
+    """Every failure written to a history without a secret in it: the message and stack trace
+    of the error and of each of its causes go through `redact_text`. An error raised anywhere
+    below an activity (a driver quoting its connection string, an SDK quoting a URL with a
+    password in it) reaches history only through here, so this is the one place that cannot be
+    bypassed by a call site that forgot."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter,
+                   failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        current: Failure | None = failure
+        while current is not None:
+            current.message = redact_text(current.message)
+            if current.stack_trace:
+                current.stack_trace = redact_text(current.stack_trace)
+            current = current.cause if current.HasField("cause") else None
+
+
 def data_converter(settings: Settings, store: BlobStore | None = None) -> DataConverter:
     """The pydantic data converter with payloads of `payload_threshold` bytes or more kept in
-    the blob store. Give the same settings to every client, worker and Replayer."""
+    the blob store, and failures redacted of secrets. Give the same settings to every client,
+    worker and Replayer."""
     storage = ExternalStorage(drivers=[storage_driver(settings, store)],
                               payload_size_threshold=settings.payload_threshold)
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage,
+                               failure_converter_class=RedactingFailureConverter)
