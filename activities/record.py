@@ -3,11 +3,15 @@
 The write is an upsert keyed by workflow id and run id, so a retry of this activity (a worker
 that died after writing, a timeout on the way back) never leaves two traces of one run. The
 store is opened on first use, so a worker starts even while PostgreSQL is still coming up; until
-it answers, the activity fails with a retryable error that says where it looked.
+it answers, the activity fails with a retryable error that says where it looked (type
+TraceStoreUnavailable). A row PostgreSQL refuses for good (a value out of range, an oversized
+value: trace_store.REJECTED) fails at once, non-retryable, type TraceRejected; text it cannot
+hold (NUL, lone surrogates) never gets that far (traces.storable_text).
 """
 
 from __future__ import annotations
 
+import asyncpg
 import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -18,8 +22,12 @@ from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import DatabaseError
 from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.engine.storage.trace_store import TraceRejected, TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef, Trace, policy_of
+
+UNAVAILABLE = (DatabaseError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+"""Errors of a trace store that is down, restarting or overloaded: retried, within the
+workflow's record deadline. (TraceRejected is handled before, being a refusal for good.)"""
 
 
 class RecordActivities:
@@ -45,8 +53,11 @@ class RecordActivities:
         try:
             store = await self.store()
             await store.write(trace)
-        except (DatabaseError, OSError) as e:
-            raise ApplicationError(str(e), type="TraceStoreUnavailable") from e
+        except TraceRejected as e:  # the same row fails every time: do not retry it
+            raise ApplicationError(str(e), type="TraceRejected", non_retryable=True) from e
+        except UNAVAILABLE as e:
+            raise ApplicationError(f"trace store unavailable: {e}",
+                                   type="TraceStoreUnavailable") from e
         structlog.get_logger().info(
             "trace recorded", workflow_id=trace.workflow_id, run_id=trace.run_id,
             status=trace.status, reward=trace.reward.value if trace.reward else None,

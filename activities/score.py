@@ -9,13 +9,17 @@ import asyncio
 from temporalio import activity
 
 from conductor_engine.engine.contracts.activities import ScoreRequest
+from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import SCORE_ACTIVITY
 from conductor_engine.engine.rewards import Reward, score_run
 
 
 @activity.defn(name=SCORE_ACTIVITY)
 async def score(req: ScoreRequest) -> Reward:
-    return await asyncio.to_thread(
-        score_run, req.status, req.answer, req.reference, req.verifier,
-        cost_usd=req.cost_usd, weights=req.weights,
-    )
+    """The reward; heartbeats while the verifier runs (a code verifier runs up to its own
+    timeout), so a worker that dies meanwhile is noticed within the heartbeat timeout."""
+    async with heartbeats():
+        return await asyncio.to_thread(
+            score_run, req.status, req.answer, req.reference, req.verifier,
+            cost_usd=req.cost_usd, weights=req.weights,
+        )

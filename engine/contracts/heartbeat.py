@@ -1,32 +1,43 @@
-"""Heartbeating: how a long activity (an agent call, a GRPO update) stays cancellable.
+"""Heartbeating: how a long activity stays cancellable and how a dead worker is noticed fast.
 
 Temporal delivers a workflow's cancellation to a running activity only in answer to a heartbeat,
-so every activity that may run for minutes wraps its work in `heartbeating`. Shared by the agent
-activity and the trainer's update, which is why it lives below both.
+and notices a worker that died mid-activity only when its heartbeats stop (otherwise only at the
+start-to-close timeout: 300 s for a plan). So every activity that may run long (planning, an
+agent call, scoring with a code verifier, a batch report, a GRPO update) runs its work inside
+`heartbeats()`, and the workflow sets a `heartbeat_timeout` where it schedules it. Shared by the
+activities and the trainer's update, which is why it lives below both.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from temporalio import activity
 
 T = TypeVar("T")
 
+BEATS_PER_TIMEOUT = 3
+"""Heartbeats sent per heartbeat timeout: one late or lost beat never times an activity out."""
 
-async def heartbeating(call: Awaitable[T]) -> T:
-    """Await `call`, heartbeating every third of the heartbeat timeout (at least every second)
-    so that a cancellation reaches it. No heartbeat timeout set: just await it.
 
-    The heartbeat task is cancelled when the call ends, however it ends, and the call's own
-    CancelledError propagates untouched: swallowing it would leave Temporal waiting.
+@asynccontextmanager
+async def heartbeats() -> AsyncIterator[None]:
+    """Heartbeat every third of the activity's heartbeat timeout while the body runs; no
+    heartbeat timeout set (an older workflow, a test environment): do nothing.
+
+    The beats come from a task on the event loop, so the body must not block the loop (run
+    blocking work with asyncio.to_thread). The task is cancelled when the body ends, however
+    it ends, and the body's own CancelledError (a cancellation Temporal delivered in answer to
+    a beat) propagates untouched: swallowing it would leave Temporal waiting.
     """
     timeout = activity.info().heartbeat_timeout
     if not timeout:
-        return await call
-    every = max(1.0, timeout.total_seconds() / 3)
+        yield
+        return
+    every = max(0.1, timeout.total_seconds() / BEATS_PER_TIMEOUT)
 
     async def beat() -> None:
         while True:
@@ -35,6 +46,12 @@ async def heartbeating(call: Awaitable[T]) -> T:
 
     beats = asyncio.create_task(beat())
     try:
-        return await call
+        yield
     finally:
         beats.cancel()
+
+
+async def heartbeating(call: Awaitable[T]) -> T:
+    """Await `call` inside `heartbeats()`."""
+    async with heartbeats():
+        return await call

@@ -12,6 +12,9 @@ step), `[]` (none) or a list of 0-based indices of earlier steps.
 
 Every failure raises PlanError with a message that says exactly what is wrong: that text is
 recorded in the run, shown to the conductor on its next attempt, and scores 0 as a reward.
+Parsing is linear in the reply and reads at most its last MAX_PLAN_CHARS characters, whatever
+the reply holds (see "bounds" below): a megabyte of garbage is an invalid plan in milliseconds,
+never a slow event loop, a RecursionError or a MemoryError.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import reprlib
+from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
@@ -71,68 +76,178 @@ class Plan(BaseModel):
         )
 
 
+# --- bounds ----------------------------------------------------------------------------------
+#
+# The parser reads text a sampling model wrote, so it must stay fast and small on any input: a
+# conductor at temperature 1.0 can emit a megabyte of brackets, and a parser that is slow,
+# recursive or memory-hungry on it blocks the worker's event loop, crashes the attempt and makes
+# Temporal pay for another completion. Every stage is one linear pass with no recursion that the
+# input controls, and the stages see at most MAX_PLAN_CHARS of (cleaned) text.
+
+MAX_PLAN_CHARS = 100_000
+"""How much of the end of a reply is searched for the plan. The conductor reasons first and
+writes the plan last; a plan of 20 steps of 4,000-character subtasks fits."""
+
+MAX_LIST_DEPTH = 8
+"""Deepest bracket nesting a list literal may have (an access list needs 2)."""
+
+MAX_JSON_CANDIDATES = 64
+"""How many JSON values (the last ones that look like an object or a list of objects) are
+tried. A 20-step plan holds about 22 such starts; each try reads at most MAX_PLAN_CHARS."""
+
 # --- text clean-up -------------------------------------------------------------------------
 
 _SMART = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2018": "'", "\u2019": "'"})
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*$", re.MULTILINE)
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
+# a fence line: [ \t] never crosses a line, so each line is looked at once
+_FENCE = re.compile(r"^[ \t]*```[A-Za-z0-9_-]*[ \t]*$", re.MULTILINE)
 _LIST_NAMES = ("model_id", "subtasks", "access_list")
 _ASSIGN = re.compile(r"\b(model_id|subtasks|access_list)\s*[:=]\s*(?=\[)")
+_JSON_START = re.compile(r"\{[ \t\r\n]*\"|\[[ \t\r\n]*\{")
 
 
-def _clean(text: str) -> str:
-    text = text.translate(_SMART)
-    text = _THINK.sub("", text)
-    if "</think>" in text.lower():  # an opening tag consumed by the chat template
-        text = re.split(r"</think>", text, flags=re.IGNORECASE)[-1]
-    return _FENCE.sub("", text)
+def _without_thinking(text: str) -> str:
+    """The text without `<think>...</think>` blocks; after a `</think>` with no opening tag (the
+    chat template consumed it) only what follows the last such tag. One pass over the tags."""
+    kept: list[str] = []
+    pos, opened = 0, -1
+    for m in _THINK_TAG.finditer(text):
+        if not m.group(1):  # <think>
+            if opened < 0:
+                opened = m.start()
+        elif opened >= 0:  # </think> closing a block: drop the block
+            kept.append(text[pos:opened])
+            pos, opened = m.end(), -1
+        else:  # a stray </think>: everything before it was thinking
+            kept, pos = [], m.end()
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
-def _bracketed(text: str, start: int) -> str | None:
-    """The balanced `[...]` literal starting at `start`, respecting quoted strings."""
-    depth, quote, escaped = 0, "", False
-    for i in range(start, len(text)):
+def _clean(text: str) -> tuple[str, bool]:
+    """The reply as the parser reads it, and whether it was cut to its last MAX_PLAN_CHARS."""
+    text = _FENCE.sub("", _without_thinking(text.translate(_SMART)))
+    if len(text) > MAX_PLAN_CHARS:
+        return text[-MAX_PLAN_CHARS:], True
+    return text, False
+
+
+def _show(value: Any) -> str:
+    """A value quoted in an error message, never longer than a line."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = 8
+_REPR.maxlevel = 3
+
+# --- list literals ---------------------------------------------------------------------------
+
+_WORDS = frozenset({"all", "True", "False", "None"})
+_STRING_PREFIXES = frozenset({"r", "u", "R", "U"})
+_OPENERS, _CLOSERS = "[({", "])}"
+_VALUE_ENDS = frozenset("])}\"'") | frozenset("0123456789")
+
+
+def _scan_literal(text: str, start: int) -> tuple[int | None, str | None]:
+    """Scan the bracketed literal that starts at `text[start] == "["`: the index just past its
+    closing bracket (None if it is never closed) and the first reason it cannot be a plain list
+    literal (None if it can).
+
+    ast.literal_eval recurses on the syntax tree, so deep nesting, chains of unary signs or
+    operators, and names such as `not` raise RecursionError or MemoryError inside it; this pass
+    admits only strings, numbers, brackets, commas, colons, single signs and the names in
+    _WORDS, at most MAX_LIST_DEPTH deep, before literal_eval ever sees the text. One pass,
+    no recursion.
+    """
+    n, i, depth = len(text), start, 0
+    problem: str | None = None
+    prev = ""  # the last significant character outside strings
+    while i < n:
         ch = text[i]
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
+        if ch in "\"'":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if text[i] == "\\" else 1
+            if i >= n:
+                return None, problem
+            i += len(quote)
+            prev = ch
+            continue
+        if ch in _OPENERS:
             depth += 1
-        elif ch == "]":
+            if depth > MAX_LIST_DEPTH and problem is None:
+                problem = f"it nests brackets more than {MAX_LIST_DEPTH} deep"
+        elif ch in _CLOSERS:
             depth -= 1
             if depth == 0:
-                return text[start : i + 1]
-    return None
+                return i + 1, problem
+        elif ch == "#":  # a comment, to the end of its line
+            newline = text.find("\n", i)
+            i = n if newline < 0 else newline
+            continue
+        elif ch.isalnum() or ch == "_" or (ch == "." and i + 1 < n and text[i + 1].isdigit()):
+            j = i + 1
+            while j < n and (text[j].isalnum() or text[j] in "_."
+                             or (text[j] in "+-" and text[j - 1] in "eE" and ch.isdigit())):
+                j += 1
+            word = text[i:j]
+            if problem is None and not (ch.isdigit() or ch == "." or word in _WORDS
+                                        or (word in _STRING_PREFIXES and j < n
+                                            and text[j] in "\"'")):
+                problem = f"{_show(word)} is not a value (quote text as a string)"
+            prev, i = word[-1], j
+            if word in _STRING_PREFIXES:
+                prev = ""  # the string that follows is the value
+            continue
+        elif ch in "+-":
+            if problem is None and (prev in _VALUE_ENDS or prev in "+-" or prev.isalnum()):
+                problem = f"it uses the operator {ch!r}; write plain values"
+        elif ch not in ",: \t\r\n" and problem is None:
+            problem = f"unexpected {ch!r}"
+        if not ch.isspace():
+            prev = ch
+        i += 1
+    return None, problem
 
 
-def _literal(name: str, source: str) -> list[Any]:
-    if name == "access_list":  # tolerate a bare `all`
-        source = re.sub(r"(?<![\"'\w])all(?![\"'\w])", '"all"', source)
-    try:
-        value = ast.literal_eval(source)
-    except (ValueError, SyntaxError) as e:
-        raise PlanError(f"{name} is not a valid Python list literal: {e}") from e
-    if not isinstance(value, list):
-        raise PlanError(f"{name} must be a list")
-    return value
+def _literal(name: str, source: str, problem: str | None) -> list[Any]:
+    if problem is None:
+        if name == "access_list":  # tolerate a bare `all`
+            source = re.sub(r"(?<![\"'\w])all(?![\"'\w])", '"all"', source)
+        try:
+            value = ast.literal_eval(source)
+        # literal_eval's own failures; with the scan above RecursionError and MemoryError
+        # should not happen, and if they do the reply is still just an invalid plan
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as e:
+            problem = str(e) or type(e).__name__
+        else:
+            if not isinstance(value, list):
+                raise PlanError(f"{name} must be a list")
+            return value
+    raise PlanError(f"{name} is not a valid Python list literal: {problem}")
 
 
 # --- the two forms ---------------------------------------------------------------------------
 
 
 def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
-    found: dict[str, list[Any]] = {}
-    for m in _ASSIGN.finditer(text):  # later assignments win: reasoning may show drafts
-        literal = _bracketed(text, m.end())
-        if literal is None:
-            raise PlanError(f"{m.group(1)} opens a list that is never closed")
-        found[m.group(1)] = _literal(m.group(1), literal)
+    """The three lists; later assignments win, since reasoning may show drafts. Each literal
+    is scanned once: an assignment inside an earlier literal is part of it, not a new one."""
+    found: dict[str, list[Any] | PlanError] = {}
+    pos = 0
+    while (m := _ASSIGN.search(text, pos)) is not None:
+        name = m.group(1)
+        end, problem = _scan_literal(text, m.end())
+        if end is None:  # it swallowed the rest of the reply
+            raise PlanError(f"{name} opens a list that is never closed")
+        try:
+            found[name] = _literal(name, text[m.end():end], problem)
+        except PlanError as e:
+            found[name] = e
+        pos = end
     if not found:
         return None
     missing = [n for n in _LIST_NAMES if n not in found]
@@ -141,30 +256,35 @@ def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
             f"missing {', '.join(missing)}; write all three lists: model_id = [...], "
             f"subtasks = [...], access_list = [...]"
         )
-    return found
+    lists: dict[str, list[Any]] = {}
+    for name in _LIST_NAMES:
+        value = found[name]
+        if isinstance(value, PlanError):
+            raise value
+        lists[name] = value
+    return lists
 
 
 def _json_candidates(text: str) -> list[Any]:
+    """The values of the last MAX_JSON_CANDIDATES places where an object (`{"`) or a list of
+    objects (`[{`) starts and decodes, last first. Trying every `[` and `{` (as this once did)
+    read the rest of the text from each: quadratic on a run of brackets."""
+    starts: deque[int] = deque(maxlen=MAX_JSON_CANDIDATES)
+    starts.extend(m.start() for m in _JSON_START.finditer(text))
     # strict=False: raw control characters inside strings, which JSON forbids but grammar-
     # constrained decoders (xgrammar) let a model write, do not cost a whole plan
     decoder, out = json.JSONDecoder(strict=False), []
-    i = 0
-    while i < len(text):
-        if text[i] in "[{":
-            try:
-                value, end = decoder.raw_decode(text, i)
-            except json.JSONDecodeError:
-                i += 1
-                continue
-            out.append(value)
-            i = end
-        else:
-            i += 1
+    for i in reversed(starts):
+        try:
+            value, _ = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):  # JSONDecodeError; nesting past the C stack guard
+            continue
+        out.append(value)
     return out
 
 
 def _parse_json_form(text: str) -> dict[str, list[Any]] | None:
-    for value in reversed(_json_candidates(text)):
+    for value in _json_candidates(text):
         steps = value.get("steps") if isinstance(value, dict) else value
         if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
             if isinstance(value, list) and not steps:
@@ -202,10 +322,13 @@ def _validate(
         agent = _agent_id(agent, agent_ids, where)
         if agent_ids is not None and agent not in agent_ids:
             raise PlanError(
-                f"{where}: unknown agent {agent!r}; choose one of: {', '.join(sorted(agent_ids))}"
+                f"{where}: unknown agent {_show(agent)}; "
+                f"choose one of: {', '.join(sorted(agent_ids))}"
             )
         if not isinstance(subtask, str) or not subtask.strip():
-            raise PlanError(f"{where}: the subtask must be a non-empty string, got {subtask!r}")
+            raise PlanError(
+                f"{where}: the subtask must be a non-empty string, got {_show(subtask)}"
+            )
         steps.append(Step(agent=agent, subtask=subtask.strip(), access=_access(acc, i, where)))
     return Plan(steps=steps)
 
@@ -220,7 +343,7 @@ def _agent_id(agent: Any, agent_ids: Sequence[str] | None, where: str) -> str:
             )
         return agent_ids[agent]
     if not isinstance(agent, str) or not agent.strip():
-        raise PlanError(f"{where}: the agent must be a non-empty string, got {agent!r}")
+        raise PlanError(f"{where}: the agent must be a non-empty string, got {_show(agent)}")
     return agent.strip()
 
 
@@ -229,13 +352,13 @@ def _access(acc: Any, index: int, where: str) -> Access:
         return "all"
     if not isinstance(acc, list) or not all(type(j) is int for j in acc):
         raise PlanError(
-            f'{where}: access must be "all", [] or a list of earlier step indices, got {acc!r}'
+            f'{where}: access must be "all", [] or a list of earlier step indices, got {_show(acc)}'
         )
     bad = [j for j in acc if not 0 <= j < index]
     if bad:
         allowed = f"0..{index - 1}" if index else "none (it is the first step; use [])"
         raise PlanError(
-            f"{where}: access {acc} names step(s) {bad} that are not earlier steps; "
+            f"{where}: access {_show(acc)} names step(s) {_show(bad)} that are not earlier steps; "
             f"a step may read only earlier steps: {allowed}"
         )
     return sorted(set(acc))
@@ -254,14 +377,19 @@ def parse_plan(
     integer agent is a position in that list; None skips the check). `allow_empty` admits an
     empty plan (a refinement round that keeps the answer).
     """
-    cleaned = _clean(text)
-    lists = _parse_list_form(cleaned) or _parse_json_form(cleaned)
-    if lists is None:
-        raise PlanError(
-            "no plan found: end the reply with the three lists model_id = [...], "
-            "subtasks = [...], access_list = [...] (or a JSON list of step objects)"
-        )
-    return _validate(lists, agent_ids, max_steps, allow_empty)
+    cleaned, cut = _clean(text)
+    try:
+        lists = _parse_list_form(cleaned) or _parse_json_form(cleaned)
+        if lists is None:
+            where = f" within its last {MAX_PLAN_CHARS:,} characters" if cut else ""
+            raise PlanError(
+                f"no plan found{where}: end the reply with the three lists model_id = [...], "
+                "subtasks = [...], access_list = [...] (or a JSON list of step objects)"
+            )
+        return _validate(lists, agent_ids, max_steps, allow_empty)
+    except (RecursionError, MemoryError) as e:  # a safety net: every stage is bounded
+        raise PlanError(f"the plan could not be parsed ({type(e).__name__}); write it plainly, "
+                        "at the end of the reply") from e
 
 
 def plan_json_schema(

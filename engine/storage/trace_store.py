@@ -31,7 +31,13 @@ from conductor_engine.engine.contracts.rollouts import (
 from conductor_engine.engine.storage.blob_refs import decode, encode, may_hold_blob_keys, refs_in
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
 from conductor_engine.engine.storage.database import connect_pool
-from conductor_engine.engine.storage.traces import PolicyRef, Trace, TraceStatus
+from conductor_engine.engine.storage.traces import (
+    PolicyRef,
+    Trace,
+    TraceStatus,
+    storable,
+    storable_text,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +46,24 @@ UNREADABLE = (BlobCorrupt, LookupError, TypeError, ValueError)
 document that does not validate (pydantic's ValidationError and UnicodeDecodeError are
 ValueErrors). A blob store or database that cannot be reached raises something else, and a
 retry is the right answer to that."""
+
+REJECTED = (
+    asyncpg.DataError,  # class 22: a value PostgreSQL cannot take (range, encoding, format)
+    asyncpg.IntegrityConstraintViolationError,  # class 23: a constraint the row breaks
+    asyncpg.ProgramLimitExceededError,  # class 54: an oversized value or row
+    asyncpg.exceptions._base.DataError,  # asyncpg's own: an argument it cannot encode
+)
+"""What writing a trace raises when the row itself is refused: the same row fails every time,
+so the record activity must not retry it. Everything else is the store being unavailable."""
+
+
+class TraceRejected(Exception):
+    """PostgreSQL refused a trace's row for good; str(error) says which run and why."""
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
+
 
 _UPSERT = """
 WITH written AS (
@@ -114,8 +138,8 @@ class TraceFilter(BaseModel):
         clauses: list[str] = []
         args: list[Any] = []
 
-        def add(sql: str, value: Any) -> None:
-            args.append(value)
+        def add(sql: str, value: Any) -> None:  # text as it was stored (storable_text)
+            args.append(storable_text(value) if isinstance(value, str) else value)
             clauses.append(sql.format(f"${len(args)}"))
 
         for column in ("dataset", "batch", "task_id", "policy_name", "policy_version", "status"):
@@ -199,14 +223,24 @@ class TraceStore:
     # --- writing ---------------------------------------------------------------------------
 
     async def write(self, trace: Trace) -> None:
-        """Insert or replace the trace's row: the same (workflow id, run id) is one row."""
-        await self.pool.execute(_UPSERT, *await self.row(trace))
+        """Insert or replace the trace's row: the same (workflow id, run id) is one row.
+        Raises TraceRejected when PostgreSQL refuses the row itself (REJECTED), which no retry
+        can change; anything else (an unreachable server, a lost connection) is worth a retry."""
+        row = await self.row(trace)
+        try:
+            await self.pool.execute(_UPSERT, *row)
+        except REJECTED as e:
+            raise TraceRejected(
+                f"PostgreSQL rejected the trace of workflow {trace.workflow_id} run "
+                f"{trace.run_id} ({type(e).__name__}: {_first_line(e)}); retrying cannot help, "
+                "so the trace is not written: report this with the workflow id"
+            ) from e
 
     async def row(self, trace: Trace) -> tuple[Any, ...]:
         """The row's values in _UPSERT's order, large texts moved to the blob store. A
         document no longer than the threshold cannot hold a longer text, and one with no key
         to escape goes as it is, unwalked (the common case)."""
-        raw = trace.document_json()
+        trace, raw = storable(trace)  # NUL and lone surrogates: see storable_text
         doc: bytes | dict[str, Any] = raw
         if len(raw) > self.blob_threshold or may_hold_blob_keys(raw):
             encoded = encode(trace.document(), threshold=self.blob_threshold)
@@ -242,7 +276,9 @@ class TraceStore:
         resolve_blobs: bool = True,
     ) -> Trace | None:
         """One trace (the latest run of the workflow unless run_id is given), with its
-        self-call traces nested under `children`, recursively."""
+        self-call traces nested under `children`, recursively. Ids are looked up as they
+        were stored (storable_text)."""
+        workflow_id, run_id = storable_text(workflow_id), run_id and storable_text(run_id)
         if run_id:
             doc = await self.pool.fetchval(
                 "SELECT trace FROM traces WHERE workflow_id = $1 AND run_id = $2",

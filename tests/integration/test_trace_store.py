@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from conductor_engine.activities.record import RecordActivities
 from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.rewards import Reward, Verdict
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
@@ -426,3 +427,67 @@ async def test_a_group_too_small_to_train_is_taken_with_the_next_that_trains(
     stats = group_stats(picked)
     assert (stats.groups, stats.rollouts, stats.mean_reward) == (1, 2, 0.75)
     assert stats.left_out == {"step_failed": 2, "plan_failed": 1, "too_few_left": 1}
+
+
+# --- text PostgreSQL cannot hold, and rows it refuses ----------------------------------------
+
+
+async def test_nul_and_lone_surrogates_in_outputs_and_task_id_are_written_as_replacements(
+    trace_store: TraceStore,
+) -> None:
+    """A sampled NUL, or a JSON reply's `\\ud800` escape (a lone surrogate, which no UTF-8
+    encoder takes), used to fail the write on every retry; both become U+FFFD (the rule in
+    traces.storable_text), in the columns and the document alike."""
+    task_id = f"odd-{uuid.uuid4().hex[:6]}-\x00-\ud800"
+    trace = make_trace(task_id, output="a\x00b\ud800c \\u0000 kept \ud83d\ude00")
+    trace.task.tags = ["t\x00ag", "\udfff"]
+    trace.rounds[0].attempts[0].raw_text = "plan\ud800\x00"
+    await trace_store.write(trace)
+    stored_id = task_id.replace("\x00", "\ufffd").replace("\ud800", "\ufffd")
+    assert await trace_store.count(TraceFilter(task_id=stored_id)) == 1
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None
+    assert back.task.id == stored_id and back.task.tags == ["t\ufffdag", "\ufffd"]
+    assert back.answer == "a\ufffdb\ufffdc \\u0000 kept \U0001f600", "a split pair is joined"
+    assert back.rounds[0].attempts[0].raw_text == "plan\ufffd\ufffd"
+
+
+async def test_a_row_postgres_refuses_for_good_is_a_non_retryable_trace_rejected(
+    agent_server: Any, trace_store: TraceStore, settings: Settings,
+) -> None:
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    trace = make_trace(f"big-{uuid.uuid4().hex[:6]}")
+    req = RecordRequest(task=trace.task.model_copy(update={"depth": 2**40}),  # depth: integer
+                        result=_result_of(trace), started_at=trace.started_at,
+                        finished_at=trace.finished_at)
+    record = RecordActivities(settings, make_pool(agent_server), trace_store).record
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(record, req)
+    assert raised.value.type == "TraceRejected" and raised.value.non_retryable
+    assert trace.workflow_id in str(raised.value) and "not written" in str(raised.value)
+
+
+async def test_an_unreachable_trace_store_stays_retryable(
+    agent_server: Any, postgres_url: str, tmp_path: Path, settings: Settings,
+) -> None:
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    store = await TraceStore.open(postgres_url, LocalBlobStore(tmp_path), max_size=1)
+    await store.close()  # as a server that went away leaves it
+    trace = make_trace(f"down-{uuid.uuid4().hex[:6]}")
+    req = RecordRequest(task=trace.task, result=_result_of(trace), started_at=trace.started_at,
+                        finished_at=trace.finished_at)
+    record = RecordActivities(settings, make_pool(agent_server), store).record
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(record, req)
+    assert raised.value.type == "TraceStoreUnavailable" and not raised.value.non_retryable
+
+
+def _result_of(trace: Trace) -> RunResult:
+    """The run result a trace was recorded from, as the record activity receives it."""
+    return RunResult(task_id=trace.task.id, workflow_id=trace.workflow_id, run_id=trace.run_id,
+                     status=trace.status, answer=trace.answer, rounds=trace.rounds,
+                     totals=trace.totals, reward=trace.reward)
