@@ -2,27 +2,144 @@
 `CONDUCTOR_*` environment variables, under command-line flags.
 
 With no `temporal_address` the engine starts its embedded Temporal dev server.
+
+A bad setting fails where it is read, as one SettingsError line naming its source and field:
+`environment variable CONDUCTOR_EMBEDDED_PORT: ...`, `conductor.toml:3: embedded_port: ...`.
+The config file is strict: a key that is no setting is an error (with the likely intended key),
+not silently ignored, and a CONDUCTOR_CONFIG naming no file is an error too (a missing
+`conductor.toml` in the working directory is not: it is optional).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as _SourceError
 
 from conductor_engine.engine.contracts.names import TASK_QUEUE, TRAINER_TASK_QUEUE
+from conductor_engine.engine.redaction import redact_text
+from conductor_engine.engine.toml_errors import not_utf8, toml_error
+
+ENV_PREFIX = "CONDUCTOR_"
+DEFAULT_CONFIG = "conductor.toml"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used, in one line naming its source (environment variable, or
+    config file and line) and field. Entry points print it as `error: ...` and exit 2."""
+
+
+def config_path() -> tuple[Path, bool]:
+    """The config file, and whether it must exist (it must when CONDUCTOR_CONFIG names it)."""
+    named = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    return (Path(named), True) if named else (Path(DEFAULT_CONFIG), False)
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """The line of each top-level key (or table header) of a TOML text, for error messages."""
+    lines: dict[str, int] = {}
+    pattern = re.compile(r"""^\s*\[*\s*["']?([A-Za-z0-9_.-]+)["']?\s*(?:=|\])""")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if (m := pattern.match(line)) is not None:
+            lines.setdefault(m.group(1).split(".")[0], number)
+    return lines
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The TOML config file, read strictly: not UTF-8, not TOML, or a key that is no setting
+    is a SettingsError naming the file, line and key."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self.path, required = config_path()
+        self.data: dict[str, Any] = {}
+        self.lines: dict[str, int] = {}
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            if required:
+                raise SettingsError(
+                    f"environment variable {ENV_PREFIX}CONFIG names {str(self.path)!r}, which "
+                    "does not exist: fix the path or unset the variable") from None
+            return
+        except OSError as e:
+            raise SettingsError(f"config file {self.path}: cannot read it: {e.strerror}"
+                                ) from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SettingsError(f"config file {not_utf8(self.path, e)}") from None
+        try:
+            self.data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"config file {toml_error(self.path, e)}") from None
+        self.lines = _key_lines(text)
+        known = list(settings_cls.model_fields)
+        for key in self.data:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else \
+                    "see engine/settings.py for the settings there are"
+                raise SettingsError(f"{self.where(key)}: unknown setting {key!r}; {hint}")
+
+    def where(self, key: str) -> str:
+        """`FILE:LINE` of a key (`FILE` where the line is not known)."""
+        line = self.lines.get(key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+def _source_of(field: str, given: dict[str, Any]) -> str:
+    """Where a field's value came from, highest-priority source first (as pydantic-settings
+    reads them): an argument, the environment, the config file."""
+    if field in given:
+        return f"{field} (given in code or by a flag)"
+    env = f"{ENV_PREFIX}{field.upper()}"
+    if any(name.upper() == env for name in os.environ):
+        return f"environment variable {env}"
+    try:
+        source = _ConfigFile(Settings)
+    except SettingsError:
+        source = None
+    if source is not None and field in source.data:
+        return f"{source.where(field)}: {field}"
+    return field
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        """Build the settings; any bad value is a one-line SettingsError naming its source."""
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
+            got = f" (got {first['input']!r})" if isinstance(first.get("input"), str | int
+                                                              | float) else ""
+            raise SettingsError(redact_text(  # a bad value may be (part of) a secret
+                f"{_source_of(field, values)}: {first['msg']}{got}{more}")) from None
+        except _SourceError as e:
+            raise SettingsError(f"settings: {e}") from None
 
     temporal_address: str | None = Field(
         default=None, description="host:port of a Temporal frontend; unset = embedded dev server"
@@ -40,8 +157,8 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Path(".conductor")
     pool_file: Path | None = None
-    embedded_port: int = 7233
-    embedded_ui_port: int = 8233
+    embedded_port: int = Field(default=7233, ge=1, le=65535)
+    embedded_ui_port: int = Field(default=8233, ge=1, le=65535)
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
@@ -97,8 +214,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = Path(os.environ.get("CONDUCTOR_CONFIG", "conductor.toml"))
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+        return (init_settings, env_settings, _ConfigFile(settings_cls))
 
     @property
     def blobs_path(self) -> Path:

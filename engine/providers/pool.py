@@ -30,6 +30,7 @@ from conductor_engine.engine.providers.registry import (
     web_search_providers,
 )
 from conductor_engine.engine.redaction import looks_like_key
+from conductor_engine.engine.toml_errors import not_utf8, toml_error
 
 
 class PoolError(ValueError):
@@ -316,11 +317,17 @@ class Pool(BaseModel):
             p = Path(path)
             if not p.is_file():
                 raise PoolError(f"pool file {p} does not exist; pass an existing TOML file")
-            text, where = p.read_text(), str(p)
+            where = str(p)
+            try:
+                text = p.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PoolError(f"pool file {not_utf8(p, e)}") from None
+            except OSError as e:
+                raise PoolError(f"pool file {p}: cannot read it: {e.strerror}") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise PoolError(f"pool file {where} is not valid TOML: {e}") from e
+            raise PoolError(f"pool file {toml_error(where, e)}") from None
         try:
             return cls.model_validate(data)
         except ValidationError as e:

@@ -10,8 +10,11 @@ be a number; `id` may be a number; `dataset` defaults to the file's stem; `optio
 RunOptions fields; other keys are ignored (datasets carry metadata). Blank lines are skipped.
 
 A bad line never stops the load: it is reported as a TaskLineError with its line number (1-based;
-for a Hugging Face dataset, the 0-based row index) and the good lines still load, so one typo in
-ten thousand tasks costs one task, visibly.
+for a Hugging Face dataset, the 0-based row index) and, where one field is at fault, the field
+(`FILE:LINE: field tags.1: ...`), and the good lines still load, so one typo in ten thousand tasks
+costs one task, visibly (commands list the bad lines, the first MAX_LISTED and a count of the
+rest). Every string of a task, nested ones included, must be storable in PostgreSQL text: a NUL
+or a lone surrogate (a JSON `\\ud800` escape) is a bad line, not a failed trace insert later.
 
 A line without an id gets a stable one, `<dataset>-<first 10 hex digits of the SHA-256 of the
 question>`: it does not change when lines are added, removed or reordered, so resumed batches
@@ -30,10 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from pydantic import ValidationError as PydanticValidationError
 
 from conductor_engine.engine.rewards import VERIFIERS
+from conductor_engine.engine.tasks.checks import check_storable
 from conductor_engine.engine.tasks.model import RunOptions, Task
 
 HF_PREFIX = "hf:"
 TASK_FIELDS = ("question", "answer", "id", "tags", "verifier", "dataset")
+MAX_LISTED = 50
+"""How many bad lines a command lists before it sums up the rest."""
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -43,7 +49,7 @@ class TaskFileError(ValueError):
 
 class TaskLineError(BaseModel):
     line: int = Field(description="1-based line of a JSONL file; 0-based row of a dataset")
-    message: str
+    message: str = Field(description="`field X: why` where one field is at fault")
 
 
 class TaskFile(BaseModel):
@@ -52,6 +58,18 @@ class TaskFile(BaseModel):
     path: str
     tasks: list[Task] = Field(default_factory=list)
     errors: list[TaskLineError] = Field(default_factory=list)
+
+    def error_lines(self, limit: int | None = MAX_LISTED) -> list[str]:
+        """One `FILE:LINE: why` line per bad line, the first `limit` of them, then a line
+        saying how many more there are: a file of 10,000 bad lines is summed up, not
+        scrolled past, and no bad line goes unmentioned."""
+        shown = self.errors if limit is None else self.errors[:limit]
+        lines = [f"{self.path}:{e.line}: {e.message}" for e in shown]
+        if len(shown) < len(self.errors):
+            lines.append(f"{self.path}: … and {len(self.errors) - len(shown)} more bad "
+                         f"line(s) ({len(self.errors)} in all): `conductor tasks check "
+                         f"{self.path} --all` lists them")
+        return lines
 
 
 class _Record(BaseModel):
@@ -79,7 +97,7 @@ def _describe(error: PydanticValidationError) -> str:
     for e in error.errors():
         where = ".".join(str(p) for p in e["loc"])
         message = "missing" if e["type"] == "missing" else e["msg"]
-        parts.append(f'"{where}": {message}' if where else message)
+        parts.append(f"field {where}: {message}" if where else message)
     return "; ".join(parts)
 
 
@@ -93,13 +111,18 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
         rec = _Record.model_validate(raw)
     except PydanticValidationError as exc:
         raise _Problem(_describe(exc)) from exc
+    try:  # before anything hashes or stores the text
+        check_storable(rec)
+        check_storable(dataset, "dataset")
+    except ValueError as exc:
+        raise _Problem(str(exc)) from exc
     if not rec.question.strip():
-        raise _Problem('"question" is empty')
+        raise _Problem("field question: empty")
     if rec.answer is not None and rec.reference is not None:
-        raise _Problem('give "answer" or "reference", not both')
+        raise _Problem('field answer: give "answer" or "reference", not both')
     name = rec.verifier if rec.verifier is not None else verifier
     if name is not None and name.strip().lower() not in VERIFIERS:
-        raise _Problem(f'unknown "verifier" {name!r}; valid: {", ".join(VERIFIERS)}')
+        raise _Problem(f"field verifier: unknown {name!r}; valid: {', '.join(VERIFIERS)}")
     answer = rec.answer if rec.answer is not None else rec.reference
     ds = rec.dataset or dataset
     return Task(
@@ -123,9 +146,9 @@ def _collect(rows: Iterable[tuple[int, Any]], path: str, dataset: str,
                 raise _Problem(f"expected a JSON object, got {type(raw).__name__}")
             task = _to_task(raw, dataset, verifier)
             if task.id in first_line:
-                what = "id" if raw.get("id") is not None else "question (same derived id)"
-                raise _Problem(f"duplicate {what} {task.id!r}, first on line "
-                               f"{first_line[task.id]}")
+                what = ("field id: duplicate" if raw.get("id") is not None
+                        else "field question: duplicate (same derived id)")
+                raise _Problem(f"{what} {task.id!r}, first on line {first_line[task.id]}")
         except _Problem as problem:
             out.errors.append(TaskLineError(line=line, message=str(problem)))
             continue
@@ -142,7 +165,8 @@ def _jsonl_rows(data: bytes) -> Iterator[tuple[int, Any]]:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield number, _Problem(f"not UTF-8: {exc.reason} at byte {exc.start}")
+            yield number, _Problem(f"not UTF-8: {exc.reason} at byte {exc.start} of the line; "
+                                   "save the file as UTF-8")
             continue
         if not text.strip():
             continue

@@ -70,7 +70,7 @@ def test_a_malformed_pool_file_is_a_one_line_error(tmp_path: Path) -> None:
     line = one_line_error(run_conductor("pool", "show", "--pool", str(bad)))
     assert "pool file" in line and "conductor.provider" in line
     bad.write_text("this is = = not toml")
-    assert "is not valid TOML" in one_line_error(run_conductor("pool", "show", "--pool", str(bad)))
+    assert "invalid TOML" in one_line_error(run_conductor("pool", "show", "--pool", str(bad)))
 
 
 def test_a_key_in_a_pool_file_is_refused(tmp_path: Path) -> None:
@@ -117,6 +117,15 @@ def test_settings_come_from_a_file_under_environment_variables(
     assert s.task_queue == "from-file" and s.temporal_namespace == "ns-env"
 
 
+def test_a_bad_setting_is_one_line_naming_its_variable_and_exit_status_2(tmp_path: Path) -> None:
+    proc = run_conductor("down", env={"CONDUCTOR_EMBEDDED_PORT": "abc",
+                                      "CONDUCTOR_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: environment variable CONDUCTOR_EMBEDDED_PORT: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'abc')"]
+
+
 def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachable_tmp: Path
                                                            ) -> None:
     tmp_path = reachable_tmp  # the embedded PostgreSQL lives in its data dir
@@ -155,6 +164,6 @@ def test_tasks_check_counts_good_lines_and_names_bad_ones(tmp_path: Path, repo_r
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["id"] == "a"
     assert "1 task(s) ok" in proc.stderr
-    assert "line 2: invalid JSON" in proc.stderr and "line 3:" in proc.stderr
+    assert f"{bad}:2: invalid JSON" in proc.stderr and f"{bad}:3: field question" in proc.stderr
     missing = run_conductor("tasks", "check", str(tmp_path / "nope.jsonl"))
     assert "nope.jsonl" in one_line_error(missing)

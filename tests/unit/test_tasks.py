@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from conductor_engine.engine.tasks.checks import unstorable_text
 from conductor_engine.engine.tasks.files import (
+    MAX_LISTED,
     TaskFileError,
     derived_id,
     load_hf,
@@ -16,6 +18,7 @@ from conductor_engine.engine.tasks.files import (
     load_tasks,
     parse_hf_source,
 )
+from conductor_engine.engine.tasks.model import Task
 
 GOOD_AND_BAD = [
     '{"id": "mul", "question": "What is 6 x 7?", "answer": 42, "verifier": "math", '
@@ -49,14 +52,14 @@ def test_good_lines_load_and_bad_lines_are_reported_with_their_numbers(task_file
                                         "opts", "7"]
     assert [(e.line, e.message) for e in tf.errors] == [
         (4, "invalid JSON: Expecting ',' delimiter (column 44)"),
-        (5, '"question": missing'),
-        (6, '"tags": Input should be a valid list'),
-        (7, "duplicate id 'mul', first on line 1"),
+        (5, "field question: missing"),
+        (6, "field tags: Input should be a valid list"),
+        (7, "field id: duplicate 'mul', first on line 1"),
         (8, "expected a JSON object, got list"),
-        (10, '"options.max_steps": Input should be less than or equal to 20'),
-        (11, "unknown \"verifier\" 'regex'; valid: auto, exact, choice, math, code"),
-        (13, 'give "answer" or "reference", not both'),
-        (14, '"question" is empty'),
+        (10, "field options.max_steps: Input should be less than or equal to 20"),
+        (11, "field verifier: unknown 'regex'; valid: auto, exact, choice, math, code"),
+        (13, 'field answer: give "answer" or "reference", not both'),
+        (14, "field question: empty"),
     ]
     assert tf.path == str(task_file)
 
@@ -98,6 +101,45 @@ def test_invalid_utf8_is_a_line_error(tmp_path: Path) -> None:
     path.write_bytes(b'{"question": "fine"}\n{"question": "\xff"}\n')
     tf = load_jsonl(path)
     assert len(tf.tasks) == 1 and tf.errors[0].line == 2 and "UTF-8" in tf.errors[0].message
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    (r'{"id": "a\u0000", "question": "q"}', "id"),
+    (r'{"question": "q", "tags": ["ok", "b\u0000d"]}', "tags.1"),
+    (r'{"question": "q", "dataset": "d\u0000"}', "dataset"),
+    (r'{"question": "q\u0000"}', "question"),
+    (r'{"question": "q", "answer": "\u0000"}', "answer"),
+    (r'{"question": "a\ud800b"}', "question"),
+    (r'{"question": "q", "tags": ["\udfff"]}', "tags.0"),
+    (r'{"question": "q", "verifier": "math\u0000"}', "verifier"),
+])
+def test_text_postgresql_cannot_store_is_a_line_error_naming_the_field(
+        tmp_path: Path, line: str, field: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"question": "fine"}\n' + line + "\n", encoding="utf-8")
+    tf = load_jsonl(path)
+    assert [t.question for t in tf.tasks] == ["fine"]
+    [error] = tf.error_lines()
+    assert error.startswith(f"{path}:2: field {field}: holds a "), error
+    assert ("NUL" in error) != ("surrogate" in error)
+
+
+def test_every_string_of_a_task_is_checked_nested_ones_and_keys_too() -> None:
+    assert unstorable_text({"a": [{"b": "ok"}, {"c": ["x", "y\x00"]}]}) is not None
+    assert unstorable_text({"a": [{"b": "ok"}, {"c": ["x", "y\x00"]}]})[0] == "a.1.c.1"
+    assert unstorable_text({"k\ud800": 1})[0] == "'k\\ud800'"  # type: ignore[index]
+    assert unstorable_text(Task(question="fine", tags=["é", "😀"])) is None
+
+
+def test_bad_lines_are_listed_with_file_and_line_then_summed_up(tmp_path: Path) -> None:
+    path = tmp_path / "many.jsonl"
+    path.write_text('{"question": "ok"}\n' + "{oops\n" * 60)
+    tf = load_jsonl(path)
+    lines = tf.error_lines()
+    assert len(tf.errors) == 60 and len(lines) == MAX_LISTED + 1
+    assert lines[0].startswith(f"{path}:2: invalid JSON")
+    assert "10 more bad line(s) (60 in all)" in lines[-1] and "--all" in lines[-1]
+    assert len(tf.error_lines(None)) == 60
 
 
 def test_a_missing_file_says_what_to_do(tmp_path: Path) -> None:
@@ -150,7 +192,7 @@ def test_hf_dataset_with_a_column_mapping(saved_dataset: Path) -> None:
         ("r2", "What is 2*3?", "6", "math", "arith"),
         ("r3", "What is 9-4?", "5", "math", "arith"),
     ]
-    assert [(e.line, e.message) for e in tf.errors] == [(1, '"question": missing')]
+    assert [(e.line, e.message) for e in tf.errors] == [(1, "field question: missing")]
     assert tf.path == f"hf:{saved_dataset}@test"
 
 

@@ -25,6 +25,7 @@ from conductor_engine.engine.runtime.cli import (  # noqa: F401
 )
 # isort: on
 from conductor_engine.engine.runtime.cli.app import app
+from conductor_engine.engine.settings import SettingsError
 
 __all__ = ["app", "main"]
 
@@ -38,6 +39,9 @@ def main() -> None:  # pragma: no cover
         app()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except SettingsError as e:  # settings built outside load_settings: still one line
+        sys.stderr.write(f"error: {e}\n")
+        code = 2
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -14,26 +14,33 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import annotated_types
 import typer
+from pydantic import BaseModel
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from conductor_engine.engine.contracts.search_attributes import SearchAttributesMissing
 from conductor_engine.engine.providers.pool import Pool, PoolError
 from conductor_engine.engine.runtime.client import ConductorClient, ConnectError, RunFailed
 from conductor_engine.engine.runtime.embedded import EmbeddedError
 from conductor_engine.engine.runtime.logging import configure_logging
-from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.settings import Settings, SettingsError
 from conductor_engine.engine.storage.database import DatabaseError, database_url
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.model import Task
 
+# rich_markup_mode=None on every Typer app: help text and docstrings are printed as written, so
+# `hf:NAME[@SPLIT]` or `[policy]` show instead of being taken for Rich markup and vanishing.
 app = typer.Typer(help="Conductor engine: a conductor model plans, Temporal runs the plan.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-pool_app = typer.Typer(help="Inspect the agent pool.", no_args_is_help=True)
-plan_app = typer.Typer(help="Work with plans.", no_args_is_help=True)
-traces_app = typer.Typer(help="List and show recorded traces.", no_args_is_help=True)
-tasks_app = typer.Typer(help="Task files (JSONL, Hugging Face datasets).", no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
+pool_app = typer.Typer(help="Inspect the agent pool.", no_args_is_help=True,
+                       rich_markup_mode=None)
+plan_app = typer.Typer(help="Work with plans.", no_args_is_help=True, rich_markup_mode=None)
+traces_app = typer.Typer(help="List and show recorded traces.", no_args_is_help=True,
+                         rich_markup_mode=None)
+tasks_app = typer.Typer(help="Task files (JSONL, Hugging Face datasets).", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(pool_app, name="pool")
 app.add_typer(plan_app, name="plan")
 app.add_typer(traces_app, name="traces")
@@ -47,9 +54,25 @@ PoolOpt = Annotated[Path | None, typer.Option("--pool", help="pool TOML file (de
                                               "CONDUCTOR_POOL_FILE or the shipped pool)")]
 
 
+def field_range(model: type[BaseModel], name: str) -> dict[str, Any]:
+    """`min`/`max` for a typer option from a pydantic field's ge/le, so a flag's range and the
+    model's never drift apart: `typer.Option(**field_range(RunOptions, "max_steps"))`."""
+    bounds: dict[str, Any] = {}
+    for rule in model.model_fields[name].metadata:
+        if isinstance(rule, annotated_types.Ge):
+            bounds["min"] = rule.ge
+        elif isinstance(rule, annotated_types.Le):
+            bounds["max"] = rule.le
+    return bounds
+
+
 def load_settings(pool: Path | None = None) -> Settings:
-    """Settings from the environment and config file (with --pool over them); logging set up."""
-    settings = Settings()
+    """Settings from the environment and config file (with --pool over them); logging set up.
+    A bad setting is one `error:` line naming its variable or file line, exit status 2."""
+    try:
+        settings = Settings()
+    except SettingsError as e:
+        raise fail(str(e), 2) from None
     if pool is not None:
         settings.pool_file = pool
     configure_logging(settings.log_format, settings.log_level)
@@ -57,8 +80,10 @@ def load_settings(pool: Path | None = None) -> Settings:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print `error: MESSAGE` on stderr; the caller raises what this returns."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print `error: MESSAGE` on stderr, MESSAGE verbatim (it quotes user and model text, which
+    is never Rich markup); the caller raises what this returns."""
+    err.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+              soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -81,17 +106,23 @@ def load_pool(settings: Settings) -> Pool:
 
 
 def load_task_file(source: str) -> list[Task]:
-    """The valid tasks of a JSONL file (or hf:NAME); bad lines are reported and skipped."""
+    """The valid tasks of a JSONL file (or hf:NAME). Bad lines are skipped, as the loader's
+    rule is (engine/tasks/files.py), and never silently: each is listed as `FILE:LINE: why`
+    (the first MAX_LISTED, then a count), then how many were skipped."""
     from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
 
     try:
         loaded = load_tasks(source)
     except TaskFileError as e:
         raise fail(str(e)) from None
-    for bad in loaded.errors:
-        err.print(f"[yellow]skipped line {bad.line}:[/] {escape(bad.message)}", soft_wrap=True)
+    for line in loaded.error_lines():
+        err.print(Text(line), highlight=False, soft_wrap=True)
     if not loaded.tasks:
         raise fail(f"no valid task in {source}")
+    if loaded.errors:
+        err.print(Text(f"skipped {len(loaded.errors)} bad line(s) of {loaded.path}; "
+                       f"{len(loaded.tasks)} task(s) go ahead", style="yellow"),
+                  highlight=False, soft_wrap=True)
     return list(loaded.tasks)
 
 

@@ -10,17 +10,23 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from conductor_engine.engine.plan.language import PlanError, parse_plan
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     fail,
+    field_range,
     load_pool,
     load_settings,
     out,
     plan_app,
     pool_app,
 )
+from conductor_engine.engine.tasks.model import RunOptions
+
+MAX_POOL_SIZE = 1000
+"""Most agents `plan check --pool-size` numbers: far above any real pool."""
 
 
 @pool_app.command("show")
@@ -28,19 +34,19 @@ def pool_show(pool: PoolOpt = None) -> None:
     """List the agents, whether each is usable here, and what they cost."""
     settings = load_settings(pool)
     agents = load_pool(settings)
-    table = Table(title=f"pool: {settings.pool_file or 'default'}", title_justify="left")
+    table = Table(title=Text(f"pool: {settings.pool_file or 'default'}"), title_justify="left")
     for col in ("id", "provider", "model", "key variable", "usable", "$/M in", "$/M out",
                 "web search", "description"):
         table.add_column(col, overflow="fold")
     offered = {a.id for a in agents.available()}
     for a in [agents.conductor, *agents.agents]:
         role = " (conductor)" if a is agents.conductor else ""
-        table.add_row(
+        table.add_row(*(Text(cell) for cell in (
             a.id + role, a.provider, a.model, a.api_key_env or "-",
             "yes" if a.id in offered or a is agents.conductor else "no (key not set)",
             f"{a.price_input_per_mtok:g}", f"{a.price_output_per_mtok:g}",
             a.web_search.summary() if a.web_search else "-", a.description,
-        )
+        )))
     out.print(table)
 
 
@@ -49,8 +55,10 @@ def plan_check(
     file: Annotated[str, typer.Argument(help="a file with the conductor's completion, or -")] = "-",
     pool: PoolOpt = None,
     pool_size: Annotated[int | None, typer.Option(
-        help="check against agents numbered 0..N-1 instead of a pool")] = None,
-    max_steps: Annotated[int, typer.Option(help="most steps in a plan")] = 5,
+        help="check against agents numbered 0..N-1 instead of a pool", min=1,
+        max=MAX_POOL_SIZE)] = None,
+    max_steps: Annotated[int, typer.Option(
+        help="most steps in a plan", **field_range(RunOptions, "max_steps"))] = 5,
     allow_empty: Annotated[bool, typer.Option(help="accept an empty plan")] = False,
 ) -> None:
     """Parse a conductor completion; print the plan as JSON, or why it is invalid (exit 1)."""

@@ -4,6 +4,11 @@ A run's steps reach the CLI in two shapes: StepRecord (in a RunResult, and in a 
 keeps the same rounds) and TrailStep (read back from Temporal history by `conductor history`).
 Each is adapted into a StepRow, and `steps_table` draws rows as one Rich table; a view picks the
 columns it shows. So the column names, cell formats and escaping are written once.
+
+Escaping rule for every CLI module: text that is not a literal of ours (a question, an answer,
+an id, a path, an error message) reaches Rich as `rich.text.Text` or through
+`rich.markup.escape`, never inside a markup string as is: `[/code]` in a question must print,
+not crash, and `[link=...]` must not become a link.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from conductor_engine.engine.plan.language import saw_label
 from conductor_engine.engine.text import shorten
@@ -27,12 +32,13 @@ SHORT = 300
 """How many characters of a text a view shows unless asked for it in full (--full)."""
 
 
-def reward_line(reward: Reward) -> str:
+def reward_line(reward: Reward) -> Text:
     """`reward: VALUE (why)`, green when the answer counts as correct."""
     if reward.value is None:
-        return f"reward: none ({reward.reason})"
+        return Text(f"reward: none ({reward.reason})")
     colour = "green" if reward.value >= reward.weights.correct else "yellow"
-    return f"reward: [bold {colour}]{reward.value:g}[/] ({escape(reward.reason)})"
+    return Text.assemble("reward: ", (f"{reward.value:g}", f"bold {colour}"),
+                         f" ({reward.reason})")
 
 
 def attempt_errors(errors: list[AttemptError]) -> str:
@@ -93,14 +99,19 @@ Column = Literal["round", "step", "agent", "subtask", "saw", "status", "output",
 HEADERS: dict[Column, str] = {"tokens": "tokens in/out", "cost": "cost $", "seconds": "s"}
 
 
-def _cell(row: StepRow, column: Column, limit: int | None) -> str:
+def _cell(row: StepRow, column: Column, limit: int | None) -> Text:
+    """A cell as plain Text: what models and users wrote is never read as Rich markup."""
+    return Text(_cell_text(row, column, limit))
+
+
+def _cell_text(row: StepRow, column: Column, limit: int | None) -> str:
     match column:
         case "round":
             return str(row.round + 1)
         case "step":
             return f"{row.index + 1}/{row.steps}"
         case "subtask" | "output":
-            return escape(shorten(getattr(row, column), limit))
+            return shorten(getattr(row, column), limit)
         case "tokens":
             return f"{row.input_tokens}/{row.output_tokens}"
         case "cost":
@@ -110,7 +121,7 @@ def _cell(row: StepRow, column: Column, limit: int | None) -> str:
         case "attempts":
             return str(row.attempts) + (" (self-call)" if row.self_call else "")
         case _:
-            return escape(str(getattr(row, column)))
+            return str(getattr(row, column))
 
 
 def steps_table(rows: Sequence[StepRow], columns: Sequence[Column], *,

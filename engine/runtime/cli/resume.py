@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from conductor_engine.engine.runtime.cli.app import app, err, fail, load_settings, out, run_async
 from conductor_engine.engine.runtime.client import ConductorClient
@@ -45,9 +46,9 @@ def resume_runs(
         raise fail(str(e)) from None
     for wid, run_id, problem in resumed:
         if run_id is None:
-            err.print(f"[bold red]error:[/] {escape(problem or '')}", soft_wrap=True)
+            err.print(Text.assemble(("error:", "bold red"), f" {problem or ''}"), soft_wrap=True)
             continue
-        out.print(f"resumed {wid}: new run {run_id} · {settings.workflow_url(wid, run_id)}",
+        out.print(Text(f"resumed {wid}: new run {run_id} · {settings.workflow_url(wid, run_id)}"),
                   highlight=False, soft_wrap=True)
     if any(run_id is None for _, run_id, _ in resumed):
         raise typer.Exit(1)
@@ -61,7 +62,7 @@ async def _resume(
     client = (await ConductorClient.connect(settings)).client
     plans = await _resume_plans(client, workflow_id, batch)
     if not plans:
-        out.print(f"no failed runs in batch {batch}", highlight=False)
+        out.print(Text(f"no failed runs in batch {batch}"), highlight=False)
         return []
     for plan in plans:
         _print_resume_plan(plan)
@@ -104,17 +105,18 @@ async def _reset_all(client: Client, plans: list[ResumePlan]) -> list[Resumed]:
 
 
 def _print_resume_plan(plan: ResumePlan) -> None:
-    out.print(f"[bold]{plan.workflow_id}[/] · run {plan.run_id} · [bold]{plan.status}[/]"
+    out.print(f"[bold]{escape(plan.workflow_id)}[/] · run {escape(plan.run_id)} · "
+              f"[bold]{escape(plan.status)}[/]"
               + (f": {escape(plan.error)}" if plan.error else ""), soft_wrap=True)
     where = f"just before {plan.failed.label()}" if plan.failed else "after its last progress"
-    out.print(f"reset to event {plan.reset_event_id} ({where})", highlight=False)
+    out.print(Text(f"reset to event {plan.reset_event_id} ({where})"), highlight=False)
     out.print("kept (not called again):" if plan.kept else "kept: nothing")
     for i in plan.kept:
-        out.print(f"  {i.label()}" + (f" · {escape(shorten(i.subtask, 80))}" if i.subtask
-                                      else ""), highlight=False, soft_wrap=True)
+        out.print(Text(f"  {i.label()}" + (f" · {shorten(i.subtask, 80)}" if i.subtask
+                                           else "")), highlight=False, soft_wrap=True)
     out.print("redone:")
     for i in plan.redone:
-        out.print(f"  {i.label()} · {escape(i.why or '')}", highlight=False, soft_wrap=True)
+        out.print(Text(f"  {i.label()} · {i.why or ''}"), highlight=False, soft_wrap=True)
     for note in plan.notes:
         out.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     out.print(f"same with Temporal's CLI: {escape(plan.command)}", highlight=False,

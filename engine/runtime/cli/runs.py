@@ -6,15 +6,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
     err,
+    fail,
+    field_range,
     in_process_worker,
     load_pool,
     load_settings,
@@ -29,16 +34,21 @@ from conductor_engine.engine.runtime.cli.render import (
 )
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.tasks.checks import check_storable
 from conductor_engine.engine.tasks.model import RunOptions, Task
 
 QuestionArg = Annotated[str, typer.Argument(help="the task for the conductor")]
 IdOpt = Annotated[str | None, typer.Option("--id", help="task id (default: random)")]
 RefOpt = Annotated[str | None, typer.Option(help="reference answer")]
 VerOpt = Annotated[str | None, typer.Option(help="verifier name")]
-StepsOpt = Annotated[int, typer.Option(help="most steps in a plan")]
-RoundsOpt = Annotated[int, typer.Option("--rounds", help="refinement rounds after the first")]
-DepthOpt = Annotated[int, typer.Option("--depth", help="self-call depth limit")]
-TempOpt = Annotated[float, typer.Option(help="conductor sampling temperature")]
+StepsOpt = Annotated[int, typer.Option(help="most steps in a plan",
+                                       **field_range(RunOptions, "max_steps"))]
+RoundsOpt = Annotated[int, typer.Option("--rounds", help="refinement rounds after the first",
+                                        **field_range(RunOptions, "refinement_rounds"))]
+DepthOpt = Annotated[int, typer.Option("--depth", help="self-call depth limit",
+                                       **field_range(RunOptions, "self_call_depth"))]
+TempOpt = Annotated[float, typer.Option(help="conductor sampling temperature",
+                                        **field_range(RunOptions, "temperature"))]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 # The answer is printed above the table, so a run's table shows no outputs.
@@ -54,7 +64,14 @@ def _task(question: str, task_id: str | None, reference: str | None, verifier: s
                               "verifier": verifier, "options": options}
     if task_id:
         fields["id"] = task_id
-    return Task(**fields)
+    try:  # arguments made of bytes that are not UTF-8 arrive as lone surrogates
+        check_storable(fields)
+        return Task(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise fail(f"field {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    except ValueError as e:
+        raise fail(str(e)) from None
 
 
 @app.command()
@@ -83,8 +100,8 @@ def run(
         async with in_process_worker(conductor, agents, in_process):
             workflow_id = await conductor.submit(task)
             if not as_json:
-                err.print(f"run [bold]{workflow_id}[/] · {settings.workflow_url(workflow_id)}",
-                          soft_wrap=True)
+                err.print(f"run [bold]{escape(workflow_id)}[/] · "
+                          f"{escape(settings.workflow_url(workflow_id))}", soft_wrap=True)
             with err.status("conducting…", spinner="dots"):
                 return await conductor.result(workflow_id)
 
@@ -115,7 +132,7 @@ def submit(
     async def go() -> str:
         return await (await ConductorClient.connect(settings)).submit(task)
 
-    out.print(run_async(go()), highlight=False)
+    out.print(Text(run_async(go())), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -127,8 +144,8 @@ def status(workflow_id: str) -> None:
         return await (await ConductorClient.connect(settings)).status(workflow_id)
 
     st = run_async(go())
-    out.print(f"{st.workflow_id}: [bold]{st.status}[/] · {settings.workflow_url(st.workflow_id)}",
-              soft_wrap=True)
+    out.print(f"{escape(st.workflow_id)}: [bold]{escape(st.status)}[/] · "
+              f"{escape(settings.workflow_url(st.workflow_id))}", soft_wrap=True)
     if st.progress is not None:
         out.print(_steps(st.progress))
 
@@ -157,10 +174,12 @@ def _print_result(res: RunResult, settings: Settings) -> None:
     if res.status == "completed":
         out.print(Panel(Markdown(res.answer or ""), title="answer", title_align="left"))
     else:
-        out.print(Panel(res.error or res.status, title=f"[red]{res.status}", title_align="left"))
+        out.print(Panel(Text(res.error or res.status), title=Text(res.status, style="red"),
+                        title_align="left"))
         last = res.rounds[-1].attempts[-1] if res.rounds and res.rounds[-1].attempts else None
         if last is not None:
-            out.print(Panel(last.raw_text, title="conductor's last reply", title_align="left"))
+            out.print(Panel(Text(last.raw_text), title="conductor's last reply",
+                            title_align="left"))
     out.print(_steps(res))
     if res.reward is not None:
         out.print(reward_line(res.reward))
@@ -170,5 +189,5 @@ def _print_result(res: RunResult, settings: Settings) -> None:
         f"{t.usage.input_tokens}/{t.usage.output_tokens} · cost: ${t.cost_usd:.4f} · "
         f"{t.seconds:.1f}s"
     )
-    out.print(f"Temporal UI: {settings.workflow_url(res.workflow_id, res.run_id)}",
+    out.print(Text(f"Temporal UI: {settings.workflow_url(res.workflow_id, res.run_id)}"),
               soft_wrap=True)

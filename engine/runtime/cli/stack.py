@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from rich.markup import escape
+from rich.text import Text
+
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
@@ -39,8 +42,9 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with build_worker(conductor.client, settings, pool):
-        err.print(f"worker polling [bold]{settings.task_queue}[/] on {settings.address} "
-                  f"(namespace {settings.temporal_namespace}); Ctrl-C stops")
+        err.print(f"worker polling [bold]{escape(settings.task_queue)}[/] on "
+                  f"{escape(settings.address)} "
+                  f"(namespace {escape(settings.temporal_namespace)}); Ctrl-C stops")
         await stop.wait()
     await close_shared_stores()
     err.print("worker stopped")
@@ -63,16 +67,17 @@ def up(pool: PoolOpt = None) -> None:
         started = server.start(detached=False)
     except EmbeddedError as e:
         raise fail(str(e)) from None
-    err.print(f"Temporal {'started' if started else 'already running'} on {settings.address} · "
-              f"UI {settings.ui_base()}")
+    err.print(Text(f"Temporal {'started' if started else 'already running'} on "
+                   f"{settings.address} · UI {settings.ui_base()}"))
     postgres = EmbeddedPostgres(settings.data_dir) if settings.database_url is None else None
     pg_started = False
     try:
         if postgres is not None:
             pg_started = postgres.url() is None
             postgres.start()
-            err.print(f"PostgreSQL (traces) {'started' if pg_started else 'already running'} "
-                      f"in {postgres.pgdata}")
+            err.print(Text(f"PostgreSQL (traces) "
+                           f"{'started' if pg_started else 'already running'} in "
+                           f"{postgres.pgdata}"))
         run_async(_serve(settings, agents, start_embedded=False))
     except (EmbeddedError, DatabaseError) as e:
         raise fail(str(e)) from None
@@ -96,5 +101,5 @@ def down() -> None:
                    if stop()]
     except DatabaseError as e:
         raise fail(str(e)) from None
-    out.print(f"stopped {' and '.join(stopped)}" if stopped else
-              f"no embedded server was started from {settings.data_dir}")
+    out.print(Text(f"stopped {' and '.join(stopped)}" if stopped else
+                   f"no embedded server was started from {settings.data_dir}"))

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from conductor_engine.engine.runtime.cli.app import (
     app,
@@ -44,6 +45,11 @@ TRACE_COLUMNS: tuple[Column, ...] = ("step", "agent", "subtask", "saw", "output"
                                      "seconds", "attempts")
 TRAIL_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "status",
                                      "output", "tokens", "cost", "attempts", "errors")
+REWARD_BOUND = 1e6
+"""Rewards are weights of the user's choosing (RewardWeights, any float); a filter beyond
+this bound keeps out only inf, which no reward is."""
+MAX_ROWS = 100_000
+"""Most rows `traces list` prints: a bound on memory, far above what a terminal shows."""
 FullOpt = Annotated[bool, typer.Option(help="print outputs in full, not cut")]
 RunIdOpt = Annotated[str | None, typer.Option(help="a run other than the latest")]
 
@@ -57,11 +63,13 @@ def traces_list(
     version: Annotated[str | None, typer.Option(help="only this policy version")] = None,
     status: Annotated[str | None, typer.Option(
         help="completed, invalid_plan, failed or cancelled")] = None,
-    min_reward: Annotated[float | None, typer.Option(help="reward at least this")] = None,
-    max_reward: Annotated[float | None, typer.Option(help="reward at most this")] = None,
+    min_reward: Annotated[float | None, typer.Option(
+        help="reward at least this", min=-REWARD_BOUND, max=REWARD_BOUND)] = None,
+    max_reward: Annotated[float | None, typer.Option(
+        help="reward at most this", min=-REWARD_BOUND, max=REWARD_BOUND)] = None,
     since: Annotated[datetime | None, typer.Option(help="finished at or after (ISO date)")] = None,
     self_calls: Annotated[bool, typer.Option(help="include self-call traces")] = False,
-    limit: Annotated[int, typer.Option(help="most rows")] = 50,
+    limit: Annotated[int, typer.Option(help="most rows", min=1, max=MAX_ROWS)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trace each")] = False,
 ) -> None:
     """List recorded traces, newest first."""
@@ -86,12 +94,12 @@ def traces_list(
                 "tokens", "cost $", "s", "question"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(
+        table.add_row(*(Text(cell) for cell in (
             r.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), r.workflow_id, r.task_id,
             r.dataset or "", f"{r.policy.name}@{r.policy.version}", r.status,
             "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
-            f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", escape(shorten(r.question, 60)),
-        )
+            f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", shorten(r.question, 60),
+        )))
     out.print(table)
 
 
@@ -117,7 +125,7 @@ def traces_show(
         print(trace.model_dump_json(indent=2))
         return
     _print_trace(trace, limit=None if full else SHORT)
-    out.print(f"Temporal UI: {settings.workflow_url(trace.workflow_id, trace.run_id)}",
+    out.print(Text(f"Temporal UI: {settings.workflow_url(trace.workflow_id, trace.run_id)}"),
               soft_wrap=True)
 
 
@@ -125,8 +133,9 @@ def _print_trace(trace: Trace, *, limit: int | None, indent: str = "") -> None:
     """The trace, then each self-call's trace indented beneath it."""
     t = trace.totals
     out.print(
-        f"{indent}[bold]{trace.workflow_id}[/] · run {trace.run_id} · "
-        f"{trace.policy.name}@{trace.policy.version} · [bold]{trace.status}[/] · "
+        f"{indent}[bold]{escape(trace.workflow_id)}[/] · run {escape(trace.run_id)} · "
+        f"{escape(trace.policy.name)}@{escape(trace.policy.version)} · "
+        f"[bold]{escape(trace.status)}[/] · "
         f"{t.usage.input_tokens}/{t.usage.output_tokens} tokens · ${t.cost_usd:.4f} · "
         f"{t.seconds:.1f}s · {trace.finished_at.astimezone():%Y-%m-%d %H:%M:%S}",
         soft_wrap=True,
@@ -134,7 +143,7 @@ def _print_trace(trace: Trace, *, limit: int | None, indent: str = "") -> None:
     task = trace.task
     where = (f" · dataset {task.dataset}" if task.dataset else "") + (
         f" · tags {', '.join(task.tags)}" if task.tags else "")
-    out.print(f"{indent}task {task.id}{where}: {escape(shorten(task.question, limit))}",
+    out.print(Text(f"{indent}task {task.id}{where}: {shorten(task.question, limit)}"),
               highlight=False, soft_wrap=True)
     for rnd in trace.rounds:
         for a in rnd.attempts:
@@ -145,13 +154,14 @@ def _print_trace(trace: Trace, *, limit: int | None, indent: str = "") -> None:
         if rnd.steps:
             out.print(steps_table(record_rows(rnd), TRACE_COLUMNS, limit=limit))
     if trace.answer is not None:
-        out.print(Panel(escape(shorten(trace.answer, limit)), title="answer", title_align="left"))
+        out.print(Panel(Text(shorten(trace.answer, limit)), title="answer",
+                        title_align="left"))
     if trace.error:
         out.print(f"{indent}[red]error:[/] {escape(trace.error)}", soft_wrap=True)
     if trace.reward is not None:
-        out.print(indent + reward_line(trace.reward))
+        out.print(Text.assemble(indent, reward_line(trace.reward)))
     for child in trace.children:
-        out.print(f"{indent}└ self-call:")
+        out.print(Text(f"{indent}└ self-call:"))
         _print_trace(child, limit=limit, indent=indent + "  ")
 
 
@@ -180,40 +190,43 @@ def history(
         print(trail.model_dump_json(indent=2))
         return
     _print_trail(trail, limit=None if full else SHORT)
-    out.print(f"Temporal UI: {settings.workflow_url(trail.workflow_id, trail.run_id)}",
+    out.print(Text(f"Temporal UI: {settings.workflow_url(trail.workflow_id, trail.run_id)}"),
               soft_wrap=True)
 
 
 def _print_trail(trail: Trail, *, limit: int | None) -> None:
     engine_status = f" ({trail.run_status})" if trail.run_status not in (None, trail.status) \
         else ""
-    out.print(f"[bold]{trail.workflow_id}[/] · run {trail.run_id} · [bold]{trail.status}[/]"
-              f"{engine_status} · {trail.usage.input_tokens}/{trail.usage.output_tokens} tokens"
+    out.print(f"[bold]{escape(trail.workflow_id)}[/] · run {escape(trail.run_id)} · "
+              f"[bold]{escape(trail.status)}[/]{escape(engine_status)} · "
+              f"{trail.usage.input_tokens}/{trail.usage.output_tokens} tokens"
               f" · ${trail.cost_usd:.4f} · {trail.events} events", soft_wrap=True)
     if trail.reset is not None:
-        out.print(f"resumed from run {trail.reset.base_run_id} (event {trail.reset.event_id}: "
-                  f"{escape(trail.reset.reason)}); its failures: conductor history "
-                  f"{trail.workflow_id} --run-id {trail.reset.base_run_id}", soft_wrap=True,
-                  highlight=False)
+        out.print(Text(f"resumed from run {trail.reset.base_run_id} (event "
+                       f"{trail.reset.event_id}: {trail.reset.reason}); its failures: conductor "
+                       f"history {trail.workflow_id} --run-id {trail.reset.base_run_id}"),
+                  soft_wrap=True, highlight=False)
     if trail.task is not None:
-        out.print(f"task {trail.task.id}: {escape(shorten(trail.task.question, limit))}",
+        out.print(Text(f"task {trail.task.id}: {shorten(trail.task.question, limit)}"),
                   highlight=False, soft_wrap=True)
     for rnd in trail.rounds:
         _print_trail_round(rnd, limit)
     if trail.answer is not None:
-        out.print(Panel(escape(shorten(trail.answer, limit)), title="answer", title_align="left"))
+        out.print(Panel(Text(shorten(trail.answer, limit)), title="answer",
+                        title_align="left"))
     if trail.error:
         out.print(f"[red]error:[/] {escape(trail.error)}", soft_wrap=True)
     if trail.reward is not None:
         out.print(reward_line(trail.reward))
     for child in trail.self_calls:
-        out.print(f"└ self-call: conductor history {child}", highlight=False, soft_wrap=True)
+        out.print(Text(f"└ self-call: conductor history {child}"), highlight=False,
+                  soft_wrap=True)
 
 
 def _print_trail_round(rnd: TrailRound, limit: int | None) -> None:
     for a in rnd.plan_attempts:
         if a.status != "done":
-            verdict = f"[red]{a.status}[/]"
+            verdict = f"[red]{escape(a.status)}[/]"
         elif a.plan is not None:
             verdict = f"plan ok ({len(a.plan)} steps)"
         else:

@@ -1,0 +1,123 @@
+"""Settings and the files people write by hand (conductor.toml, pool files): a bad value is
+one line naming its source (environment variable, or file and line) and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conductor_engine.engine.providers.pool import Pool, PoolError
+from conductor_engine.engine.settings import Settings, SettingsError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No CONDUCTOR_* variable of the machine, and no conductor.toml of the working directory."""
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("CONDUCTOR_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def _config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | bytes) -> Path:
+    path = tmp_path / "conductor.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    monkeypatch.setenv("CONDUCTOR_CONFIG", str(path))
+    return path
+
+
+def _one_line(excinfo: pytest.ExceptionInfo[SettingsError]) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_bad_environment_variable_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONDUCTOR_EMBEDDED_PORT", "abc")
+    with pytest.raises(SettingsError) as e:
+        Settings()
+    assert _one_line(e).startswith("environment variable CONDUCTOR_EMBEDDED_PORT: ")
+    assert "'abc'" in str(e.value)
+    monkeypatch.setenv("CONDUCTOR_EMBEDDED_PORT", "70000")
+    with pytest.raises(SettingsError, match="CONDUCTOR_EMBEDDED_PORT: .*less than or equal"):
+        Settings()
+
+
+def test_a_bad_value_in_the_config_file_names_file_line_and_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _config(tmp_path, monkeypatch, '# ports\n\nembedded_port = "x"\n')
+    with pytest.raises(SettingsError) as e:
+        Settings()
+    assert _one_line(e).startswith(f"{path}:3: embedded_port: ")
+
+
+def test_the_environment_wins_over_the_file_and_is_the_source_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _config(tmp_path, monkeypatch, 'embedded_port = 1234\ntask_queue = "from-file"\n')
+    monkeypatch.setenv("CONDUCTOR_TASK_QUEUE", "from-env")
+    s = Settings()
+    assert (s.embedded_port, s.task_queue) == (1234, "from-env")
+
+
+def test_malformed_toml_names_file_line_and_column(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _config(tmp_path, monkeypatch, 'task_queue = "q"\nthis is = = not toml\n')
+    with pytest.raises(SettingsError) as e:
+        Settings()
+    assert _one_line(e).startswith(f"config file {path}:2:6: invalid TOML: ")
+
+
+def test_a_config_file_that_is_not_utf8_names_the_byte(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _config(tmp_path, monkeypatch, b'task_queue = "\xff"\n')
+    with pytest.raises(SettingsError, match="not UTF-8 .* at byte 14"):
+        Settings()
+
+
+def test_a_misspelled_key_is_an_error_naming_the_intended_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _config(tmp_path, monkeypatch, 'task_queue = "q"\ntemporal_adress = "h:1"\n')
+    with pytest.raises(SettingsError) as e:
+        Settings()
+    assert _one_line(e) == (f"{path}:2: unknown setting 'temporal_adress'; did you mean "
+                            "'temporal_address'?")
+    _config(tmp_path, monkeypatch, "[zzz]\nq = 1\n")
+    with pytest.raises(SettingsError, match=r":1: unknown setting .zzz.; see "):
+        Settings()
+
+
+def test_a_config_file_named_by_the_variable_must_exist(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().task_queue  # no conductor.toml here, none named: defaults
+    monkeypatch.setenv("CONDUCTOR_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(SettingsError) as e:
+        Settings()
+    assert _one_line(e).startswith("environment variable CONDUCTOR_CONFIG names ")
+    assert "nope.toml" in str(e.value)
+
+
+# --- pool files --------------------------------------------------------------------------
+
+
+def test_a_pool_file_that_is_not_utf8_names_file_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "pool.toml"
+    path.write_bytes(b'[conductor]\nid = "c\xe9"\n')
+    with pytest.raises(PoolError) as e:
+        Pool.load(path)
+    assert str(e.value).startswith(f"pool file {path}: not UTF-8 (invalid continuation byte) "
+                                   "at byte 19")
+
+
+def test_a_malformed_pool_file_names_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "pool.toml"
+    path.write_text('[conductor]\nid = "c"\nprovider = \n')
+    with pytest.raises(PoolError) as e:
+        Pool.load(path)
+    assert str(e.value).startswith(f"pool file {path}:3:12: invalid TOML: ")
+    assert "\n" not in str(e.value)
