@@ -10,3 +10,16 @@ def shorten(text: str, limit: int | None) -> str:
         return text
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def encodable(text: str) -> str:
+    """`text` with lone surrogates (half of a UTF-16 pair: a JSON reply's `\\ud800` escape
+    decodes to one, and no UTF-8 encoder accepts it) as U+FFFD, and a pair written as two
+    characters joined into the one character it encodes. A model's reply passes through here
+    before it goes anywhere: otherwise it could not cross the data converter, the activity would
+    fail after the completion was paid for, and every retry would pay again."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from conductor_engine.engine.providers.pool import WebSearch
 from conductor_engine.engine.redaction import redact_text
+from conductor_engine.engine.text import encodable
 
 if TYPE_CHECKING:
     from conductor_engine.engine.providers.pool import AgentSpec
@@ -93,7 +94,9 @@ def unique_citations(citations: Iterable[Citation]) -> list[Citation]:
 
 
 class Completion(BaseModel):
-    text: str
+    text: Annotated[str, AfterValidator(encodable)] = Field(
+        description="the reply, made encodable (engine/text.py `encodable`) whatever the server "
+        "sent")
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
     model: str = ""
