@@ -7,6 +7,14 @@ Child ids are deterministic (`batch-NAME/TASK_ID`) and started with "allow dupli
 only": submitting the same batch again skips every task that already completed and reruns the
 failed ones. Before continuing as new the window drains, so no child outlives the run that
 started it and the new run needs no handles from the old one.
+
+Temporal's limits hold by construction (engine/contracts/limits.py): at most `concurrency`
+(≤ 2,000) children are open at once, and they start in waves that each fit in one workflow
+task (workflows/children.py); the tasks are in the blob store, and the input carries only
+a reference to them (`task_list`) and the index to go on from, so it stays a few KB for any
+number of tasks; and each child returns a summary of its run, a few KB, not the whole run
+(prompts, token ids, step outputs), which its trace holds. Inline `tasks` are still accepted:
+batches started by an older client replay and finish as they began.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
     from conductor_engine.engine.contracts.names import (
         BATCH_REPORT_ACTIVITY,
         BATCH_WORKFLOW,
@@ -28,8 +37,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
+    from conductor_engine.engine.contracts.task_lists import TaskList
     from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
     from conductor_engine.workflows.conduct import ConductWorkflow
+    from conductor_engine.workflows.tasks import read_slice
 
 
 class BatchProgress(BaseModel):
@@ -69,8 +81,15 @@ class BatchProgress(BaseModel):
 
 class BatchInput(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    tasks: list[Task]
-    concurrency: int = Field(default=50, ge=1, le=10_000)
+    tasks: list[Task] = Field(
+        default_factory=list, description="the tasks inline (older clients; small callers); "
+        "used when given, else `task_list`")
+    task_list: TaskList | None = Field(
+        default=None, description="the tasks in the blob store (what the client sends)")
+    concurrency: int = Field(
+        default=50, ge=1, le=MAX_CONCURRENCY,
+        description="children in flight at once; Temporal allows a workflow 2,000 pending "
+        "children (engine/contracts/limits.py)")
     report: bool = True
     children_per_run: int = Field(
         default=500, ge=1, description="continue as new after starting this many children"
@@ -84,6 +103,7 @@ class BatchWorkflow:
     def __init__(self) -> None:
         self._progress = BatchProgress()
         self._window: set[asyncio.Task[None]] = set()
+        self._waves = StartWaves(enabled=False)
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> BatchProgress:
@@ -92,9 +112,13 @@ class BatchWorkflow:
     @workflow.run
     async def run(self, inp: BatchInput) -> BatchProgress:
         p = self._progress = inp.progress
-        p.total = len(inp.tasks)
+        self._waves = StartWaves(enabled=workflow.patched(START_WAVES_PATCH))
+        listed = inp.task_list if not inp.tasks else None
+        p.total = listed.total if listed is not None else len(inp.tasks)
         window = self._window
-        for i in range(inp.next_index, len(inp.tasks)):
+        read: list[Task] = []  # tasks next_index + len(read) - 1 ... read from the task list
+        read_from = inp.next_index
+        for i in range(inp.next_index, p.total):
             started = i - inp.next_index
             if started >= inp.children_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._drain(window)
@@ -102,9 +126,16 @@ class BatchWorkflow:
                 workflow.continue_as_new(
                     inp.model_copy(update={"next_index": i, "progress": p})
                 )
+            if listed is None:
+                task = inp.tasks[i]
+            else:
+                if i >= read_from + len(read):  # the next slice: at most this run's children
+                    read_from = i
+                    read = await read_slice(listed, i, inp.children_per_run - started)
+                task = read[i - read_from]
             await workflow.wait_condition(lambda: p.running < inp.concurrency)
             p.running += 1
-            window.add(asyncio.create_task(self._child(inp.name, inp.tasks[i])))
+            window.add(asyncio.create_task(self._child(inp.name, task)))
         await self._drain(window)
         if inp.report:
             p.report_dir = await workflow.execute_activity(
@@ -122,15 +153,17 @@ class BatchWorkflow:
 
     async def _child(self, batch: str, task: Task) -> None:
         p = self._progress
-        task = task.model_copy(update={"batch": batch})
+        options = task.options.model_copy(update={"result": "summary"})
+        task = task.model_copy(update={"batch": batch, "options": options})
+        summary = f"{batch} · {' '.join(task.question.split())[:150]}"
         try:
-            res = await workflow.execute_child_workflow(
-                ConductWorkflow.run, task, id=batch_child_workflow_id(batch, task.id),
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                search_attributes=task_search_attributes(task),
-                static_summary=f"{batch} · {' '.join(task.question.split())[:150]}",
-            )
-            p.add(res)
+            child = await self._waves.start(start_bytes(task, summary), lambda: (
+                workflow.start_child_workflow(
+                    ConductWorkflow.run, task, id=batch_child_workflow_id(batch, task.id),
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                    search_attributes=task_search_attributes(task), static_summary=summary,
+                )))
+            p.add(await child)
         except WorkflowAlreadyStartedError:
             p.skipped += 1  # completed by an earlier submission of this batch
         except ChildWorkflowError:

@@ -111,6 +111,10 @@ class ConductWorkflow:
             raise
         self._tally(workflow.time() - started)
         await self._score_and_record(task, started_at)
+        if task.options.result == "summary" and task.depth == 0:
+            # a batch's or training run's child: its parent's history keeps only a summary
+            # (the whole run is in the trace just recorded); a self-call's step needs it whole
+            return result.summary()
         return result
 
     async def _conduct(self, task: Task) -> None:

@@ -12,6 +12,14 @@ the next iteration boundary; `conductor train start` with the same name resumes 
 In `from_traces` mode there are no rollouts: each iteration trains on groups already stored,
 until none is left.
 
+Temporal's limits hold by construction (engine/contracts/limits.py): rollouts start only
+inside a semaphore of `concurrency` (≤ 2,000) slots, so however many an iteration gathers
+(group_size × groups_per_update), no more children than that are pending at once, and they
+start in waves that each fit in one workflow task (workflows/children.py); the tasks are
+in the blob store and the input, carried at every continue-as-new, holds only a reference to
+them (`task_list`); and each rollout returns a summary of its run (a few KB), not the whole run,
+which the trainer reads from the trace store.
+
 A rollout is an honest sample of the policy: one plan attempt (a malformed plan scores 0, as in
 the paper, and no trained prompt holds retry feedback), and a run that failed for infrastructure
 reasons, or whose verifier failed, is left out of its group and counted by reason
@@ -35,6 +43,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         STOP_SIGNAL,
@@ -52,10 +61,13 @@ with workflow.unsafe.imports_passed_through():
         left_out_reason,
     )
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
+    from conductor_engine.engine.contracts.task_lists import TaskList
     from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
     from conductor_engine.engine.storage.policies import version_label
     from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
     from conductor_engine.workflows.conduct import ConductWorkflow
+    from conductor_engine.workflows.tasks import read_tasks
 
 Phase = Literal["starting", "rollouts", "update", "stopped", "finished"]
 
@@ -107,12 +119,19 @@ class TrainProgress(BaseModel):
 class TrainInput(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     policy: str = Field(description="the conductor's pool id: the policy being trained")
-    tasks: list[Task] = Field(default_factory=list)
+    tasks: list[Task] = Field(
+        default_factory=list, description="the tasks inline (older clients; small callers); "
+        "used when given, else `task_list`")
+    task_list: TaskList | None = Field(
+        default=None, description="the tasks in the blob store (what the client sends)")
     iterations: int = Field(default=20, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     from_traces: bool = Field(default=False, description="train on stored traces, no rollouts")
     recipe: Recipe = Field(default_factory=Recipe)
-    concurrency: int = Field(default=64, ge=1, description="rollouts in flight at once")
+    concurrency: int = Field(
+        default=64, ge=1, le=MAX_CONCURRENCY,
+        description="rollouts in flight at once; Temporal allows a workflow 2,000 pending "
+        "children (engine/contracts/limits.py)")
     trainer_task_queue: str = TRAINER_TASK_QUEUE
     update_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="one update attempt")
     update_heartbeat_s: float = Field(
@@ -127,6 +146,16 @@ def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:
         return []
     start = iteration * k
     return [tasks[(start + i) % len(tasks)] for i in range(min(k, len(tasks)))]
+
+
+def pick_ranges(total: int, iteration: int, k: int) -> list[tuple[int, int]]:
+    """`pick_tasks` as (offset, count) ranges of a list of `total` tasks: one, or two where
+    the pick wraps round."""
+    if not total:
+        return []
+    start, count = (iteration * k) % total, min(k, total)
+    first = min(count, total - start)
+    return [(start, first)] + ([(0, count - first)] if count > first else [])
 
 
 @workflow.defn(name=TRAINING_WORKFLOW)
@@ -153,7 +182,7 @@ class TrainingWorkflow:
         recipe = inp.recipe
         if not inp.from_traces:
             p.phase = "rollouts"
-            tasks = pick_tasks(inp.tasks, p.iteration, recipe.rollouts.groups_per_update)
+            tasks = await self._pick(inp, recipe.rollouts.groups_per_update)
             started = workflow.time()
             await self._rollouts(inp, tasks, stats)
             stats.rollout_seconds = workflow.time() - started
@@ -173,6 +202,16 @@ class TrainingWorkflow:
             return p
         workflow.continue_as_new(inp.model_copy(update={"progress": p}))
 
+    async def _pick(self, inp: TrainInput, k: int) -> list[Task]:
+        """The iteration's tasks: from the inline list when there is one (the input of an
+        older client), else read from the task list."""
+        iteration = self._progress.iteration
+        if inp.tasks or inp.task_list is None:
+            return pick_tasks(inp.tasks, iteration, k)
+        listed = inp.task_list
+        return [task for offset, count in pick_ranges(listed.total, iteration, k)
+                for task in await read_tasks(listed, offset, count)]
+
     async def _rollouts(self, inp: TrainInput, tasks: list[Task], stats: IterationStats) -> None:
         """G runs of each task at the rollout temperature, pinned to the current version, one
         plan attempt each; the figures are over the runs that are rollouts."""
@@ -180,6 +219,7 @@ class TrainingWorkflow:
         chain = workflow.info().first_execution_run_id[:8]
         slots = asyncio.Semaphore(inp.concurrency)
         one_attempt = workflow.patched(ONE_PLAN_ATTEMPT_PATCH)
+        waves = StartWaves(enabled=workflow.patched(START_WAVES_PATCH))
         rewards: list[float] = []
         valid: list[bool] = []
         left_out: list[LeftOutReason] = []
@@ -189,18 +229,21 @@ class TrainingWorkflow:
                 await rollout(task, sample)
 
         async def rollout(task: Task, sample: int) -> None:
-            update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample}
+            update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample,
+                      "result": "summary"}  # the trainer reads the whole run from its trace
             if one_attempt:
                 update["max_plan_attempts"] = 1
             task = task.model_copy(update={"options": task.options.model_copy(update=update)})
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
+            summary = f"rollout {sample} · {inp.name} it{p.iteration}"
             try:
-                res: RunResult = await workflow.execute_child_workflow(
-                    ConductWorkflow.run, task, id=wid,
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                    search_attributes=task_search_attributes(task),
-                    static_summary=f"rollout {sample} · {inp.name} it{p.iteration}",
-                )
+                child = await waves.start(start_bytes(task, wid, summary), lambda: (
+                    workflow.start_child_workflow(
+                        ConductWorkflow.run, task, id=wid,
+                        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                        search_attributes=task_search_attributes(task), static_summary=summary,
+                    )))
+                res: RunResult = await child
             except WorkflowAlreadyStartedError:
                 return  # ran before a reset of this workflow: its trace is in the store
             except ChildWorkflowError as e:

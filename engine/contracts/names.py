@@ -22,6 +22,8 @@ RECORD_ACTIVITY = "record_trace"
 """A finished run's trace into the trace store (activities/record.py)."""
 BATCH_REPORT_ACTIVITY = "write_batch_report"
 """A finished batch's report on the worker's disk (activities/batch.py)."""
+READ_TASKS_ACTIVITY = "read_tasks"
+"""A slice of a batch's or training run's task list from the blob store (activities/batch.py)."""
 UPDATE_ACTIVITY = "grpo_update"
 """One GRPO update, on the trainer task queue (trainer/service.py)."""
 

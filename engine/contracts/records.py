@@ -1,15 +1,19 @@
 """What a run returns: plan attempts, step records, rounds and totals.
 
 These are the workflow's result (and, later, the raw material of a trace), so they are plain
-pydantic models that pass through Temporal's data converter unchanged.
+pydantic models that pass through Temporal's data converter unchanged. A run started by a batch
+or a training run returns only its summary (`RunResult.summary`): the parent's history keeps
+every child's result, and the whole run is in its trace.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
 from conductor_engine.engine.plan.language import Access, Plan
 from conductor_engine.engine.providers.base import Citation, Message, Usage
 from conductor_engine.engine.rewards import Reward
@@ -108,6 +112,23 @@ class RunResult(BaseModel):
     rounds: list[RoundRecord] = Field(default_factory=list)
     totals: Totals = Field(default_factory=Totals)
     reward: Reward | None = None
+    summarized: bool = Field(
+        default=False, description="a summary (`summary()`): no rounds, the answer and other "
+        "texts cut short; the whole run is in its trace and in its record activity's input")
+
+    def summary(self) -> RunResult:
+        """What a batch or training child returns to its parent: status, failure, totals, the
+        reward (long texts cut, verdict details kept by key), the start of the answer and the
+        error; no rounds. A few KB however long the run's prompts and outputs, so a parent's
+        history grows by a few KB per child (engine/contracts/limits.py). Its parent reads the
+        rest from the trace store; `ConductorClient.result` gives the whole run back."""
+        n = CHILD_SUMMARY_TEXT_CHARS
+        return RunResult(
+            task_id=self.task_id, workflow_id=self.workflow_id, run_id=self.run_id,
+            status=self.status, answer=_cut(self.answer, n), error=_cut(self.error, n),
+            failure=self.failure, totals=self.totals,
+            reward=_small_reward(self.reward, n), summarized=True,
+        )
 
     @property
     def plans(self) -> list[Plan]:
@@ -116,3 +137,37 @@ class RunResult(BaseModel):
     @property
     def steps(self) -> list[StepRecord]:
         return [s for r in self.rounds for s in r.steps]
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    """At most `limit` characters of `text`, an ellipsis marking a cut."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+_MAX_DETAILS = 16
+
+
+def _small_reward(reward: Reward | None, limit: int) -> Reward | None:
+    """The reward with its reasons cut and each verdict detail made short: numbers, booleans
+    and None as they are, anything else as at most `limit` characters of text. Every key is
+    kept (up to 16): whether a verdict holds "error", or "trusted": false, decides whether a
+    training run keeps the rollout (engine/contracts/rollouts.py)."""
+    if reward is None:
+        return None
+    verdict = reward.verdict
+    if verdict is not None:
+        details = {k: _small_value(v, limit)
+                   for k, v in list(verdict.details.items())[:_MAX_DETAILS]}
+        verdict = verdict.model_copy(update={"reason": _cut(verdict.reason, limit) or "",
+                                             "details": details})
+    return reward.model_copy(update={"reason": _cut(reward.reason, limit) or "",
+                                     "verdict": verdict})
+
+
+def _small_value(value: Any, limit: int) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return _cut(text, limit)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -22,16 +22,20 @@ from temporalio.client import (
     TLSConfig,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowHandle,
     WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.contracts.limits import concurrency_error
 from conductor_engine.engine.contracts.names import (
     BATCH_WORKFLOW,
     CONDUCT_WORKFLOW,
     PROGRESS_QUERY,
+    RECORD_ACTIVITY,
     STOP_SIGNAL,
     TRAINING_WORKFLOW,
     batch_workflow_id,
@@ -44,9 +48,12 @@ from conductor_engine.engine.contracts.search_attributes import (
     REWARD,
     task_search_attributes,
 )
+from conductor_engine.engine.contracts.task_lists import TaskList
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.engine.storage.task_lists import put_task_list
 from conductor_engine.engine.tasks.model import Task
 
 if TYPE_CHECKING:
@@ -190,15 +197,32 @@ class ConductorClient:
         return out
 
     async def result(self, workflow_id: str) -> RunResult:
-        """Wait for a run and return its result; raises RunFailed with the reason."""
+        """Wait for a run and return its whole result; raises RunFailed with the reason. A
+        batch's or training run's child returns only a summary (RunResult.summary); its whole
+        result is read back from the run's own history (the record activity's input)."""
         handle = self.client.get_workflow_handle(workflow_id, result_type=RunResult)
         try:
-            return await handle.result()
+            res = await handle.result()
         except WorkflowFailureError as e:
             # The workflow's own ApplicationError names the step, the agent and the cause.
             cause = e.cause
             message = getattr(cause, "message", None) or str(cause or e)
             raise RunFailed(workflow_id, message) from e
+        return await self._whole(handle, res) if res.summarized else res
+
+    async def _whole(self, handle: WorkflowHandle[Any, RunResult], res: RunResult) -> RunResult:
+        """The whole result of a run that returned its summary: the result its last record
+        activity was given (the trace it wrote); the summary when there is none."""
+        recorded = None
+        async for event in handle.fetch_history_events():
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name == RECORD_ACTIVITY:
+                    recorded = attrs.input.payloads
+        if not recorded:
+            return res
+        [req] = await self.client.data_converter.decode(recorded, [RecordRequest])
+        return req.result if isinstance(req, RecordRequest) else res
 
     async def run(self, task: Task) -> RunResult:
         return await self.result(await self.submit(task))
@@ -219,11 +243,18 @@ class ConductorClient:
                 progress = None  # no worker polling right now; the status alone still helps
         elif desc.status == WorkflowExecutionStatus.COMPLETED:
             progress = await handle.result()
+            if progress.summarized:
+                progress = await self._whole(handle, progress)
         name = desc.status.name.lower() if desc.status else "unknown"
         return RunStatus(workflow_id, desc.run_id, name, progress)
 
 
     # --- batches -----------------------------------------------------------------------------
+
+    async def put_tasks(self, tasks: Sequence[Task]) -> TaskList:
+        """Write a task list to the blob store, in chunks, for a batch or training run to read
+        (the same blob settings as the workers': CONDUCTOR_BLOB_DIR or CONDUCTOR_S3_*)."""
+        return await put_task_list(blob_store(self.settings), tasks)
 
     async def submit_batch(
         self, name: str, tasks: Sequence[Task], *, concurrency: int = 50, report: bool = True,
@@ -231,12 +262,17 @@ class ConductorClient:
     ) -> tuple[str, bool]:
         """Start batch NAME; returns its workflow id and whether this call started it (False:
         it is already running, so watch that one). A finished batch of the same name starts
-        again and runs only the tasks that did not complete."""
+        again and runs only the tasks that did not complete. The tasks go to the blob store
+        first; the workflow's input holds only a reference to them. ValueError (one line) for
+        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py)."""
         from conductor_engine.workflows.batch import BatchInput
 
+        problem = concurrency_error(concurrency)
+        if problem:
+            raise ValueError(problem)
         wid = batch_workflow_id(name)
-        inp = BatchInput(name=name, tasks=[t.model_copy(update={"batch": name}) for t in tasks],
-                         concurrency=concurrency, report=report,
+        listed = await self.put_tasks([t.model_copy(update={"batch": name}) for t in tasks])
+        inp = BatchInput(name=name, task_list=listed, concurrency=concurrency, report=report,
                          children_per_run=children_per_run)
         try:
             await self.client.start_workflow(
@@ -275,7 +311,14 @@ class ConductorClient:
 
     async def start_training(self, inp: TrainInput) -> tuple[str, bool]:
         """Start training run NAME (`train-NAME`); returns its workflow id and whether this
-        call started it (False: one is running already)."""
+        call started it (False: one is running already). Inline tasks go to the blob store
+        first; the workflow's input holds only a reference to them. ValueError (one line) for
+        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py)."""
+        problem = concurrency_error(inp.concurrency)
+        if problem:
+            raise ValueError(problem)
+        if inp.tasks:
+            inp = inp.model_copy(update={"tasks": [], "task_list": await self.put_tasks(inp.tasks)})
         wid = training_workflow_id(inp.name)
         try:
             await self.client.start_workflow(

@@ -63,7 +63,7 @@ def build_worker(
         task_queue=settings.task_queue,
         workflows=[ConductWorkflow, BatchWorkflow, TrainingWorkflow],
         activities=[plans.write_plan, agents.call_agent, score, records.record,
-                    batches.write_batch_report],
+                    batches.read_tasks, batches.write_batch_report],
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=settings.worker_shutdown_grace),
     )

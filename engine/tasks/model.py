@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -46,6 +47,12 @@ class RunOptions(BaseModel):
     sample: int = Field(
         default=0, ge=0,
         description="which rollout of a group this run is; seeds the sim provider",
+    )
+    result: Literal["full", "summary"] = Field(
+        default="full",
+        description="what the run returns: the whole RunResult, or its summary (set by the "
+        "batch and training workflows on their children: RunResult.summary); self-calls "
+        "always return whole",
     )
 
 

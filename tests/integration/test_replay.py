@@ -5,6 +5,11 @@ instead of breaking runs that are in flight in production.
 Histories are named `<version>_<workflow>.json`. Keep old versions: runs started before a change
 must still replay (the workflow guards changes with `workflow.patched`). Record a new version,
 for a deliberate change only, with: python -m tests.integration.test_replay VERSION
+
+The batch and training histories (`batch`, `batch_continued`, `train`) are a 6-task batch at
+concurrency 2 continuing as new after 4 children (one child fails), and one training iteration
+(the update a stand-in). v3's were recorded before task lists, child summaries and start waves
+(the tasks inline in the input, whole results from the children); v4's with them.
 """
 
 from __future__ import annotations
@@ -13,14 +18,28 @@ import asyncio
 import json
 from pathlib import Path
 
+from temporalio import activity
 from temporalio.client import Client, WorkflowHistory
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, Worker
 
+from conductor_engine.engine.contracts.names import (
+    UPDATE_ACTIVITY,
+    batch_workflow_id,
+    training_workflow_id,
+)
+from conductor_engine.engine.contracts.training import (
+    Recipe,
+    RolloutConfig,
+    UpdateRequest,
+    UpdateResult,
+)
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.tasks.model import RunOptions, Task
+from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
+from conductor_engine.workflows.train import TrainingWorkflow, TrainInput
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json
@@ -61,12 +80,60 @@ async def record(
     return out
 
 
+@activity.defn(name=UPDATE_ACTIVITY)
+async def stand_in_update(req: UpdateRequest) -> UpdateResult:
+    return UpdateResult(name=req.name, version=req.parent, published=False, reason="stand-in")
+
+
+def _overloaded_for_3(prompt: str) -> Reply:
+    return Reply.error(500, "overloaded") if "Compute 3 + 1" in prompt else Reply.ok("4")
+
+
+async def record_parents(
+    client: Client, settings: Settings, server: AgentServer
+) -> dict[str, WorkflowHistory]:
+    """A batch that continues as new (one child fails) and a training iteration; every run's
+    history."""
+    server.set_responder("conductor", lambda p: plan_json(("gpt", "Answer it.", [])))
+    server.set_responder("gpt", _overloaded_for_3)
+    conductor = ConductorClient(client, settings)
+    opts = RunOptions(max_step_attempts=1, max_plan_attempts=1)
+    tasks = [Task(id=f"t{i}", question=f"Compute {i} + 1.", reference=str(i + 1),
+                  verifier="exact", options=opts) for i in range(6)]
+    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}"})
+    trainer_queue = f"{settings.task_queue}-trainer"
+    name = f"replay-{settings.task_queue}"
+    async with running_worker(client, settings, pool), Worker(
+            client, task_queue=trainer_queue, activities=[stand_in_update]):
+        await conductor.submit_batch(name, tasks, concurrency=2, children_per_run=4)
+        await client.get_workflow_handle(batch_workflow_id(name)).result()
+        await conductor.start_training(TrainInput(
+            name=name, policy=pool.conductor.id, tasks=tasks[:2], iterations=1, concurrency=3,
+            trainer_task_queue=trainer_queue,
+            recipe=Recipe(rollouts=RolloutConfig(group_size=2, groups_per_update=2))))
+        await client.get_workflow_handle(training_workflow_id(name)).result()
+    out = {}
+    for label, workflow_id in (("batch", batch_workflow_id(name)),
+                               ("train", training_workflow_id(name))):
+        runs = sorted([(wf.start_time, wf.run_id) async for wf in
+                       client.list_workflows(f"WorkflowId = '{workflow_id}'")])
+        for n, (_, run_id) in enumerate(runs):
+            handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+            out[label + ("_continued" if n else "")] = await handle.fetch_history()
+    return out
+
+
+def _replayer(settings: Settings) -> Replayer:
+    return Replayer(workflows=[ConductWorkflow, BatchWorkflow, TrainingWorkflow],
+                    data_converter=data_converter(settings))
+
+
 async def test_recorded_histories_replay_on_the_current_workflow_code(tmp_path: Path) -> None:
     files = sorted(HISTORIES.glob("*.json"))
     assert files, "no recorded histories; run python -m tests.integration.test_replay"
+    assert {f.stem.split("_", 1)[1] for f in files} >= {"batch", "batch_continued", "train"}
     # the engine's converter, as every worker uses it (these histories hold no blob references)
-    replayer = Replayer(workflows=[ConductWorkflow],
-                        data_converter=data_converter(Settings(data_dir=tmp_path)))
+    replayer = _replayer(Settings(data_dir=tmp_path))
     for path in files:
         saved = json.loads(path.read_text())
         history = WorkflowHistory.from_json(saved["workflow_id"], saved["history"])
@@ -77,7 +144,9 @@ async def test_a_fresh_run_replays_too(
     agent_server: AgentServer, client: Client, settings: Settings
 ) -> None:
     histories = await record(client, settings, agent_server)
-    replayer = Replayer(workflows=[ConductWorkflow], data_converter=data_converter(settings))
+    histories |= await record_parents(client, settings, agent_server)
+    assert set(histories) == {"conduct", "conduct_child", "batch", "batch_continued", "train"}
+    replayer = _replayer(settings)
     for history in histories.values():
         await replayer.replay_workflow(history)
 
@@ -103,7 +172,9 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
             settings = Settings(temporal_address=f"127.0.0.1:{temporal.port}", task_queue="replay",
                                 data_dir=Path(tmp), database_url=postgres.start())
             client = await connect_temporal(settings, start_embedded=False)
-            for name, history in (await record(client, settings, server)).items():
+            histories = await record(client, settings, server)
+            histories |= await record_parents(client, settings, server)
+            for name, history in histories.items():
                 saved = {"workflow_id": history.workflow_id,
                          "history": json.loads(history.to_json())}
                 (HISTORIES / f"{version}_{name}.json").write_text(json.dumps(saved, indent=1))

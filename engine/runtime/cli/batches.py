@@ -14,6 +14,7 @@ import typer
 from rich.markdown import Markdown
 from rich.markup import escape
 
+from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.names import batch_workflow_id
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
@@ -40,7 +41,11 @@ def batch(
     batch_name: Annotated[str | None, typer.Argument(
         metavar="[NAME]", help="the batch, after `watch` or `report`")] = None,
     name: Annotated[str | None, typer.Option(help="batch name (default: the file's stem)")] = None,
-    concurrency: Annotated[int, typer.Option(help="most runs in flight at once")] = 50,
+    concurrency: Annotated[int, typer.Option(
+        min=1, max=MAX_CONCURRENCY,
+        help=f"most runs in flight at once, at most {MAX_CONCURRENCY}: each is a child "
+             "workflow, and Temporal allows a workflow 2,000 pending children "
+             "(limit.numPendingChildExecutions.error)")] = 50,
     watch: Annotated[bool, typer.Option(help="show live progress until it finishes")] = True,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="with `report`: where to write it (default batches/NAME)")] = None,

@@ -20,6 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.rollouts import describe_counts
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.registry import ProviderName, capabilities, listed
@@ -103,7 +104,12 @@ def train_start(
         help="the model the conductor serves (only for an openai-compatible conductor)")] = None,
     from_traces: Annotated[bool, typer.Option(
         help="no rollouts: train on the complete groups already stored")] = False,
-    concurrency: Annotated[int, typer.Option(help="rollouts in flight at once")] = 64,
+    concurrency: Annotated[int, typer.Option(
+        min=1, max=MAX_CONCURRENCY,
+        help=f"rollouts in flight at once, at most {MAX_CONCURRENCY}: each is a child "
+             "workflow, and Temporal allows a workflow 2,000 pending children "
+             "(limit.numPendingChildExecutions.error); an iteration's G × tasks rollouts "
+             "wait their turn")] = 64,
     seed: Annotated[int, typer.Option(help="shuffles the task order")] = 0,
     pool: PoolOpt = None,
     worker: Annotated[bool | None, typer.Option(

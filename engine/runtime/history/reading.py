@@ -291,7 +291,7 @@ class _Builder:
         if ev.HasField("workflow_execution_completed_event_attributes"):
             res = await _decode(self.dc, ev.workflow_execution_completed_event_attributes.result,
                                 RunResult, "the run's result")
-            if res is not None:
+            if res is not None and not (res.summarized and self.recorded is not None):
                 trail.run_status, trail.answer, trail.error = res.status, res.answer, res.error
                 self.reward = res.reward or self.reward
         elif ev.HasField("workflow_execution_failed_event_attributes"):

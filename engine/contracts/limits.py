@@ -1,0 +1,62 @@
+"""Temporal's per-workflow limits, and the bounds that keep the batch and training workflows
+under them by construction.
+
+A limit that a workflow crosses is not a slow-down: the server rejects the whole workflow task
+that would cross it (none of its commands is accepted), the SDK retries that task, and it fails
+the same way forever. So every count that the engine lets a user choose, and that turns into
+open children, pending activities or bytes in one history, is bounded here, and the client, the
+CLI and the workflows' input models all check against these constants.
+"""
+
+from __future__ import annotations
+
+MAX_CONCURRENCY = 2000
+"""The most runs a BatchWorkflow or TrainingWorkflow keeps in flight (`concurrency`).
+
+Each run in flight is one pending child workflow of the batch or training workflow. Temporal
+refuses a workflow more than `limit.numPendingChildExecutions.error` pending children (dynamic
+config; 2,000 by default, in the open-source server and in Temporal Cloud alike), and likewise
+more than `limit.numPendingActivities.error` (2,000) pending activities. A workflow task that
+would start the 2,001st child is failed whole and retried forever: the run is stuck. The batch
+workflow starts a child only while fewer than `concurrency` are open, and the training workflow
+only inside a semaphore of `concurrency` slots, so neither ever has more pending children than
+this; each has at most one pending activity of its own (reading tasks, the report, the update).
+A server configured with a higher limit still gets at most this many."""
+
+START_BYTES_PER_WORKFLOW_TASK = 2 * 1024 * 1024
+"""The most bytes of child-start commands (each carries its child's task) one workflow task of
+the batch or training workflow sends; the next wave starts once these children have started.
+
+A workflow task's commands reach the server in one gRPC message, which may not exceed 4 MiB
+(`grpc: received message after decompression larger than max 4194304`). Past it the SDK fails
+the workflow task (cause GRPC_MESSAGE_TOO_LARGE) and the server terminates the workflow:
+measured on the dev server, 2,000 children of 2 KB tasks started in one workflow task do exactly
+that. Half the limit leaves room for what the estimate (workflows/children.py) misses."""
+
+CHILD_SUMMARY_TEXT_CHARS = 500
+"""How much of a run's answer and error a batch or training child returns to its parent (its
+result is a summary: engine/contracts/records.py, RunResult.summary). The whole run is in its
+trace; this keeps a child's completion event in the parent's history to a few KB, so that the
+parent's history stays far below Temporal's 10 MB warning (50 MB limit, 51,200 events) however
+long the answers."""
+
+TASKS_PER_CHUNK = 500
+"""Most tasks per chunk of a task list in the blob store (engine/storage/task_lists.py)."""
+
+CHUNK_BYTES = 4 * 1024 * 1024
+"""Most bytes per chunk of a task list (a single larger task makes a chunk of its own). A chunk is
+what one `read_tasks` activity returns at most, so it stays far below the payload codec's 50 MiB
+cap on one payload (payloads over `payload_threshold` go to the blob store, and history keeps a
+reference)."""
+
+
+def concurrency_error(concurrency: int) -> str | None:
+    """One line saying why `concurrency` cannot be used, or None when it can."""
+    if concurrency < 1:
+        return f"concurrency must be at least 1 (got {concurrency})"
+    if concurrency > MAX_CONCURRENCY:
+        return (f"concurrency {concurrency} is over {MAX_CONCURRENCY}: every run in flight is a "
+                f"child workflow, and Temporal allows a workflow at most {MAX_CONCURRENCY} "
+                f"pending children (limit.numPendingChildExecutions.error); past it the batch or "
+                f"training run would be stuck. Use --concurrency {MAX_CONCURRENCY} or less")
+    return None
