@@ -30,7 +30,7 @@ from pydantic_settings import SettingsError as _SourceError
 
 from conductor_engine.engine.contracts.names import TASK_QUEUE, TRAINER_TASK_QUEUE
 from conductor_engine.engine.redaction import redact_text
-from conductor_engine.engine.toml_errors import not_utf8, toml_error
+from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
 
 ENV_PREFIX = "CONDUCTOR_"
 DEFAULT_CONFIG = "conductor.toml"
@@ -78,7 +78,7 @@ class _ConfigFile(PydanticBaseSettingsSource):
             raise SettingsError(f"config file {self.path}: cannot read it: {e.strerror}"
                                 ) from None
         try:
-            text = raw.decode("utf-8")
+            text = utf8_text(raw)
         except UnicodeDecodeError as e:
             raise SettingsError(f"config file {not_utf8(self.path, e)}") from None
         try:
@@ -87,12 +87,14 @@ class _ConfigFile(PydanticBaseSettingsSource):
             raise SettingsError(f"config file {toml_error(self.path, e)}") from None
         self.lines = _key_lines(text)
         known = list(settings_cls.model_fields)
-        for key in self.data:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else \
-                    "see engine/settings.py for the settings there are"
-                raise SettingsError(f"{self.where(key)}: unknown setting {key!r}; {hint}")
+        unknown = [key for key in self.data if key not in known]
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else \
+                "see engine/settings.py for the settings there are"
+            more = "".join(f"; also unknown: {k!r} ({self.where(k)})" for k in unknown[1:])
+            raise SettingsError(f"{self.where(key)}: unknown setting {key!r}; {hint}{more}")
 
     def where(self, key: str) -> str:
         """`FILE:LINE` of a key (`FILE` where the line is not known)."""

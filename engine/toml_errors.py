@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 import tomllib
 
@@ -21,3 +22,15 @@ def toml_error(path: object, error: tomllib.TOMLDecodeError) -> str:
 def not_utf8(path: object, error: UnicodeDecodeError) -> str:
     """`PATH: not UTF-8 (why) at byte N; save it as UTF-8`."""
     return f"{path}: not UTF-8 ({error.reason}) at byte {error.start}; save it as UTF-8"
+
+
+def utf8_text(raw: bytes) -> str:
+    """A hand-written file's bytes as text: UTF-8, a leading byte order mark skipped (editors on
+    Windows write one, and TOML would call it an invalid statement). Raises UnicodeDecodeError
+    with offsets into `raw`, BOM counted, for `not_utf8`."""
+    skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UnicodeDecodeError(e.encoding, raw, e.start + skip, e.end + skip, e.reason
+                                 ) from None

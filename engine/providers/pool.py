@@ -30,7 +30,7 @@ from conductor_engine.engine.providers.registry import (
     web_search_providers,
 )
 from conductor_engine.engine.redaction import looks_like_key
-from conductor_engine.engine.toml_errors import not_utf8, toml_error
+from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
 
 
 class PoolError(ValueError):
@@ -319,7 +319,7 @@ class Pool(BaseModel):
                 raise PoolError(f"pool file {p} does not exist; pass an existing TOML file")
             where = str(p)
             try:
-                text = p.read_bytes().decode("utf-8")
+                text = utf8_text(p.read_bytes())
             except UnicodeDecodeError as e:
                 raise PoolError(f"pool file {not_utf8(p, e)}") from None
             except OSError as e:

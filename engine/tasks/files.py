@@ -11,10 +11,14 @@ RunOptions fields; other keys are ignored (datasets carry metadata). Blank lines
 
 A bad line never stops the load: it is reported as a TaskLineError with its line number (1-based;
 for a Hugging Face dataset, the 0-based row index) and, where one field is at fault, the field
-(`FILE:LINE: field tags.1: ...`), and the good lines still load, so one typo in ten thousand tasks
-costs one task, visibly (commands list the bad lines, the first MAX_LISTED and a count of the
-rest). Every string of a task, nested ones included, must be storable in PostgreSQL text: a NUL
-or a lone surrogate (a JSON `\\ud800` escape) is a bad line, not a failed trace insert later.
+(`FILE:LINE: field tags.1: ...`), and the loader reads on, so every bad line of a file is found
+in one pass. What to do with a file that has bad lines is the caller's decision: the commands
+that submit tasks (`conductor batch`, `conductor train start`) list the bad lines (the first
+MAX_LISTED and a count of the rest) and submit nothing, so a batch is never a silently smaller
+set of tasks than its file; `conductor tasks check FILE --json` writes out the valid tasks.
+Every string of a task, nested ones included, must be storable in PostgreSQL text: a NUL or a
+lone surrogate (a JSON `\\ud800` escape) is a bad line, not a failed trace insert later.
+A UTF-8 byte order mark at the start of the file is skipped.
 
 A line without an id gets a stable one, `<dataset>-<first 10 hex digits of the SHA-256 of the
 question>`: it does not change when lines are added, removed or reordered, so resumed batches
@@ -23,6 +27,7 @@ and GRPO groups keep referring to the same task.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
@@ -33,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from pydantic import ValidationError as PydanticValidationError
 
 from conductor_engine.engine.rewards import VERIFIERS
-from conductor_engine.engine.tasks.checks import check_storable
+from conductor_engine.engine.tasks.checks import check_storable, unstorable_text
 from conductor_engine.engine.tasks.model import RunOptions, Task
 
 HF_PREFIX = "hf:"
@@ -113,9 +118,11 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
         raise _Problem(_describe(exc)) from exc
     try:  # before anything hashes or stores the text
         check_storable(rec)
-        check_storable(dataset, "dataset")
     except ValueError as exc:
         raise _Problem(str(exc)) from exc
+    if rec.dataset is None and (found := unstorable_text(dataset)) is not None:
+        raise _Problem(f"field dataset: not given, and the default, the file's name, "
+                       f"{found[1]}: give \"dataset\" or rename the file")
     if not rec.question.strip():
         raise _Problem("field question: empty")
     if rec.answer is not None and rec.reference is not None:
@@ -161,6 +168,7 @@ def _collect(rows: Iterable[tuple[int, Any]], path: str, dataset: str,
 
 
 def _jsonl_rows(data: bytes) -> Iterator[tuple[int, Any]]:
+    data = data.removeprefix(codecs.BOM_UTF8)  # editors on Windows write one
     for number, raw in enumerate(data.splitlines(), start=1):
         try:
             text = raw.decode("utf-8")

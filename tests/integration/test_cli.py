@@ -64,6 +64,50 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
     assert down.stdout.strip() == "stopped Temporal and PostgreSQL"
 
 
+HOSTILE = "[/code] [bold]b [@SPLIT] [link=file:///etc/passwd]x[/link] :cat:"
+
+
+def test_user_and_model_text_prints_verbatim_in_every_view(
+    agent_server, reachable_tmp: Path
+) -> None:
+    """Text that looks like Rich markup (or an emoji code), in a task's id, question, tags and
+    dataset and in every reply, prints as written in `run`, `status`, `traces show|list` and
+    `history`, never crashing a command or vanishing; a file with a bad line submits nothing."""
+    tmp_path = reachable_tmp  # the embedded PostgreSQL lives in its data dir
+    agent_server.script("conductor", [Reply.ok(plan_json(("gpt", f"sub {HOSTILE}", [])))])
+    agent_server.script("gpt", [Reply.ok(f"answer {HOSTILE}")])
+    pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "400",  # no cell wraps
+           "CONDUCTOR_EMBEDDED_PORT": str(free_port()),
+           "CONDUCTOR_EMBEDDED_UI_PORT": str(free_port()), "CONDUCTOR_POOL_FILE": str(pool)}
+    tasks = tmp_path / "hostile.jsonl"
+    task = {"id": "[bold]t", "question": f"q {HOSTILE}", "tags": [HOSTILE], "dataset": HOSTILE}
+    tasks.write_text(json.dumps(task) + "\n" + '{"question": "q", "id": "bad\\u0000"}\n')
+    refused = run_conductor("batch", str(tasks), env=env)
+    assert refused.returncode == 1 and "nothing was submitted" in refused.stderr
+    assert f"{tasks}:2: field id: holds a NUL" in refused.stderr
+    assert not (tmp_path / "data").exists(), "refused before anything started"
+    wid = "conduct-[bold]t"
+    try:
+        proc = run_conductor("run", f"q {HOSTILE}", "--id", "[bold]t", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"answer {HOSTILE}" in proc.stdout and f"sub {HOSTILE}" in proc.stdout
+        views = {"status": run_conductor("status", wid, env=env),
+                 "traces show": run_conductor("traces", "show", wid, env=env),
+                 "traces list": run_conductor("traces", "list", env=env),
+                 "history": run_conductor("history", wid, env=env)}
+        for view, shown in views.items():
+            assert shown.returncode == 0, (view, shown.stderr)
+            assert wid in shown.stdout, view
+        for view in ("traces show", "history"):
+            for text in (f"q {HOSTILE}", f"sub {HOSTILE}", f"answer {HOSTILE}"):
+                assert text in views[view].stdout, (view, text)
+        assert f"sub {HOSTILE}" in views["status"].stdout
+        assert f"q {HOSTILE}"[:59] in views["traces list"].stdout
+    finally:
+        run_conductor("down", env=env)
+
+
 def test_a_malformed_pool_file_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "pool.toml"
     bad.write_text('[conductor]\nid = "c"\nprovider = "nope"\nmodel = "m"\n')

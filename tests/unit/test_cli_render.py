@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
+import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.testing import CliRunner
 
-from conductor_engine.engine.contracts.records import RoundRecord, StepRecord
+from conductor_engine.engine.contracts.records import (
+    PlanAttempt,
+    RoundRecord,
+    RunResult,
+    StepRecord,
+)
 from conductor_engine.engine.plan.language import Step, saw_label
 from conductor_engine.engine.rewards import Reward, RewardWeights
 from conductor_engine.engine.runtime.cli import app
@@ -24,15 +34,26 @@ from conductor_engine.engine.runtime.cli.render import (
     steps_table,
     trail_rows,
 )
-from conductor_engine.engine.runtime.history import AttemptError, TrailRound, TrailStep
+from conductor_engine.engine.runtime.client import ConductorClient, RunStatus
+from conductor_engine.engine.runtime.history import (
+    AttemptError,
+    Trail,
+    TrailPlanAttempt,
+    TrailRound,
+    TrailStep,
+)
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.trace_store import TraceSummary
+from conductor_engine.engine.tasks.model import Task
+from conductor_engine.workflows.train import IterationStats
 from tests.traces import make_trace
 
 # The module, not the Typer app of the same name that the package exports.
 cli_app = importlib.import_module("conductor_engine.engine.runtime.cli.app")
 
 
-def _text(table: object) -> str:
-    console = Console(width=200, file=io.StringIO(), color_system=None)
+def _text(table: object, width: int = 200) -> str:
+    console = Console(width=width, file=io.StringIO(), color_system=None, emoji=False)
     console.print(table)
     assert isinstance(console.file, io.StringIO)
     return console.file.getvalue()
@@ -76,15 +97,22 @@ def test_the_table_prints_model_text_literally() -> None:
 
 # --- user and model text is never Rich markup; help text shows as written --------------------
 
-HOSTILE = ["[/code]", "[bold]x", "[@SPLIT]", "[link=file:///etc/passwd]x[/link]", "ends\\"]
+HOSTILE = ["[/code]", "[bold]x", "[@SPLIT]", "[link=file:///etc/passwd]x[/link]", "ends\\",
+           ":cat: :smile:"]
+MARKUP = HOSTILE[:4]
+CLI_MODULES = [importlib.import_module(f"conductor_engine.engine.runtime.cli.{name}")
+               for name in ("app", "runs", "stack", "pool", "batches", "traces", "resume",
+                            "train")]
+cli_runs, cli_batches, cli_train = CLI_MODULES[1], CLI_MODULES[4], CLI_MODULES[7]
 
 
 @pytest.fixture
 def printed(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
-    """What the CLI's two consoles print, as plain text (markup not rendered twice)."""
-    consoles = {name: Console(width=300, file=io.StringIO(), color_system=None)
+    """What the CLI's two consoles print, as plain text: wide, no colour, emoji codes left as
+    written like the CLI's own consoles (test_the_cli_consoles_leave_emoji_codes_alone)."""
+    consoles = {name: Console(width=1000, file=io.StringIO(), color_system=None, emoji=False)
                 for name in ("out", "err")}
-    for module in (cli_app, cli_traces):
+    for module in CLI_MODULES:
         for name, console in consoles.items():
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, console)
@@ -93,6 +121,14 @@ def printed(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
         return "".join(c.file.getvalue() for c in consoles.values()  # type: ignore[attr-defined]
                        )
     return text
+
+
+def test_the_cli_consoles_leave_emoji_codes_alone() -> None:
+    """rich.markup.escape leaves `:cat:` alone; the consoles must too."""
+    for console in (cli_app.out, cli_app.err):
+        with console.capture() as captured:
+            console.print(f"[bold]{escape('a:cat:b [/code]')}[/]")
+        assert captured.get().strip() == "a:cat:b [/code]"
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
@@ -110,14 +146,114 @@ def test_a_trace_prints_hostile_text_verbatim(hostile: str, printed: Callable[[]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
+def test_traces_list_prints_hostile_text_verbatim(hostile: str) -> None:
+    trace = make_trace(f"id-{hostile}", dataset=f"ds-{hostile}")
+    row = TraceSummary(
+        workflow_id=f"conduct-{hostile}", run_id="r", parent_workflow_id=None,
+        task_id=f"id-{hostile}", dataset=f"ds-{hostile}", tags=[], policy=trace.policy,
+        status="completed", reward=1.0, correct=True, input_tokens=1, output_tokens=2,
+        cost_usd=0.0, seconds=1.0, finished_at=trace.finished_at, question=f"q {hostile}")
+    text = _text(cli_traces.traces_table([row]), width=1000)
+    for expected in (f"conduct-{hostile}", f"id-{hostile}", f"ds-{hostile}", f"q {hostile}"):
+        assert expected in text, expected
+
+
+def _result(hostile: str, **update: Any) -> RunResult:
+    step = StepRecord(round=0, index=0, agent="gpt", subtask=f"sub {hostile}", access=[],
+                      status="done", output=f"out {hostile}")
+    attempt = PlanAttempt(attempt=1, raw_text=f"reply {hostile}", conductor_id="c",
+                          policy_version="v1")
+    return RunResult(task_id="t", workflow_id=f"conduct-{hostile}", run_id="r",
+                     rounds=[RoundRecord(index=0, attempts=[attempt], steps=[step])], **update)
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_status_prints_hostile_text_verbatim(hostile: str, printed: Callable[[], str]) -> None:
+    st = RunStatus(workflow_id=f"conduct-{hostile}", run_id=None, status="running",
+                   progress=_result(hostile))
+    cli_runs._print_status(st, Settings.model_construct())
+    text = printed()
+    assert f"conduct-{hostile}: running" in text and f"sub {hostile}" in text
+
+
+@pytest.mark.parametrize("hostile", MARKUP)
+def test_a_result_prints_hostile_text_verbatim(hostile: str, printed: Callable[[], str]) -> None:
+    """The answer is Markdown (a model's answer is), but never Rich markup, and a link shows
+    where it goes; a failed run's error and the conductor's reply print as written."""
+    answer = f"a {hostile} see [here](https://evil.example/x)"
+    cli_runs._print_result(_result(hostile, answer=answer), Settings.model_construct())
+    text = printed()
+    assert f"a {hostile}" in text and "https://evil.example/x" in text
+    assert f"sub {hostile}" in text
+    failed = _result(hostile, status="failed", error=f"boom {hostile}")
+    cli_runs._print_result(failed, Settings.model_construct())
+    assert f"boom {hostile}" in printed() and f"reply {hostile}" in printed()
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_history_prints_hostile_text_verbatim(hostile: str, printed: Callable[[], str]) -> None:
+    step = TrailStep(round=0, index=0, agent="gpt", subtask=f"sub {hostile}", status="failed",
+                     output=f"out {hostile}",
+                     errors=[AttemptError(attempt=1, message=f"HTTP 429 {hostile}")])
+    attempt = TrailPlanAttempt(round=0, attempt=1, status="done", error=f"bad plan {hostile}",
+                               errors=[AttemptError(attempt=1, message=f"retry {hostile}")])
+    trail = Trail(workflow_id=f"conduct-{hostile}", run_id="r", status="failed",
+                  task=Task(id=f"id-{hostile}", question=f"q {hostile}"), error=f"err {hostile}",
+                  rounds=[TrailRound(index=0, plan_attempts=[attempt], steps=[step])])
+    cli_traces._print_trail(trail, limit=None)
+    text = printed()
+    for expected in (f"conduct-{hostile}", f"id-{hostile}", f"q {hostile}", f"sub {hostile}",
+                     f"out {hostile}", f"HTTP 429 {hostile}", f"bad plan {hostile}",
+                     f"retry {hostile}", f"err {hostile}"):
+        assert expected in text, expected
+
+
+@pytest.mark.parametrize("hostile", [*HOSTILE, "*x* `y` <b>z</b> [t](https://e.x)"])
+def test_a_batch_summary_and_a_training_table_print_the_name_verbatim(hostile: str) -> None:
+    summary = {"batch": f"b {hostile}", "tasks": 1, "by_status": {"completed": 1},
+               "accuracy": 1.0, "with_reference": 1, "mean_reward": 1.0, "input_tokens": 1,
+               "output_tokens": 2, "cost_usd": 0.0, "run_seconds": {},
+               "agents": {"gpt-5": {"calls": 1, "input_tokens": 1, "output_tokens": 1,
+                                    "cost_usd": 0.0, "seconds": {}}}}
+    assert f"Batch b {hostile}" in _text(cli_batches.batch_summary(summary), width=1000)
+    table = cli_train.history_table(f"run {hostile}", [IterationStats(
+        iteration=1, version=f"v1 {hostile}", note=f"n {hostile}")])
+    text = _text(table, width=1000)
+    assert f"run {hostile}" in text and f"v1 {hostile}" in text
+
+
+def test_pool_show_and_tasks_check_print_hostile_text_verbatim(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no conductor.toml of the working directory
+    pool = tmp_path / "[@SPLIT] pool.toml"
+    pool.write_text('[conductor]\nid = "c"\nprovider = "local"\n'
+                    'model = "smollm2-135m-instruct"\n'
+                    'description = "[/code] [bold]x [link=file:///etc/passwd]x[/link] :cat:"\n'
+                    '[[agents]]\nid = "a"\nprovider = "sim"\nmodel = "sim"\n'
+                    'description = "[@SPLIT]"\n')
+    runner = CliRunner()
+    shown = runner.invoke(app, ["pool", "show", "--pool", str(pool)], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0, shown.output
+    assert "[/code] [bold]x [link=file:///etc/passwd]x[/link] :cat:" in shown.output
+    assert "[@SPLIT] pool.toml" in shown.output and "[@SPLIT]  " in shown.output
+    tasks = tmp_path / "[bold]tasks.jsonl"
+    tasks.write_text('{"question": "[/code] :cat:"}\n'
+                     '{"question": "q", "verifier": "[link=file:///etc/passwd]x[/link]"}\n')
+    checked = runner.invoke(app, ["tasks", "check", str(tasks), "--json"],
+                            env={"COLUMNS": "400"})
+    assert checked.exit_code == 1
+    assert json.loads(checked.stdout.splitlines()[0])["question"] == "[/code] :cat:"
+    assert (f"{tasks}:2: field verifier: unknown '[link=file:///etc/passwd]x[/link]'"
+            in checked.stderr)
+
+
 def test_an_error_line_and_a_reward_line_print_hostile_text_verbatim(
-        hostile: str, printed: Callable[[], str]) -> None:
-    cli_app.fail(f"no trace of {hostile}")
-    assert f"error: no trace of {hostile}" in printed()
-    reward = Reward(value=0.5, reason=f"wrong {hostile}", weights=RewardWeights())
-    console = Console(width=300, file=io.StringIO(), color_system=None)
-    console.print(reward_line(reward))
-    assert f"reward: 0.5 (wrong {hostile})" in console.file.getvalue()  # type: ignore[attr-defined]
+        printed: Callable[[], str]) -> None:
+    for hostile in HOSTILE:
+        cli_app.fail(f"no trace of {hostile}")
+        assert f"error: no trace of {hostile}" in printed()
+        reward = Reward(value=0.5, reason=f"wrong {hostile}", weights=RewardWeights())
+        assert f"reward: 0.5 (wrong {hostile})" in _text(reward_line(reward), width=1000)
 
 
 def test_brackets_in_help_text_show() -> None:
@@ -128,6 +264,31 @@ def test_brackets_in_help_text_show() -> None:
     assert "[policy], [loss], [rollouts]" in train.output
 
 
+# --- a task file with a bad line submits nothing ----------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["batch"], ["train", "start"]])
+def test_a_task_file_with_a_bad_line_submits_nothing(
+        command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    async def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("connected to Temporal: something would have been submitted")
+
+    monkeypatch.setattr(ConductorClient, "connect", never)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"question": "fine"}\n{"question": "q", "tags": ["\\u0000"]}\n'
+                    '{"question": "fine too"}\n{oops\n')
+    result = CliRunner().invoke(app, [*command, str(path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"{path}:2: field tags.0: holds a NUL character")
+    assert lines[1].startswith(f"{path}:4: invalid JSON")
+    assert lines[2].startswith(f"error: 2 bad line(s) in {path} (2 valid): nothing was "
+                               "submitted")
+    assert "--json > valid.jsonl" in lines[2] and len(lines) == 3
+
+
 # --- every numeric flag has a range ----------------------------------------------------------
 
 def _numeric_params(command: Any, path: str = "conductor") -> Iterator[tuple[str, Any]]:
@@ -136,26 +297,51 @@ def _numeric_params(command: Any, path: str = "conductor") -> Iterator[tuple[str
     for param in getattr(command, "params", []):
         descriptor = getattr(param, "type_descriptor", None)
         annotation = getattr(descriptor, "annotation", None)
-        if annotation in (int, float):
+        if isinstance(annotation, type) and issubclass(annotation, int | float) \
+                and annotation is not bool:
             yield f"{path} {param.name}", param
 
 
 def test_every_numeric_option_and_argument_has_a_range() -> None:
     params = dict(_numeric_params(typer.main.get_command(app)))
     assert "conductor traces list limit" in params and "conductor run temperature" in params
-    unbounded = [name for name, p in params.items() if p.min is None and p.max is None
-                 and not name.endswith(" concurrency")]  # set by cli/batches.py and train.py
-    assert unbounded == []
+    assert "conductor plan check pool_size" in params, "optional ones (int | None) too"
+    unbounded = [name for name, p in params.items() if p.min is None or p.max is None]
+    assert unbounded == [], "give each numeric option typer's min= and max="
 
 
 @pytest.mark.parametrize("args", [
     ["traces", "list", "--limit", "-1"],
+    ["traces", "list", "--limit", "100001"],
+    ["traces", "list", "--min-reward", "inf"],
     ["run", "q", "--max-steps", "21"],
     ["run", "q", "--temperature", "nan"],
     ["train", "start", "--lr", "0"],
+    ["train", "start", "x.jsonl", "--seed", "-1"],
+    ["batch", "x.jsonl", "--concurrency", "0"],
     ["plan", "check", "--pool-size", "0"],
 ])
 def test_an_out_of_range_flag_is_a_usage_error_before_anything_runs(args: list[str]) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "Invalid value for" in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture
+def far_east() -> Iterator[None]:
+    """Local time 9 hours ahead of UTC, so midnight on 1 January of year 1 has no UTC time."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_a_date_with_no_utc_time_is_a_usage_error(far_east: None) -> None:
+    result = CliRunner().invoke(app, ["traces", "list", "--since", "0001-01-01"])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--since'" in result.output and "out of range" in result.output

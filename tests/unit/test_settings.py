@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.engine.providers.pool import Pool, PoolError
-from conductor_engine.engine.settings import Settings, SettingsError
+from conductor_engine.engine.settings import DEFAULT_CONFIG, Settings, SettingsError
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +90,11 @@ def test_a_misspelled_key_is_an_error_naming_the_intended_one(
     _config(tmp_path, monkeypatch, "[zzz]\nq = 1\n")
     with pytest.raises(SettingsError, match=r":1: unknown setting .zzz.; see "):
         Settings()
+    path = _config(tmp_path, monkeypatch, 'embeded_port = 1\nlog_levle = "x"\n')
+    with pytest.raises(SettingsError) as e:  # every unknown key, in the one line
+        Settings()
+    assert _one_line(e) == (f"{path}:1: unknown setting 'embeded_port'; did you mean "
+                            f"'embedded_port'?; also unknown: 'log_levle' ({path}:2)")
 
 
 def test_a_config_file_named_by_the_variable_must_exist(
@@ -121,3 +126,45 @@ def test_a_malformed_pool_file_names_line_and_column(tmp_path: Path) -> None:
         Pool.load(path)
     assert str(e.value).startswith(f"pool file {path}:3:12: invalid TOML: ")
     assert "\n" not in str(e.value)
+
+
+def test_a_byte_order_mark_is_skipped_and_offsets_still_count_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _config(tmp_path, monkeypatch, b'\xef\xbb\xbftask_queue = "q"\n')
+    assert Settings().task_queue == "q"
+    _config(tmp_path, monkeypatch, b'\xef\xbb\xbftask_queue = "\xff"\n')
+    with pytest.raises(SettingsError, match="at byte 17"):
+        Settings()
+    pool = tmp_path / "pool.toml"
+    pool.write_bytes(b'\xef\xbb\xbf[conductor]\nid = "c"\nprovider = "local"\n'
+                     b'model = "smollm2-135m-instruct"\n'
+                     b'[[agents]]\nid = "a"\nprovider = "sim"\nmodel = "sim"\n')
+    assert Pool.load(pool).conductor.id == "c"
+
+
+@pytest.mark.parametrize(("env", "config", "expected"), [
+    ({"CONDUCTOR_EMBEDDED_PORT": "abc"}, None,
+     "error: environment variable CONDUCTOR_EMBEDDED_PORT: Input should be a valid integer, "
+     "unable to parse string as an integer (got 'abc')"),
+    ({}, 'temporal_adress = "h:1"\n',
+     "error: {path}:1: unknown setting 'temporal_adress'; did you mean 'temporal_address'?"),
+    ({}, "temporal_address = \n", "error: config file {path}:1:20: invalid TOML: Invalid value"),
+    ({"CONDUCTOR_CONFIG": "{missing}"}, None,
+     "error: environment variable CONDUCTOR_CONFIG names '{missing}', which does not exist: "
+     "fix the path or unset the variable"),
+])
+def test_a_command_with_a_bad_setting_prints_one_line_and_exits_2(
+        tmp_path: Path, env: dict[str, str], config: str | None, expected: str) -> None:
+    from typer.testing import CliRunner
+
+    from conductor_engine.engine.runtime.cli import app
+
+    path, missing = tmp_path / "conductor.toml", tmp_path / "nope.toml"
+    if config is not None:
+        path.write_text(config)
+    env = {k: v.format(missing=missing) for k, v in env.items()}
+    for command in (["traces", "list"], ["pool", "show"], ["worker"]):
+        result = CliRunner().invoke(app, command, env={"COLUMNS": "400", **env})
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines() == [expected.format(path=DEFAULT_CONFIG,
+                                                              missing=missing)]

@@ -96,11 +96,20 @@ def test_a_repeated_question_without_ids_is_a_duplicate(tmp_path: Path) -> None:
     assert tf.errors[0].line == 2 and "same derived id" in tf.errors[0].message
 
 
-def test_invalid_utf8_is_a_line_error(tmp_path: Path) -> None:
+def test_invalid_utf8_is_a_line_error_naming_line_and_byte(tmp_path: Path) -> None:
     path = tmp_path / "bytes.jsonl"
     path.write_bytes(b'{"question": "fine"}\n{"question": "\xff"}\n')
     tf = load_jsonl(path)
-    assert len(tf.tasks) == 1 and tf.errors[0].line == 2 and "UTF-8" in tf.errors[0].message
+    assert len(tf.tasks) == 1
+    assert tf.error_lines() == [f"{path}:2: not UTF-8: invalid start byte at byte 14 of the "
+                                "line; save the file as UTF-8"]
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"question": "fine"}\r\n{"question": "also"}\r\n')
+    tf = load_jsonl(path)
+    assert [t.question for t in tf.tasks] == ["fine", "also"] and tf.errors == []
 
 
 @pytest.mark.parametrize(("line", "field"), [
@@ -112,6 +121,10 @@ def test_invalid_utf8_is_a_line_error(tmp_path: Path) -> None:
     (r'{"question": "a\ud800b"}', "question"),
     (r'{"question": "q", "tags": ["\udfff"]}', "tags.0"),
     (r'{"question": "q", "verifier": "math\u0000"}', "verifier"),
+    (r'{"id": "x\ud800", "question": "q"}', "id"),
+    (r'{"question": "q", "dataset": "\udc80"}', "dataset"),
+    (r'{"question": "q", "tags": ["ok", "\ud83d"]}', "tags.1"),
+    (r'{"question": "q", "reference": "\ud800"}', "reference"),
 ])
 def test_text_postgresql_cannot_store_is_a_line_error_naming_the_field(
         tmp_path: Path, line: str, field: str) -> None:
@@ -124,11 +137,47 @@ def test_text_postgresql_cannot_store_is_a_line_error_naming_the_field(
     assert ("NUL" in error) != ("surrogate" in error)
 
 
+def test_a_file_name_that_cannot_be_a_dataset_name_is_used_only_where_no_line_names_one(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t\udcff.jsonl"  # a name whose bytes are not UTF-8 (b"t\xff.jsonl")
+    path.write_text('{"question": "q", "dataset": "named"}\n{"question": "r"}\n')
+    tf = load_jsonl(path)
+    assert [t.dataset for t in tf.tasks] == ["named"]
+    [error] = tf.errors
+    assert error.line == 2 and error.message.startswith(
+        "field dataset: not given, and the default, the file's name, holds a lone surrogate")
+    assert error.message.endswith('give "dataset" or rename the file')
+    assert load_jsonl(path, dataset="given").errors == []
+
+
 def test_every_string_of_a_task_is_checked_nested_ones_and_keys_too() -> None:
     assert unstorable_text({"a": [{"b": "ok"}, {"c": ["x", "y\x00"]}]}) is not None
     assert unstorable_text({"a": [{"b": "ok"}, {"c": ["x", "y\x00"]}]})[0] == "a.1.c.1"
     assert unstorable_text({"k\ud800": 1})[0] == "'k\\ud800'"  # type: ignore[index]
     assert unstorable_text(Task(question="fine", tags=["é", "😀"])) is None
+
+
+def test_any_hostile_line_is_one_printable_line_never_an_exception(tmp_path: Path) -> None:
+    """Lone surrogates, NUL and markup wherever JSON can put them: each bad line is one
+    line of UTF-8 text naming it, and the load never raises."""
+    bits = ['"\\ud800"', '"\\u0000"', '"[/code]\\n"', '["\\udfff"]', '{"\\ud800": 1}', "1e999",
+            "null", '"\\\\"']
+    lines: list[str] = []
+    for bit in bits:
+        for key in ("id", "question", "answer", "reference", "tags", "dataset", "verifier",
+                    "options", "\\ud800"):
+            lines.append(f'{{"question": "q-{len(lines)}", "{key}": {bit}}}')
+    lines += ['{"question": "q", "options": {"policy_version": "\\ud800"}}', "\\ud800", '"\\ud800']
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    tf = load_jsonl(path)
+    assert tf.errors
+    for line in tf.error_lines(None):
+        assert "\n" not in line and line.startswith(f"{path}:")
+        line.encode("utf-8")  # printable: no lone surrogate of the input repeated in it
+        assert "\x00" not in line
+    for task in tf.tasks:
+        task.model_dump_json().encode("utf-8")
 
 
 def test_bad_lines_are_listed_with_file_and_line_then_summed_up(tmp_path: Path) -> None:
@@ -194,6 +243,17 @@ def test_hf_dataset_with_a_column_mapping(saved_dataset: Path) -> None:
     ]
     assert [(e.line, e.message) for e in tf.errors] == [(1, "field question: missing")]
     assert tf.path == f"hf:{saved_dataset}@test"
+
+
+def test_a_dataset_row_postgresql_cannot_store_names_row_and_field(
+        tmp_path: Path, datasets: Any) -> None:
+    rows = [{"question": "fine", "tags": ["a"]}, {"question": "q", "tags": ["a", "b\x00"]}]
+    path = tmp_path / "rows"
+    datasets.DatasetDict(test=datasets.Dataset.from_list(rows)).save_to_disk(str(path))
+    tf = load_tasks(f"hf:{path}")
+    assert [t.question for t in tf.tasks] == ["fine"]
+    [error] = tf.error_lines()
+    assert error.startswith(f"hf:{path}@test:1: field tags.1: holds a NUL character")
 
 
 def test_hf_limit_and_unknown_split(saved_dataset: Path) -> None:

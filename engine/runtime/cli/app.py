@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -46,8 +47,10 @@ app.add_typer(plan_app, name="plan")
 app.add_typer(traces_app, name="traces")
 app.add_typer(tasks_app, name="tasks")
 
-out = Console()
-err = Console(stderr=True)
+# emoji=False: a markup string of ours may hold escaped user text, and `:cat:` in a question
+# must print as written, not as an emoji (rich.markup.escape leaves emoji codes alone).
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 T = TypeVar("T")
 
 PoolOpt = Annotated[Path | None, typer.Option("--pool", help="pool TOML file (default: "
@@ -106,9 +109,12 @@ def load_pool(settings: Settings) -> Pool:
 
 
 def load_task_file(source: str) -> list[Task]:
-    """The valid tasks of a JSONL file (or hf:NAME). Bad lines are skipped, as the loader's
-    rule is (engine/tasks/files.py), and never silently: each is listed as `FILE:LINE: why`
-    (the first MAX_LISTED, then a count), then how many were skipped."""
+    """The tasks of a JSONL file (or hf:NAME), all of them or none: a file with any bad line
+    submits nothing. Each bad line is listed as `FILE:LINE: why` (the first MAX_LISTED, then a
+    count), then one `error:` line says how to go on, exit status 1. Skipping bad lines instead
+    would submit a different set of tasks than the file holds, which a batch of 10,000 tasks
+    would hide: the valid ones are one command away (`tasks check --json`) where that is wanted.
+    """
     from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
 
     try:
@@ -117,12 +123,14 @@ def load_task_file(source: str) -> list[Task]:
         raise fail(str(e)) from None
     for line in loaded.error_lines():
         err.print(Text(line), highlight=False, soft_wrap=True)
-    if not loaded.tasks:
-        raise fail(f"no valid task in {source}")
     if loaded.errors:
-        err.print(Text(f"skipped {len(loaded.errors)} bad line(s) of {loaded.path}; "
-                       f"{len(loaded.tasks)} task(s) go ahead", style="yellow"),
-                  highlight=False, soft_wrap=True)
+        src = shlex.quote(source)
+        raise fail(f"{len(loaded.errors)} bad line(s) in {loaded.path} ({len(loaded.tasks)} "
+                   f"valid): nothing was submitted. Fix them (`conductor tasks check {src} "
+                   f"--all` lists every one), or go on with the valid tasks only: `conductor "
+                   f"tasks check {src} --json > valid.jsonl`, then submit that file")
+    if not loaded.tasks:
+        raise fail(f"no task in {source}: every line is blank")
     return list(loaded.tasks)
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markdown import Markdown
 from rich.markup import escape
+from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.names import batch_workflow_id
@@ -30,8 +31,10 @@ from conductor_engine.engine.runtime.cli.app import (
     run_async,
     tasks_app,
 )
+from conductor_engine.engine.runtime.cli.render import markdown_literal
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.tasks.files import MAX_LISTED
 
 
 @app.command()
@@ -76,9 +79,10 @@ def batch(
         async with in_process_worker(conductor, agents, in_process):
             wid, started = await conductor.submit_batch(name, loaded,
                                                         concurrency=concurrency)
-            err.print(f"batch [bold]{name}[/] {'started' if started else 'already running'}: "
+            err.print(f"batch [bold]{escape(name)}[/] "
+                      f"{'started' if started else 'already running'}: "
                       f"{len(loaded)} tasks, {concurrency} at a time · "
-                      f"{settings.workflow_url(wid)}", soft_wrap=True)
+                      f"{escape(settings.workflow_url(wid))}", soft_wrap=True)
             if watch or in_process:
                 await _watch_batch(settings, name, conductor)
 
@@ -90,8 +94,9 @@ async def _watch_batch(settings: Settings, name: str, conductor: ConductorClient
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     conductor = conductor or await ConductorClient.connect(settings, start_embedded=False)
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    columns = (TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}", markup=False))  # the name as written
     with Progress(*columns, console=err, transient=False) as bar:
         job = bar.add_task(name, total=None, info="")
         while True:
@@ -109,12 +114,12 @@ async def _watch_batch(settings: Settings, name: str, conductor: ConductorClient
         url = settings.workflow_url(batch_workflow_id(name))
         raise LookupError(f"batch {name} ended {status}; see {url}")
     if p is not None and p.report_dir:
-        out.print(f"report: {p.report_dir}", soft_wrap=True)
+        out.print(Text(f"report: {p.report_dir}"), soft_wrap=True)
 
 
 def _report_batch(settings: Settings, name: str, out_dir: Path) -> None:
     """Write the batch's report from its recorded traces and print its summary."""
-    from conductor_engine.engine.storage.batch_report import summary_markdown, write_report
+    from conductor_engine.engine.storage.batch_report import write_report
 
     async def go() -> dict[str, Any]:
         async with open_trace_store(settings) as store:
@@ -124,16 +129,27 @@ def _report_batch(settings: Settings, name: str, out_dir: Path) -> None:
         return write_report(name, traces, out_dir)
 
     summary = run_async(go())
-    out.print(Markdown(summary_markdown(summary)))
-    out.print(f"report: {out_dir.absolute()}", soft_wrap=True)
+    out.print(batch_summary(summary))
+    out.print(Text(f"report: {out_dir.absolute()}"), soft_wrap=True)
+
+
+def batch_summary(summary: dict[str, Any]) -> Markdown:
+    """The report's summary as the terminal shows it: Markdown of ours, the batch's name (the
+    user's text) as a literal, and links with their targets shown."""
+    from conductor_engine.engine.storage.batch_report import summary_markdown
+
+    literal = {**summary, "batch": markdown_literal(str(summary["batch"]))}
+    return Markdown(summary_markdown(literal), hyperlinks=False)
 
 
 @tasks_app.command("check")
 def tasks_check(
     source: Annotated[str, typer.Argument(help="a JSONL file, or hf:NAME[:CONFIG][@SPLIT]")],
     as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
+    all_errors: Annotated[bool, typer.Option(
+        "--all", help=f"list every bad line, not the first {MAX_LISTED}")] = False,
 ) -> None:
-    """Load a task file: count the valid tasks, list bad lines with their numbers (exit 1)."""
+    """Load a task file: count the valid tasks, list bad lines as FILE:LINE: why (exit 1)."""
     from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
 
     try:
@@ -144,11 +160,10 @@ def tasks_check(
         for t in loaded.tasks:
             print(t.model_dump_json(exclude_defaults=True))
     verifiers = Counter(t.verifier or "auto" for t in loaded.tasks)
-    err.print(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
-              + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none"),
-              highlight=False)
-    for bad in loaded.errors:
-        err.print(f"[red]line {bad.line}:[/] {escape(bad.message)}", highlight=False,
-                  soft_wrap=True)
+    err.print(Text(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
+                   + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none")),
+              highlight=False, soft_wrap=True)
+    for line in loaded.error_lines(None if all_errors else MAX_LISTED):
+        err.print(Text(line), highlight=False, soft_wrap=True)
     if loaded.errors:
         raise typer.Exit(1)

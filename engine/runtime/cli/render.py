@@ -13,6 +13,7 @@ not crash, and `[link=...]` must not become a link.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +31,16 @@ if TYPE_CHECKING:
 
 SHORT = 300
 """How many characters of a text a view shows unless asked for it in full (--full)."""
+
+
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def markdown_literal(text: str) -> str:
+    """`text` for a Markdown document of ours, shown as written: every ASCII punctuation
+    character backslash-escaped (CommonMark), so `*`, `[x](url)` or `<b>` stay characters;
+    a line break becomes a space."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(text.splitlines()))
 
 
 def reward_line(reward: Reward) -> Text:

@@ -32,7 +32,7 @@ from conductor_engine.engine.runtime.cli.render import (
     reward_line,
     steps_table,
 )
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import ConductorClient, RunStatus
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.checks import check_storable
 from conductor_engine.engine.tasks.model import RunOptions, Task
@@ -143,9 +143,13 @@ def status(workflow_id: str) -> None:
     async def go() -> Any:
         return await (await ConductorClient.connect(settings)).status(workflow_id)
 
-    st = run_async(go())
-    out.print(f"{escape(st.workflow_id)}: [bold]{escape(st.status)}[/] · "
-              f"{escape(settings.workflow_url(st.workflow_id))}", soft_wrap=True)
+    _print_status(run_async(go()), settings)
+
+
+def _print_status(st: RunStatus, settings: Settings) -> None:
+    """`status`: the run's id, status and UI link, then its steps so far (RunStatus)."""
+    out.print(Text.assemble(st.workflow_id, ": ", (st.status, "bold"), " · ",
+                            settings.workflow_url(st.workflow_id)), soft_wrap=True)
     if st.progress is not None:
         out.print(_steps(st.progress))
 
@@ -172,7 +176,10 @@ def _steps(res: RunResult) -> Table:
 
 def _print_result(res: RunResult, settings: Settings) -> None:
     if res.status == "completed":
-        out.print(Panel(Markdown(res.answer or ""), title="answer", title_align="left"))
+        # Markdown, never Rich markup; hyperlinks=False: a link shows its target, so a model
+        # cannot hide where `[click](file:///...)` goes behind a terminal hyperlink.
+        out.print(Panel(Markdown(res.answer or "", hyperlinks=False), title="answer",
+                        title_align="left"))
     else:
         out.print(Panel(Text(res.error or res.status), title=Text(res.status, style="red"),
                         title_align="left"))

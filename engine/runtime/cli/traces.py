@@ -73,11 +73,16 @@ def traces_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trace each")] = False,
 ) -> None:
     """List recorded traces, newest first."""
+    try:  # a date at either end of the calendar has no UTC time in a zone east or west of it
+        since_utc = since.astimezone(UTC) if since else None
+    except (ValueError, OverflowError):
+        raise typer.BadParameter(f"{since} is out of range in UTC", param_hint="'--since'"
+                                 ) from None
     settings = load_settings()
     filters = TraceFilter(
         dataset=dataset, tag=tag, task_id=task, policy_name=policy, policy_version=version,
-        status=status, min_reward=min_reward, max_reward=max_reward,
-        since=since.astimezone(UTC) if since else None, roots_only=not self_calls,
+        status=status, min_reward=min_reward, max_reward=max_reward, since=since_utc,
+        roots_only=not self_calls,
     )
 
     async def go() -> list[TraceSummary]:
@@ -89,6 +94,11 @@ def traces_list(
         for r in rows:
             print(r.model_dump_json())
         return
+    out.print(traces_table(rows))
+
+
+def traces_table(rows: list[TraceSummary]) -> Table:
+    """`traces list`'s table: every cell plain Text (ids, datasets and questions are user text)."""
     table = Table(title=f"{len(rows)} trace(s)", title_justify="left")
     for col in ("finished", "workflow", "task", "dataset", "policy", "status", "reward",
                 "tokens", "cost $", "s", "question"):
@@ -100,7 +110,7 @@ def traces_list(
             "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
             f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", shorten(r.question, 60),
         )))
-    out.print(table)
+    return table
 
 
 @traces_app.command("show")

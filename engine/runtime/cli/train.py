@@ -18,7 +18,9 @@ from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.rollouts import describe_counts
@@ -39,9 +41,16 @@ from conductor_engine.engine.runtime.cli.app import (
 )
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
+
+MAX_ITERATIONS = 1_000_000
+"""A bound that only refuses nonsense: a training run this long continues as new anyway."""
+MIN_LR = 1e-12
+"""The learning rate must be above 0 (LossConfig: gt=0); typer bounds are closed, so this is
+the smallest accepted."""
 
 train_app = typer.Typer(help="Train the conductor with GRPO on its own traces.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(train_app, name="train")
 
 
@@ -51,9 +60,18 @@ def _recipe(path: Path | None) -> Any:
     if path is None:
         return Recipe()
     try:
-        return Recipe.model_validate(tomllib.loads(path.read_text()))
-    except (OSError, tomllib.TOMLDecodeError, ValidationError) as e:
-        raise fail(f"recipe {path}: {e}") from None
+        return Recipe.model_validate(tomllib.loads(utf8_text(path.read_bytes())))
+    except OSError as e:
+        raise fail(f"recipe {path}: cannot read it: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise fail(f"recipe {not_utf8(path, e)}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise fail(f"recipe {toml_error(path, e)}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
+        more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
+        raise fail(f"recipe {path}: field {where}: {first['msg']}{more}") from None
 
 
 def _base_model(pool: Pool, given: str | None) -> str:
@@ -95,11 +113,15 @@ def train_start(
         help="JSONL task file (or hf:NAME) to sample rollouts from")] = None,
     name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
     recipe: Annotated[Path | None, typer.Option(
-        help=r"TOML recipe: \[policy], \[loss], \[rollouts] (see trainer/config.py)")] = None,
-    iterations: Annotated[int, typer.Option(help="updates to run")] = 20,
-    group_size: Annotated[int | None, typer.Option(help="G: rollouts per task")] = None,
-    tasks_per_iteration: Annotated[int | None, typer.Option(help="tasks per update")] = None,
-    learning_rate: Annotated[float | None, typer.Option("--lr", help="learning rate")] = None,
+        help="TOML recipe: [policy], [loss], [rollouts] (see trainer/config.py)")] = None,
+    iterations: Annotated[int, typer.Option(
+        help="updates to run", min=1, max=MAX_ITERATIONS)] = 20,
+    group_size: Annotated[int | None, typer.Option(
+        help="G: rollouts per task", min=2, max=MAX_CONCURRENCY)] = None,
+    tasks_per_iteration: Annotated[int | None, typer.Option(
+        help="tasks per update", min=1, max=MAX_CONCURRENCY)] = None,
+    learning_rate: Annotated[float | None, typer.Option(
+        "--lr", help="learning rate", min=MIN_LR, max=1.0)] = None,
     base: Annotated[str | None, typer.Option(
         help="the model the conductor serves (only for an openai-compatible conductor)")] = None,
     from_traces: Annotated[bool, typer.Option(
@@ -110,7 +132,8 @@ def train_start(
              "workflow, and Temporal allows a workflow 2,000 pending children "
              "(limit.numPendingChildExecutions.error); an iteration's G × tasks rollouts "
              "wait their turn")] = 64,
-    seed: Annotated[int, typer.Option(help="shuffles the task order")] = 0,
+    seed: Annotated[int, typer.Option(help="shuffles the task order", min=0,
+                                      max=2**63 - 1)] = 0,
     pool: PoolOpt = None,
     worker: Annotated[bool | None, typer.Option(
         help="serve rollouts and the trainer from this process (default: yes on the embedded "
@@ -154,7 +177,7 @@ def train_start(
         if previous is not None and status != "running":
             progress = previous.model_copy(update={"stop_requested": False, "version": version,
                                                    "phase": "starting"})
-            err.print(f"resuming {name} after iteration {progress.iteration}")
+            err.print(Text(f"resuming {name} after iteration {progress.iteration}"))
         inp = TrainInput(name=name, policy=agents.conductor.id, tasks=loaded_tasks,
                          iterations=iterations, from_traces=from_traces, recipe=r,
                          concurrency=concurrency, trainer_task_queue=settings.trainer_task_queue,
@@ -165,10 +188,11 @@ def train_start(
         async with (in_process_worker(conductor, agents, in_process),
                     _in_process_trainer(conductor, in_process)):
             wid, started = await conductor.start_training(inp)
-            err.print(f"training [bold]{name}[/] {'started' if started else 'already running'}"
-                      f" from {agents.conductor.id} v{version}: {len(loaded_tasks)} tasks, "
+            err.print(f"training [bold]{escape(name)}[/] "
+                      f"{'started' if started else 'already running'}"
+                      f" from {escape(agents.conductor.id)} v{version}: {len(loaded_tasks)} tasks, "
                       f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size} "
-                      f"· {settings.workflow_url(wid)}", soft_wrap=True)
+                      f"· {escape(settings.workflow_url(wid))}", soft_wrap=True)
             if watch or in_process:
                 await _watch(conductor, name)
 
@@ -189,7 +213,7 @@ async def _watch(conductor: ConductorClient, name: str) -> None:
         status, p = await conductor.training_progress(name)
         if p is not None:
             for s in p.history[shown:]:
-                out.print(_iteration_line(s), highlight=False, soft_wrap=True)
+                out.print(Text(_iteration_line(s)), highlight=False, soft_wrap=True)
             shown = len(p.history)
         if status not in ("running", "continued_as_new"):
             break
@@ -198,7 +222,7 @@ async def _watch(conductor: ConductorClient, name: str) -> None:
         raise LookupError(f"training run {name} ended {status}; see `conductor train status "
                           f"{name}` and the Temporal UI")
     if p is not None:
-        err.print(f"{name}: {p.phase} after {p.iteration} iterations at {p.label}")
+        err.print(Text(f"{name}: {p.phase} after {p.iteration} iterations at {p.label}"))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -244,8 +268,8 @@ def train_status(
     out.print(history_table(f"{name} · {status} · {p.phase}", p.history))
     for s in p.history:
         if s.update_left_out and s.update_left_out != s.left_out:
-            out.print(f"it {s.iteration}: the update left out "
-                      f"{describe_counts(s.update_left_out)}", highlight=False)
+            out.print(Text(f"it {s.iteration}: the update left out "
+                           f"{describe_counts(s.update_left_out)}"), highlight=False)
     curve = [(s.iteration, s.mean_reward) for s in p.history if s.mean_reward is not None]
     if not curve:
         return
@@ -257,12 +281,13 @@ def history_table(title: str, history: list[Any]) -> Table:
     """One row per iteration (IterationStats): its rollouts and the runs left out of their
     groups, by reason, then how the policy did and what the update did."""
     table = Table("it", "version", "rollouts", "left out", "reward", "valid", "loss", "clip",
-                  "kl", "grad norm", "tokens", "published", title=title)
+                  "kl", "grad norm", "tokens", "published", title=Text(title))
     for s in history:
-        table.add_row(str(s.iteration), s.version, str(s.rollouts),
-                      describe_counts(s.left_out), _fmt(s.mean_reward),
-                      _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4), _fmt(s.clip_fraction),
-                      _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}", s.published or "—")
+        table.add_row(*(Text(cell) for cell in (
+            str(s.iteration), s.version, str(s.rollouts), describe_counts(s.left_out),
+            _fmt(s.mean_reward), _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4),
+            _fmt(s.clip_fraction), _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}",
+            s.published or "—")))
     return table
 
 
@@ -270,7 +295,8 @@ def _terminal_curve(name: str, curve: list[tuple[int, float]]) -> None:
     try:
         import plotext as plt
     except ImportError:
-        err.print("(install the train extra, pip install -e '.[train]', for the reward curve)")
+        err.print(Text("(install the train extra, pip install -e '.[train]', for the reward "
+                       "curve)"))
         return
     plt.clear_figure()
     plt.plot([i for i, _ in curve], [r for _, r in curve], marker="braille")
@@ -288,7 +314,8 @@ def _png_curve(name: str, curve: list[tuple[int, float]], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        err.print("(install the train extra, pip install -e '.[train]', for the PNG plot)")
+        err.print(Text("(install the train extra, pip install -e '.[train]', for the PNG "
+                       "plot)"))
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([i for i, _ in curve], [r for _, r in curve], marker="o")
@@ -298,7 +325,7 @@ def _png_curve(name: str, curve: list[tuple[int, float]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    err.print(f"reward curve: {path}")
+    err.print(Text(f"reward curve: {path}"))
 
 
 @train_app.command("stop")
@@ -312,8 +339,8 @@ def train_stop(name: Annotated[str, typer.Argument(help="the training run")],
         await conductor.stop_training(name)
 
     run_async(go())
-    err.print(f"{name} stops after the iteration in flight; resume with `conductor train start "
-              f"TASKS --name {name}`")
+    err.print(Text(f"{name} stops after the iteration in flight; resume with `conductor train "
+                   f"start TASKS --name {name}`"))
 
 
 @app.command()
@@ -334,7 +361,8 @@ async def _serve_trainer(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with build_trainer_worker(conductor.client, settings):
-        err.print(f"trainer polling [bold]{settings.trainer_task_queue}[/] on {settings.address}; "
+        err.print(f"trainer polling [bold]{escape(settings.trainer_task_queue)}[/] on "
+                  f"{escape(settings.address)}; "
                   f"Ctrl-C stops")
         await stop.wait()
     await close_shared_stores()
