@@ -5,9 +5,12 @@ same anywhere."""
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import BATCH_REPORT_ACTIVITY, READ_TASKS_ACTIVITY
 from conductor_engine.engine.contracts.task_lists import TaskSlice
 from conductor_engine.engine.settings import Settings
@@ -46,8 +49,11 @@ class BatchActivities:
 
     @activity.defn(name=BATCH_REPORT_ACTIVITY)
     async def write_batch_report(self, name: str) -> str:
-        store = await shared_store(self.settings)
-        traces = await store.batch_traces(name)
-        out = (self.settings.data_dir / "batches" / name).absolute()
-        write_report(name, traces, out)
-        return str(out)
+        """Reading thousands of traces and writing the report can take minutes: it heartbeats
+        throughout, and the writing runs in a thread so that the beats keep coming."""
+        async with heartbeats():
+            store = await shared_store(self.settings)
+            traces = await store.batch_traces(name)
+            out = (self.settings.data_dir / "batches" / name).absolute()
+            await asyncio.to_thread(write_report, name, traces, out)
+            return str(out)

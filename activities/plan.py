@@ -14,6 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from conductor_engine.activities.errors import to_application_error
 from conductor_engine.engine.contracts.activities import PlanRequest
+from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
 from conductor_engine.engine.contracts.records import PlanAttempt
 from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema
@@ -95,6 +96,13 @@ class PlanActivities:
 
     @activity.defn(name=PLAN_ACTIVITY)
     async def write_plan(self, req: PlanRequest) -> PlanAttempt:
+        """One plan attempt. It heartbeats throughout (loading a version, a local model's
+        completion can take minutes), so a worker that dies mid-plan is noticed within the
+        workflow's heartbeat timeout rather than the plan timeout."""
+        async with heartbeats():
+            return await self._write_plan(req)
+
+    async def _write_plan(self, req: PlanRequest) -> PlanAttempt:
         info = activity.info()
         log = structlog.get_logger().bind(
             workflow_id=info.workflow_id, run_id=info.workflow_run_id,

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
+    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY, recorded_concurrency
     from conductor_engine.engine.contracts.names import (
         BATCH_REPORT_ACTIVITY,
         BATCH_WORKFLOW,
@@ -86,7 +87,7 @@ class BatchInput(BaseModel):
         "used when given, else `task_list`")
     task_list: TaskList | None = Field(
         default=None, description="the tasks in the blob store (what the client sends)")
-    concurrency: int = Field(
+    concurrency: Annotated[int, BeforeValidator(recorded_concurrency)] = Field(
         default=50, ge=1, le=MAX_CONCURRENCY,
         description="children in flight at once; Temporal allows a workflow 2,000 pending "
         "children (engine/contracts/limits.py)")
@@ -141,6 +142,7 @@ class BatchWorkflow:
             p.report_dir = await workflow.execute_activity(
                 BATCH_REPORT_ACTIVITY, inp.name, result_type=str,
                 start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=30),  # it heartbeats while it works
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
                 summary=f"report · {inp.name}",
             )

@@ -161,6 +161,7 @@ class ConductWorkflow:
                     ),
                     result_type=Reward,
                     start_to_close_timeout=timedelta(seconds=120),
+                    heartbeat_timeout=timedelta(seconds=30),  # it beats while verifying
                     retry_policy=RetryPolicy(maximum_attempts=3),
                     summary=f"score · {task.verifier or 'auto'}",
                 )
@@ -209,6 +210,7 @@ class ConductWorkflow:
                     result_type=PlanAttempt,
                     start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
                     schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
+                    heartbeat_timeout=timedelta(seconds=opts.agent_heartbeat_s),
                     retry_policy=self._agent_retry(task),
                     summary=f"plan · round {rnd.index + 1} · attempt {n} · "
                     f"{shorten(task.question, 60)}",

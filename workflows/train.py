@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import (
@@ -43,7 +43,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
+    from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY, recorded_concurrency
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         STOP_SIGNAL,
@@ -128,7 +128,7 @@ class TrainInput(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     from_traces: bool = Field(default=False, description="train on stored traces, no rollouts")
     recipe: Recipe = Field(default_factory=Recipe)
-    concurrency: int = Field(
+    concurrency: Annotated[int, BeforeValidator(recorded_concurrency)] = Field(
         default=64, ge=1, le=MAX_CONCURRENCY,
         description="rollouts in flight at once; Temporal allows a workflow 2,000 pending "
         "children (engine/contracts/limits.py)")

@@ -10,6 +10,8 @@ CLI and the workflows' input models all check against these constants.
 
 from __future__ import annotations
 
+from pydantic import ValidationInfo
+
 MAX_CONCURRENCY = 2000
 """The most runs a BatchWorkflow or TrainingWorkflow keeps in flight (`concurrency`).
 
@@ -60,3 +62,14 @@ def concurrency_error(concurrency: int) -> str | None:
                 f"pending children (limit.numPendingChildExecutions.error); past it the batch or "
                 f"training run would be stuck. Use --concurrency {MAX_CONCURRENCY} or less")
     return None
+
+
+def recorded_concurrency(value: object, info: ValidationInfo) -> object:
+    """A `concurrency` over MAX_CONCURRENCY read back as JSON: MAX_CONCURRENCY. Workflow inputs
+    are decoded from JSON, and those of runs started before the bound (a batch allowed 10,000, a
+    training run any number) are still in their histories: such a run decodes, and goes on at
+    the bound, rather than failing every workflow task. Built in Python (the client, the CLI,
+    tests), the value is left to the field's bound, which refuses it."""
+    if info.mode == "json" and isinstance(value, int) and value > MAX_CONCURRENCY:
+        return MAX_CONCURRENCY
+    return value

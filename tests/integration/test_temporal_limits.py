@@ -129,6 +129,20 @@ def test_concurrency_over_temporals_pending_children_limit_is_refused_by_the_inp
             model(**fields, concurrency=0)
 
 
+async def test_an_input_recorded_before_the_bound_still_decodes_at_the_bound(
+    settings: Settings,
+) -> None:
+    """A batch could be started with up to 10,000 and a training run with any concurrency: the
+    inputs in their histories decode (at 2,000), so they go on instead of failing every
+    workflow task; only values built in Python are refused."""
+    converter = data_converter(settings)
+    for model, old in ((BatchInput, {"name": "b", "tasks": [], "concurrency": 10_000}),
+                       (TrainInput, {"name": "t", "policy": "p", "concurrency": 50_000})):
+        [payload] = await converter.encode([old])
+        [decoded] = await converter.decode([payload], [model])
+        assert decoded.concurrency == MAX_CONCURRENCY
+
+
 async def test_the_client_refuses_a_concurrency_over_the_limit_in_one_line(
     conductor: ConductorClient, settings: Settings,
 ) -> None:
