@@ -12,9 +12,10 @@ step), `[]` (none) or a list of 0-based indices of earlier steps.
 
 Every failure raises PlanError with a message that says exactly what is wrong: that text is
 recorded in the run, shown to the conductor on its next attempt, and scores 0 as a reward.
-Parsing is linear in the reply and reads at most its last MAX_PLAN_CHARS characters, whatever
-the reply holds (see "bounds" below): a megabyte of garbage is an invalid plan in milliseconds,
-never a slow event loop, a RecursionError or a MemoryError.
+Parsing reads at most the reply's last MAX_REPLY_CHARS characters and searches the last
+MAX_PLAN_CHARS of them once cleaned, in linear passes, whatever the reply holds (see "bounds"
+below): a megabyte of garbage is an invalid plan in milliseconds, never a slow event loop, a
+RecursionError, a MemoryError or any exception but PlanError.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import re
 import reprlib
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -82,11 +83,17 @@ class Plan(BaseModel):
 # conductor at temperature 1.0 can emit a megabyte of brackets, and a parser that is slow,
 # recursive or memory-hungry on it blocks the worker's event loop, crashes the attempt and makes
 # Temporal pay for another completion. Every stage is one linear pass with no recursion that the
-# input controls, and the stages see at most MAX_PLAN_CHARS of (cleaned) text.
+# input controls: clean-up reads at most MAX_REPLY_CHARS, the stages after it MAX_PLAN_CHARS.
 
 MAX_PLAN_CHARS = 100_000
-"""How much of the end of a reply is searched for the plan. The conductor reasons first and
-writes the plan last; a plan of 20 steps of 4,000-character subtasks fits."""
+"""How much of the end of a reply is searched for the plan, once think blocks and fences are
+removed. The conductor reasons first and writes the plan last; a plan of 20 steps of
+4,000-character subtasks fits."""
+
+MAX_REPLY_CHARS = 4 * MAX_PLAN_CHARS
+"""How much of the end of a reply is read at all (what clean-up gets): the work per reply is
+bounded, whatever its length. Only a think block of over 300,000 characters written after the
+plan could push the plan out of the searched window."""
 
 MAX_LIST_DEPTH = 8
 """Deepest bracket nesting a list literal may have (an access list needs 2)."""
@@ -125,11 +132,14 @@ def _without_thinking(text: str) -> str:
 
 
 def _clean(text: str) -> tuple[str, bool]:
-    """The reply as the parser reads it, and whether it was cut to its last MAX_PLAN_CHARS."""
-    text = _FENCE.sub("", _without_thinking(text.translate(_SMART)))
+    """The reply as the parser reads it: its last MAX_REPLY_CHARS cleaned, then their last
+    MAX_PLAN_CHARS; and whether anything was cut. A block of thinking the first cut opens in
+    the middle of reads as one whose opening tag the chat template ate: dropped all the same."""
+    cut = len(text) > MAX_REPLY_CHARS
+    text = _FENCE.sub("", _without_thinking(text[-MAX_REPLY_CHARS:].translate(_SMART)))
     if len(text) > MAX_PLAN_CHARS:
         return text[-MAX_PLAN_CHARS:], True
-    return text, False
+    return text, cut
 
 
 def _show(value: Any) -> str:
@@ -265,22 +275,22 @@ def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
     return lists
 
 
-def _json_candidates(text: str) -> list[Any]:
+def _json_candidates(text: str) -> Iterator[Any]:
     """The values of the last MAX_JSON_CANDIDATES places where an object (`{"`) or a list of
-    objects (`[{`) starts and decodes, last first. Trying every `[` and `{` (as this once did)
-    read the rest of the text from each: quadratic on a run of brackets."""
+    objects (`[{`) starts and decodes, last first, decoded one at a time as they are asked for.
+    Trying every `[` and `{` (as this once did) read the rest of the text from each: quadratic
+    on a run of brackets."""
     starts: deque[int] = deque(maxlen=MAX_JSON_CANDIDATES)
     starts.extend(m.start() for m in _JSON_START.finditer(text))
     # strict=False: raw control characters inside strings, which JSON forbids but grammar-
     # constrained decoders (xgrammar) let a model write, do not cost a whole plan
-    decoder, out = json.JSONDecoder(strict=False), []
+    decoder = json.JSONDecoder(strict=False)
     for i in reversed(starts):
         try:
             value, _ = decoder.raw_decode(text, i)
         except (ValueError, RecursionError):  # JSONDecodeError; nesting past the C stack guard
             continue
-        out.append(value)
-    return out
+        yield value
 
 
 def _parse_json_form(text: str) -> dict[str, list[Any]] | None:
@@ -387,7 +397,11 @@ def parse_plan(
                 "subtasks = [...], access_list = [...] (or a JSON list of step objects)"
             )
         return _validate(lists, agent_ids, max_steps, allow_empty)
-    except (RecursionError, MemoryError) as e:  # a safety net: every stage is bounded
+    except PlanError:
+        raise
+    except Exception as e:  # a safety net: no stage should raise anything else
+        # Whatever a reply makes the parser raise, it is one invalid plan (recorded, reward 0):
+        # never a failed activity that Temporal retries, paying for a new completion each time.
         raise PlanError(f"the plan could not be parsed ({type(e).__name__}); write it plainly, "
                         "at the end of the reply") from e
 
