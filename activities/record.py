@@ -5,8 +5,9 @@ that died after writing, a timeout on the way back) never leaves two traces of o
 store is opened on first use, so a worker starts even while PostgreSQL is still coming up; until
 it answers, the activity fails with a retryable error that says where it looked (type
 TraceStoreUnavailable). A row PostgreSQL refuses for good (a value out of range, an oversized
-value: trace_store.REJECTED) fails at once, non-retryable, type TraceRejected; text it cannot
-hold (NUL, lone surrogates) never gets that far (traces.storable_text).
+value, a constraint the row breaks: trace_store.REJECTED) fails at once, non-retryable, type
+TraceRejected. Text PostgreSQL cannot hold (NUL, lone surrogates) never gets that far: the store
+keeps it exactly, in the blob store (blob_refs.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ So store-made references are the only references:
   a marked document. A document written before escaping existed is unmarked: its keys are left
   as they are, and a "$blob" dict in it that is not exactly a reference is literal data.
 
+Text PostgreSQL cannot hold goes the same way, whatever its length: jsonb refuses NUL (U+0000),
+and no UTF-8 encoder takes a lone surrogate (half of a UTF-16 pair, which a JSON `\\ud800` escape
+decodes to). A string holding either is stored as a blob (UTF-8, surrogates kept:
+"surrogatepass") and reads back exactly; its preview shows them as U+FFFD. A dict *key* holding
+either cannot be a reference, so it is stored with U+FFFD in their place (`storable_text`), as is
+every column beside the document (ids, tags: text the engine refuses where it enters anyway).
+
 Both walks are synchronous; the store fetches or puts the blobs they list concurrently.
 """
 
@@ -36,6 +43,28 @@ PREVIEW_CHARS = 200
 _REF_KEYS = frozenset((BLOB_KEY, "bytes", "preview"))
 _ESCAPABLE = re.compile(r"\$+blob")  # fullmatch: "$blob", "$$blob", ...
 _MARKER = b'$blob"'  # how any escapable key ends in JSON text
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL, and surrogates (paired or not)
+_NUL = b"\\u0000"  # how a NUL is serialised in JSON text
+
+
+def storable_text(text: str) -> str:
+    """`text` as PostgreSQL text can hold it, where it cannot be a blob (a column, a key, a
+    preview): NUL and lone surrogates become U+FFFD, the replacement character, and a pair of
+    surrogates written as two characters is joined into the one character it encodes."""
+    if _UNSTORABLE.search(text) is None:
+        return text
+    text = text.replace("\x00", "\ufffd")
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def text_bytes(text: str) -> bytes:
+    """What a text blob holds: `text` in UTF-8, any surrogate kept as its own three bytes."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def blob_text(data: bytes) -> str:
+    """A text blob read back: the exact string `text_bytes` was given."""
+    return data.decode("utf-8", "surrogatepass")
 
 
 def may_hold_blob_keys(document_json: bytes) -> bool:
@@ -43,6 +72,13 @@ def may_hold_blob_keys(document_json: bytes) -> bool:
     a small trace is stored without walking it). A string that merely mentions `"$blob"` is
     serialised with escaped quotes and does not match; a false True only costs a walk."""
     return _MARKER in document_json
+
+
+def may_hold_nul(document_json: bytes) -> bool:
+    """False when no string of this serialised document holds a NUL (the common case). Text
+    that merely spells a backslash and `u0000` matches too; a false True only costs a walk. (A
+    lone surrogate never gets this far: the document cannot be serialised.)"""
+    return _NUL in document_json
 
 
 @dataclass
@@ -55,8 +91,9 @@ class Encoded:
 
 
 def encode(doc: dict[str, Any], *, threshold: int) -> Encoded:
-    """`doc` with content keys escaped and every text longer than `threshold` bytes replaced by
-    a reference (see the module docstring)."""
+    """`doc` with content keys escaped and made storable, and every text longer than
+    `threshold` bytes or holding what PostgreSQL cannot store replaced by a reference (see the
+    module docstring)."""
     out = Encoded(doc={})
     out.doc = _encode_dict(doc, threshold, out)
     if out.escaped:
@@ -66,12 +103,14 @@ def encode(doc: dict[str, Any], *, threshold: int) -> Encoded:
 
 def _encode(value: Any, threshold: int, out: Encoded) -> Any:
     if isinstance(value, str):
-        if len(value) > threshold // 4:  # a cheap test before encoding: UTF-8 is <= 4x chars
-            data = value.encode()
-            if len(data) > threshold:
+        unstorable = _UNSTORABLE.search(value) is not None
+        if unstorable or len(value) > threshold // 4:  # a cheap test first: UTF-8 <= 4x chars
+            data = text_bytes(value)
+            if len(data) > threshold or unstorable:
                 ref = ref_for(data)
                 out.blobs[ref] = data
-                return {BLOB_KEY: ref, "bytes": len(data), "preview": value[:PREVIEW_CHARS]}
+                return {BLOB_KEY: ref, "bytes": len(data),
+                        "preview": storable_text(value[:PREVIEW_CHARS])}
         return value
     if isinstance(value, dict):
         return _encode_dict(value, threshold, out)
@@ -85,7 +124,7 @@ def _encode_dict(value: dict[str, Any], threshold: int, out: Encoded) -> dict[st
     for k, v in value.items():
         if _ESCAPABLE.fullmatch(k):
             k, out.escaped = "$" + k, True
-        encoded[k] = _encode(v, threshold, out)
+        encoded[storable_text(k)] = _encode(v, threshold, out)
     return encoded
 
 

@@ -5,7 +5,12 @@ workflow replayed, writes the same row again instead of a second one. Any string
 longer than the blob threshold (an agent's 5 MB output, a long prompt) is replaced in the stored
 document by `{"$blob": "sha256:...", "bytes": n, "preview": "..."}` and put in the blob store;
 reads put the text back unless asked not to. Content that merely looks like such a reference
-stays data (blob_refs.py).
+stays data (blob_refs.py). So does any text PostgreSQL cannot hold (a NUL, a lone surrogate: a
+sampling model writes both), whatever its length, so every trace is written and reads back as
+the run had it.
+
+A row PostgreSQL refuses for good (REJECTED) raises TraceRejected, which the record activity
+does not retry; anything else (an unreachable server, a lost connection) is worth a retry.
 
 The trainer reads *groups*: the G oldest root traces of one task under one policy version,
 complete once G runs have finished, whatever their status. Runs that are not honest rollouts
@@ -22,22 +27,25 @@ from typing import Any, get_args
 import asyncpg
 import structlog
 from pydantic import BaseModel, Field
+from pydantic_core import PydanticSerializationError
 
 from conductor_engine.engine.contracts.rollouts import (
     MIN_GROUP,
     LeftOutReason,
     count_reasons,
 )
-from conductor_engine.engine.storage.blob_refs import decode, encode, may_hold_blob_keys, refs_in
-from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
-from conductor_engine.engine.storage.database import connect_pool
-from conductor_engine.engine.storage.traces import (
-    PolicyRef,
-    Trace,
-    TraceStatus,
-    storable,
+from conductor_engine.engine.storage.blob_refs import (
+    blob_text,
+    decode,
+    encode,
+    may_hold_blob_keys,
+    may_hold_nul,
+    refs_in,
     storable_text,
 )
+from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
+from conductor_engine.engine.storage.database import connect_pool
+from conductor_engine.engine.storage.traces import PolicyRef, Trace, TraceStatus
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +71,12 @@ class TraceRejected(Exception):
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [""])[0][:300]
+
+
+def _column_text(value: str | None) -> str | None:
+    """A text column's value as PostgreSQL can hold it (blob_refs.storable_text): the
+    document beside it keeps the exact text."""
+    return None if value is None else storable_text(value)
 
 
 _UPSERT = """
@@ -138,7 +152,7 @@ class TraceFilter(BaseModel):
         clauses: list[str] = []
         args: list[Any] = []
 
-        def add(sql: str, value: Any) -> None:  # text as it was stored (storable_text)
+        def add(sql: str, value: Any) -> None:  # text as the column holds it (storable_text)
             args.append(storable_text(value) if isinstance(value, str) else value)
             clauses.append(sql.format(f"${len(args)}"))
 
@@ -237,25 +251,32 @@ class TraceStore:
             ) from e
 
     async def row(self, trace: Trace) -> tuple[Any, ...]:
-        """The row's values in _UPSERT's order, large texts moved to the blob store. A
-        document no longer than the threshold cannot hold a longer text, and one with no key
-        to escape goes as it is, unwalked (the common case)."""
-        trace, raw = storable(trace)  # NUL and lone surrogates: see storable_text
-        doc: bytes | dict[str, Any] = raw
-        if len(raw) > self.blob_threshold or may_hold_blob_keys(raw):
+        """The row's values in _UPSERT's order, large texts and texts PostgreSQL cannot hold
+        moved to the blob store. A document no longer than the threshold cannot hold a longer
+        text, and one with no key to escape and no NUL goes as it is, unwalked (the common
+        case); one that cannot even be serialised holds a lone surrogate, and is walked."""
+        doc: bytes | dict[str, Any]
+        try:
+            doc = trace.document_json()
+            walk = len(doc) > self.blob_threshold or may_hold_blob_keys(doc) or may_hold_nul(doc)
+        except PydanticSerializationError:  # no UTF-8 encoder takes a lone surrogate
+            walk = True
+        if walk:
             encoded = encode(trace.document(), threshold=self.blob_threshold)
             await asyncio.gather(*(self.blobs.put(data) for data in encoded.blobs.values()))
             doc = encoded.doc
         verdict = trace.reward.verdict if trace.reward else None
         usage = trace.totals.usage
+        col = _column_text
         return (
-            trace.workflow_id, trace.run_id, trace.parent_workflow_id, trace.depth,
-            trace.task.id, trace.task.dataset, trace.task.tags, trace.policy.name,
-            trace.policy.version, trace.status,
+            col(trace.workflow_id), col(trace.run_id), col(trace.parent_workflow_id),
+            trace.depth, col(trace.task.id), col(trace.task.dataset),
+            [storable_text(t) for t in trace.task.tags], col(trace.policy.name),
+            col(trace.policy.version), trace.status,
             trace.reward.value if trace.reward else None,
-            verdict.correct if verdict else None, verdict.verifier if verdict else None,
+            verdict.correct if verdict else None, col(verdict.verifier if verdict else None),
             usage.input_tokens, usage.output_tokens, trace.totals.cost_usd, trace.totals.seconds,
-            trace.started_at, trace.finished_at, trace.schema_version, doc, trace.task.batch,
+            trace.started_at, trace.finished_at, trace.schema_version, doc, col(trace.task.batch),
         )
 
     # --- reading ---------------------------------------------------------------------------
@@ -266,7 +287,7 @@ class TraceStore:
             return decode(doc, None)
         refs = sorted(refs_in(doc))
         data = await asyncio.gather(*(self.blobs.get(r) for r in refs))
-        return decode(doc, {r: d.decode() for r, d in zip(refs, data, strict=True)})
+        return decode(doc, {r: blob_text(d) for r, d in zip(refs, data, strict=True)})
 
     async def _trace(self, doc: dict[str, Any], resolve_blobs: bool) -> Trace:
         return Trace.from_document(await self._document(doc, resolve_blobs))
@@ -276,8 +297,8 @@ class TraceStore:
         resolve_blobs: bool = True,
     ) -> Trace | None:
         """One trace (the latest run of the workflow unless run_id is given), with its
-        self-call traces nested under `children`, recursively. Ids are looked up as they
-        were stored (storable_text)."""
+        self-call traces nested under `children`, recursively. Ids are looked up as their
+        columns hold them (storable_text)."""
         workflow_id, run_id = storable_text(workflow_id), run_id and storable_text(run_id)
         if run_id:
             doc = await self.pool.fetchval(

@@ -10,12 +10,10 @@ optional field does not need a bump). Readers upgrade old documents in `Trace.fr
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from pydantic_core import PydanticSerializationError
 
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
 from conductor_engine.engine.contracts.rollouts import LeftOutReason, left_out_reason
@@ -154,44 +152,3 @@ def policy_of(result: RunResult, default: PolicyRef) -> PolicyRef:
                 return PolicyRef(name=a.conductor_id, version=a.policy_version or "base")
     return default
 
-
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def storable_text(text: str) -> str:
-    """`text` as the trace store can keep it. NUL (which PostgreSQL's text and jsonb refuse)
-    and lone surrogates (half of a UTF-16 pair, which a JSON reply's `\\ud800` escape decodes
-    to, and which no UTF-8 encoder accepts) become U+FFFD, the replacement character; a pair
-    of surrogates written as two characters is joined into the one character it encodes.
-
-    The rule is lossy on purpose: these are not characters a reader can use, and the same
-    rule everywhere (columns and document alike) keeps a stored task id findable by the id
-    read back. Anything else is kept exactly."""
-    if _UNSTORABLE.search(text) is None:
-        return text
-    text = text.replace("\x00", "\ufffd")
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def _storable(value: Any) -> Any:
-    if isinstance(value, str):
-        return storable_text(value)
-    if isinstance(value, dict):
-        return {_storable(k): _storable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_storable(v) for v in value]
-    return value
-
-
-def storable(trace: Trace) -> tuple[Trace, bytes]:
-    """The trace with every string made storable (storable_text), and its document serialised
-    (Trace.document_json). The trace itself when nothing needs it, the common case, decided on
-    the serialised form (which holds every column's value too) in one pass."""
-    try:
-        raw = trace.document_json()
-    except PydanticSerializationError:  # a lone surrogate cannot be encoded
-        raw = b"\\u0000"  # clean it below
-    if b"\\u0000" not in raw:
-        return trace, raw
-    clean = Trace.model_validate(_storable(trace.model_dump()))
-    return clean, clean.document_json()

@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from conductor_engine.activities.record import RecordActivities
 from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.rewards import Reward, Verdict
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
@@ -28,7 +29,7 @@ from conductor_engine.engine.storage.traces import PolicyRef, Trace
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import Reply
 from tests.cli import run_conductor
-from tests.conftest import make_pool
+from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json, self_calling_conductor
 from tests.traces import make_trace
 
@@ -269,17 +270,6 @@ async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
         await pool.close()
 
 
-async def test_a_sampled_nul_character_is_stored_as_a_replacement_character(
-    trace_store: TraceStore,
-) -> None:
-    trace = make_trace(f"nul-{uuid.uuid4().hex[:6]}", output="a\x00b \\u0000 kept")
-    trace.rounds[0].attempts[0].raw_text = "plan\x00"
-    await trace_store.write(trace)  # jsonb refuses NUL: this used to fail on every retry
-    back = await trace_store.get(trace.workflow_id)
-    assert back is not None and back.answer == "a\ufffdb \\u0000 kept"
-    assert back.rounds[0].attempts[0].raw_text == "plan\ufffd"
-
-
 # --- content that looks like a blob reference, and groups of honest rollouts --------------
 
 REF = "sha256:" + "ab" * 32
@@ -432,24 +422,113 @@ async def test_a_group_too_small_to_train_is_taken_with_the_next_that_trains(
 # --- text PostgreSQL cannot hold, and rows it refuses ----------------------------------------
 
 
-async def test_nul_and_lone_surrogates_in_outputs_and_task_id_are_written_as_replacements(
+UNSTORABLE = "a\x00b\ud800c \\u0000 kept \ud83d\ude00 \udfff"
+"""NUL, lone surrogates, a pair written as two characters, and text spelling `\\u0000`."""
+
+
+async def test_text_postgres_cannot_hold_is_written_and_reads_back_exactly(
     trace_store: TraceStore,
 ) -> None:
-    """A sampled NUL, or a JSON reply's `\\ud800` escape (a lone surrogate, which no UTF-8
-    encoder takes), used to fail the write on every retry; both become U+FFFD (the rule in
-    traces.storable_text), in the columns and the document alike."""
-    task_id = f"odd-{uuid.uuid4().hex[:6]}-\x00-\ud800"
-    trace = make_trace(task_id, output="a\x00b\ud800c \\u0000 kept \ud83d\ude00")
-    trace.task.tags = ["t\x00ag", "\udfff"]
+    """jsonb refuses NUL, and no UTF-8 encoder takes a lone surrogate (a JSON reply's
+    `\\ud800` escape decodes to one): such text used to fail the write on every retry for a
+    day and lose the trace. It goes to the blob store, short or long, and reads back exactly."""
+    trace = make_trace(f"odd-{uuid.uuid4().hex[:6]}", output=UNSTORABLE)
     trace.rounds[0].attempts[0].raw_text = "plan\ud800\x00"
+    trace.rounds[0].steps[0].output = "\x00"
+    await trace_store.write(trace)
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None and back.model_dump() == trace.model_dump()
+    assert back.answer == UNSTORABLE and back.steps[0].output == "\x00"
+    raw = await trace_store.pool.fetchval(
+        "SELECT trace FROM traces WHERE workflow_id = $1", trace.workflow_id)
+    stored = raw["rounds"][0]["steps"][2]["output"]
+    assert stored["preview"] == "a\ufffdb\ufffdc \\u0000 kept \U0001f600 \ufffd", (
+        "a reader of the row alone sees U+FFFD where the blob holds the exact text")
+    assert raw["rounds"][0]["steps"][1]["output"] == trace.steps[1].output, "others stay inline"
+
+
+async def test_ids_and_keys_postgres_cannot_hold_are_written_with_replacements(
+    trace_store: TraceStore,
+) -> None:
+    """Columns and dict keys cannot be blobs: there (only) NUL and lone surrogates become
+    U+FFFD. The engine refuses such ids and tags where they enter; the store still writes a
+    trace that got past that, findable by its id as written or as stored."""
+    task_id = f"odd-{uuid.uuid4().hex[:6]}-\x00-\ud800"
+    trace = make_trace(task_id)
+    trace.task.tags = ["t\x00ag", "\udfff"]
+    assert trace.reward is not None and trace.reward.verdict is not None
+    trace.reward.verdict.details = {"k\x00": "v\x00"}
     await trace_store.write(trace)
     stored_id = task_id.replace("\x00", "\ufffd").replace("\ud800", "\ufffd")
     assert await trace_store.count(TraceFilter(task_id=stored_id)) == 1
+    assert await trace_store.count(TraceFilter(task_id=task_id)) == 1
+    assert await trace_store.count(TraceFilter(tag="t\x00ag")) >= 1
     back = await trace_store.get(trace.workflow_id)
-    assert back is not None
-    assert back.task.id == stored_id and back.task.tags == ["t\ufffdag", "\ufffd"]
-    assert back.answer == "a\ufffdb\ufffdc \\u0000 kept \U0001f600", "a split pair is joined"
-    assert back.rounds[0].attempts[0].raw_text == "plan\ufffd\ufffd"
+    assert back is not None and back.task.id == task_id, "the document keeps the exact id"
+    assert back.task.tags == ["t\x00ag", "\udfff"]
+    assert back.reward is not None and back.reward.verdict is not None
+    assert back.reward.verdict.details == {"k\ufffd": "v\x00"}
+
+
+async def test_a_run_whose_agents_answer_nul_and_lone_surrogates_leaves_its_whole_trace(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    """On the real servers: the trace holds every step as the run returned it. A NUL is kept
+    exactly; a lone surrogate is U+FFFD from where the reply enters (engine/text.py
+    `encodable`: it could not cross Temporal's data converter otherwise)."""
+    agent_server.script("conductor", [Reply.ok(plan_json(
+        ("gpt", "Answer.", []), ("claude", "Check.", "all")))])
+    agent_server.script("gpt", [Reply.ok("\x00")])
+    agent_server.script("claude", [Reply.ok("ok \ud800 and \x00 done")])
+    async with running_worker(client, settings, make_pool(agent_server)):
+        res = await conductor.run(Task(question="q"))
+    assert [s.output for s in res.steps] == ["\x00", "ok \ufffd and \x00 done"]
+    trace = await trace_store.get(res.workflow_id)
+    assert trace is not None and trace.status == "completed"
+    assert [s.output for s in trace.steps] == ["\x00", "ok \ufffd and \x00 done"]
+    assert trace.rounds == res.rounds and trace.answer == res.answer
+
+
+async def test_a_trace_postgres_refuses_fails_the_record_activity_once(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    """A row that breaks a constraint can never be written: the record activity fails once,
+    non-retryable (TraceRejected, with one clear message), instead of being retried for the
+    record deadline (a day). The run still returns its answer. The constraint is a real one,
+    added for this test's task id only."""
+    task_id = f"refused-{uuid.uuid4().hex[:6]}"
+    constraint = f"test_refuses_{task_id.replace('-', '_')}"
+    await trace_store.pool.execute(
+        f"ALTER TABLE traces ADD CONSTRAINT {constraint} CHECK (task_id <> '{task_id}') NOT VALID")
+    try:
+        agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Compute 2^10.", [])))])
+        agent_server.script("gpt", [Reply.ok("1024")])
+        async with running_worker(client, settings, make_pool(agent_server)):
+            run = conductor.run(Task(id=task_id, question="What is 2^10?"))
+            res = await asyncio.wait_for(run, timeout=60)  # retried, it would wait for a day
+            history = await client.get_workflow_handle(res.workflow_id).fetch_history()
+    finally:
+        await trace_store.pool.execute(f"ALTER TABLE traces DROP CONSTRAINT {constraint}")
+    assert res.status == "completed" and res.answer == "1024"
+    record = {e.event_id for e in history.events
+              if e.HasField("activity_task_scheduled_event_attributes")
+              and e.activity_task_scheduled_event_attributes.activity_type.name == RECORD_ACTIVITY}
+    attempts = [e.activity_task_started_event_attributes.attempt for e in history.events
+                if e.HasField("activity_task_started_event_attributes")
+                and e.activity_task_started_event_attributes.scheduled_event_id in record]
+    failures = [e.activity_task_failed_event_attributes.failure for e in history.events
+                if e.HasField("activity_task_failed_event_attributes")
+                and e.activity_task_failed_event_attributes.scheduled_event_id in record]
+    assert attempts == [1], "a refused row is not retried"
+    assert len(failures) == 1
+    info = failures[0].application_failure_info
+    assert info.type == "TraceRejected" and info.non_retryable
+    assert "IntegrityConstraintViolation" in failures[0].message or \
+        "CheckViolation" in failures[0].message
+    assert res.workflow_id in failures[0].message and "not written" in failures[0].message
+    assert await trace_store.count(TraceFilter(task_id=task_id)) == 0
 
 
 async def test_a_row_postgres_refuses_for_good_is_a_non_retryable_trace_rejected(
