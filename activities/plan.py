@@ -6,6 +6,7 @@ of running workflows; the activity returns the raw text with the plan or the par
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import structlog
@@ -134,6 +135,7 @@ class PlanActivities:
                 ids, opts.max_steps, allow_empty=req.allow_empty,
                 subtask_max_chars=opts.subtask_max_chars,
             ) if json_mode else None,
+            seed=plan_seed(req, label),
         )
         started = time.monotonic()
         try:
@@ -162,6 +164,16 @@ class PlanActivities:
             out.error = str(e)
             log.warning("plan rejected", error=out.error)
         return out
+
+
+def plan_seed(req: PlanRequest, label: str) -> int:
+    """The sampling seed of one plan attempt, from what identifies the draw (task, rollout,
+    policy version, round, attempt; never a clock or a run id), so a rollout is the same plan
+    however busy the machine is, while the rollouts of a group draw apart."""
+    t = req.task
+    key = "\x1f".join(map(str, ("plan", t.id, t.depth, t.options.sample, label, req.round,
+                                  req.attempt)))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 2**53
 
 
 def _adapter_lost(conductor: AgentSpec, error: AgentCallError) -> AgentCallError | None:

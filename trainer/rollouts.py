@@ -40,7 +40,9 @@ async def select_groups(
     store: TraceStore, name: str, version: int, cfg: RolloutConfig
 ) -> list[tuple[Group, int]]:
     """Up to `groups_per_update` unconsumed groups that train, newest version first, with their
-    age; plus every group too small to train met on the way (consumed with them)."""
+    age; plus every group too small to train met on the way (consumed with them). In a fixed
+    order (age, then task id; each group's rollouts by sample), so the same rollouts make the
+    same update however the runs happened to finish."""
     picked: list[tuple[Group, int]] = []
     for age in range(0, min(cfg.max_staleness, version) + 1):
         room = cfg.groups_per_update - sum(g.trainable for g, _ in picked)
@@ -49,7 +51,16 @@ async def select_groups(
         found = await _trainable_first(
             store, PolicyRef(name=name, version=version_label(version - age)), cfg, room)
         picked.extend((g, age) for g in found)
-    return picked
+    picked.sort(key=lambda p: (p[1], p[0].task_id))
+    return [(in_sample_order(g), age) for g, age in picked]
+
+
+def in_sample_order(group: Group) -> Group:
+    """The group with its rollouts in sample order: the store lists them by finishing time,
+    which depends on the machine's load, and the order of the samples decides the micro-batches
+    and so the last bits of the update."""
+    traces = sorted(group.traces, key=lambda t: (t.task.options.sample, t.workflow_id))
+    return group.model_copy(update={"traces": traces})
 
 
 async def _trainable_first(store: TraceStore, policy: PolicyRef, cfg: RolloutConfig,

@@ -11,11 +11,13 @@ the update again on the next trainer, which loads the parent version, selects th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
@@ -52,6 +54,7 @@ from conductor_engine.trainer.rollouts import (
     select_groups,
 )
 
+T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 
@@ -101,7 +104,7 @@ class Trainer:
         samples = [s for g, age in groups
                    for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts)]
         self._held = None  # the weights are about to change: unusable until published
-        step = await asyncio.to_thread(self._train, held, samples, req.recipe)
+        step = await asyncio.to_thread(seeded, req, self._train, held, samples, req.recipe)
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
@@ -135,7 +138,7 @@ class Trainer:
             checkpoint = await materialise(parent, store.blobs, self.settings.data_dir / "policies")
             if parent.optimizer is not None:
                 optimizer_state = await store.blobs.get(parent.optimizer)
-        return await asyncio.to_thread(_load, req, checkpoint, optimizer_state)
+        return await asyncio.to_thread(seeded, req, _load, req, checkpoint, optimizer_state)
 
     def _train(self, held: _Held, samples: list[Any], recipe: Recipe) -> Any:
         from conductor_engine.trainer.grpo import train_step
@@ -163,6 +166,18 @@ class Trainer:
             base_model=req.recipe.policy.base, kind=held.policy.kind, files=files,
             optimizer=optimizer, metrics=metrics, update_id=req.update_id,
         )
+
+
+def seeded(req: UpdateRequest, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` with torch's generator seeded from the recipe's seed and the parent version
+    (restored after, so nothing else in the process sees the seed): a LoRA's initialisation and
+    any sampling in an update are then the same on every run."""
+    import torch
+
+    key = f"update\x1f{req.recipe.seed}\x1f{req.parent}".encode()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 2**63)
+        return fn(*args)
 
 
 def _holds(held: _Held, req: UpdateRequest) -> bool:

@@ -72,6 +72,11 @@ class Recipe(BaseModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
+    seed: int = Field(
+        default=0, ge=0, description="seeds torch for each update, with the version it trains "
+        "from (never the update id, which holds a run id): the same rollouts give the same "
+        "weights on every run (a LoRA's initialisation included)",
+    )
 
 
 class UpdateRequest(BaseModel):

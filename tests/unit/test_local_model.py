@@ -343,3 +343,41 @@ def test_the_sampler_draws_at_the_temperature_and_leaves_generate_only_that_toke
     counts = torch.bincount(out.argmax(-1), minlength=5).double() / 50_000
     expected = torch.softmax(row / 0.5, -1).double()  # 0.867, 0.117, 0.016 where allowed
     assert torch.allclose(counts, expected, atol=0.007), counts
+
+
+@needs_local_extra
+async def test_a_seeded_request_draws_the_same_tokens_alone_batched_reordered_or_beside_others(
+    tiny_policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GRPO group is the same rollouts whatever the load: a seeded request's tokens and
+    logprobs do not depend on which requests wait with it, nor on their order (each is generated
+    alone: batching.Job.batch_key; its draws come from its own generator: sampling.Sampler)."""
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+
+    def ask(question: str, seed: int | None, schema: dict[str, Any] | None = None
+            ) -> CompletionRequest:
+        return chat(("user", question), temperature=1.0, max_tokens=24, seed=seed,
+                    json_schema=schema)
+
+    group = [ask("Route this: what is 2 + 2?", s) for s in (11, 12, 13)]
+    group.append(ask("Route this: what is 2 + 2?", 14, PLAN_SCHEMA))  # a grammar row too
+    others = [ask("Name any colour you like, and say why you like it.", 7),  # longer, seeded
+              ask("Hi", None), ask("Route this: what is 2 + 2?", None)]  # unseeded, same length
+
+    async def generate(requests: list[CompletionRequest], max_batch: int) -> list[Any]:
+        monkeypatch.setattr(batching, "queue", batching.GenerationQueue(max_batch, window_s=0.5))
+        return list(await asyncio.gather(*(local.complete(spec, r) for r in requests)))
+
+    def drawn(completions: list[Any]) -> list[tuple[list[int], list[float]]]:
+        return [(c.token_ids, c.logprobs) for c in completions]
+
+    alone = [(await generate([r], 1))[0] for r in group]
+    batched = await generate(group, 16)
+    assert batching.queue.batch_sizes == Counter({1: 4})  # waited together, generated alone
+    reordered = (await generate(group[::-1], 16))[::-1]
+    beside = (await generate([others[0], *group[:2], others[1], *group[2:], others[2]], 16))
+    beside = beside[1:3] + beside[4:6]
+    assert drawn(batched) == drawn(alone)
+    assert drawn(reordered) == drawn(alone)
+    assert drawn(beside) == drawn(alone)
+    assert len({tuple(c.token_ids) for c in alone}) > 1, "different seeds must draw apart"

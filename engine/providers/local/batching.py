@@ -54,10 +54,18 @@ class Job:
     cancelled: threading.Event
     future: Future[Completion] = field(default_factory=Future)
 
-    def batch_key(self) -> tuple[int, float, float]:
+    def batch_key(self) -> tuple[int, float, float, int | None]:
         """Requests share a batch when they use the same model and the same sampling settings
-        (one `generate` call samples every row alike); prompts, schemas and lengths may differ."""
-        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0
+        (one `generate` call samples every row alike); prompts, schemas and lengths may differ.
+
+        A seeded request is generated alone. On a CPU a row's logits in a batch differ from its
+        lone forward in the last bits, by how many rows the batch has, where the row sits (the
+        threads split the rows), and the left padding a shorter prompt gets: enough to flip a
+        sampled token now and then. Alone, its draws depend on its seed and prompt only, so a
+        training rollout is the same whatever else waits (tests/benchmarks/bench_local_batching.py
+        measures both the differences and what generating alone costs)."""
+        alone = id(self) if self.request.seed is not None else None
+        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0, alone
 
 
 def prepare(
@@ -87,9 +95,10 @@ class GenerationQueue:
     """Every local generation of this process goes through one thread, a batch at a time.
 
     A CPU model reads all its weights once per generated token whatever the batch size, so eight
-    requests that wait together cost little more than one: a training iteration's group of
-    rollouts, or a batch's many steps on the local agent. The thread starts when work arrives,
-    waits `window_s` for the requests that arrive together to gather, then keeps taking batches
+    requests that wait together cost little more than one: a batch's many steps on the local
+    agent. A seeded request (a training rollout's plan) is generated alone: see `Job.batch_key`.
+    The thread starts when work arrives, waits `window_s` for the requests that arrive together
+    to gather, then keeps taking batches
     (up to `max_batch`, oldest first) until nothing waits, and ends.
     """
 
@@ -162,7 +171,7 @@ def _run_batch(jobs: list[Job]) -> None:
     grammars = [j.grammar for j in jobs]
     mask = GrammarMask(grammars, loaded.vocab_size, rows, text_encoder(loaded)) if any(
         grammars) else None
-    options, sampler = sampling.sampling_options(first.request)
+    options, sampler = sampling.sampling_options(first.request, [j.request.seed for j in jobs])
     try:
         with torch.inference_mode():
             out = loaded.model.generate(

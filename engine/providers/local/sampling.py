@@ -20,10 +20,17 @@ class Sampler:
 
     Inverse-CDF sampling (one uniform draw per row, located in the cumulative sum) draws from
     the distribution `torch.multinomial` draws from, at a fraction of its cost on a CPU.
+
+    A row whose request carries a `seed` draws from a generator of its own seeded by it, so its
+    tokens depend on its seed and its logits alone, never on which requests share its batch or
+    in what order (a GRPO rollout is then the same whatever the load); a row without one draws
+    from torch's global generator.
     """
 
-    def __init__(self, temperature: float, top_p: float) -> None:
+    def __init__(self, temperature: float, top_p: float,
+                 seeds: list[int | None] | None = None) -> None:
         self.temperature, self.top_p = temperature, top_p
+        self.generators = row_generators(seeds or [])
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
@@ -31,24 +38,36 @@ class Sampler:
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs = nucleus(probs, self.top_p)
-        tokens = sample_rows(probs)
+        tokens = sample_rows(probs, self.generators)
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, tokens[:, None], 0.0)
         return out
 
 
-def sample_rows(probs: Any) -> Any:
+def row_generators(seeds: list[int | None]) -> list[Any]:
+    """A torch.Generator per seeded row (seeded with it), None for a row without a seed."""
+    import torch
+
+    return [None if s is None else torch.Generator().manual_seed(s % 2**63) for s in seeds]
+
+
+def sample_rows(probs: Any, generators: list[Any] | None = None) -> Any:
     """One token per row of `probs` (rows need not be normalised), by inverse CDF.
 
     `right=True` skips the zero-probability tokens a grammar masked out; the second search is
     the last token with any probability, where a draw that rounds up to the total lands. The
     float32 sum is off by about 1e-7 of the mass, a bias no sampled token's logprob (computed
-    apart, from the raw logits) carries."""
+    apart, from the raw logits) carries. Row r's uniform comes from `generators[r]` when that is
+    set (one draw per row and step, so a seeded row's sequence of draws is its own)."""
     import torch
 
     cdf = probs.float().cumsum(-1)
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
+    for r, g in enumerate(generators or []):
+        if g is not None:
+            u[r, 0] = torch.rand((), dtype=cdf.dtype, generator=g)
+    u = u * total
     token = torch.searchsorted(cdf, u, right=True)
     last = torch.searchsorted(cdf, total, right=False)
     return torch.minimum(token, last)[:, 0]
@@ -66,14 +85,17 @@ def nucleus(probs: Any, top_p: float) -> Any:
     return probs * keep
 
 
-def sampling_options(request: CompletionRequest) -> tuple[dict[str, Any], list[Any]]:
+def sampling_options(
+    request: CompletionRequest, seeds: list[int | None] | None = None,
+) -> tuple[dict[str, Any], list[Any]]:
     """`generate`'s options and the trailing logits processors: greedy for temperature None or
     0; otherwise sampling at the request's temperature and top_p (top-k off, so the sampling
-    distribution is exactly the one described) by `Sampler`, with `generate` itself greedy."""
+    distribution is exactly the one described) by `Sampler`, with `generate` itself greedy.
+    `seeds`, one per row of the batch (the requests' `seed`), seed the rows that have one."""
     if not request.temperature or request.temperature <= 0:
         return {"do_sample": False}, []
     top_p = request.top_p if request.top_p is not None else 1.0
-    return {"do_sample": False}, [Sampler(request.temperature, top_p)]
+    return {"do_sample": False}, [Sampler(request.temperature, top_p, seeds)]
 
 
 def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | None) -> Any:
