@@ -16,6 +16,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
 from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.heartbeat import heartbeating
@@ -24,11 +25,13 @@ from conductor_engine.engine.contracts.records import AgentReply
 from conductor_engine.engine.plan.prompts import agent_messages
 from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
 from conductor_engine.engine.providers.pool import Pool, PoolError
+from conductor_engine.engine.settings import Settings
 
 
 class AgentActivities:
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, settings: Settings | None = None) -> None:
         self.pool = pool
+        self.settings = settings  # where large answers go (activities/answers.py)
 
     @activity.defn(name=AGENT_ACTIVITY)
     async def call_agent(self, req: AgentCallInput) -> AgentReply:
@@ -53,7 +56,7 @@ class AgentActivities:
         )
         started = time.monotonic()
         try:
-            completion = await heartbeating(complete(spec, request))
+            completion = await heartbeating(held_or_called(lambda: complete(spec, request)))
         except AgentCallError as e:
             log.warning("agent call failed", error=e.message, retryable=e.retryable)
             raise to_application_error(e) from e
@@ -62,8 +65,10 @@ class AgentActivities:
             raise
         seconds = time.monotonic() - started
         log.info("agent answered", seconds=round(seconds, 3), tokens=completion.usage.output_tokens)
-        return AgentReply(
+        reply = AgentReply(
             output=completion.text, usage=completion.usage, cost_usd=completion.cost_usd,
             model=completion.model or spec.model, seconds=seconds, attempt=info.attempt,
             citations=completion.citations,
         )
+        await until_storable(reply, self.settings)
+        return reply

@@ -13,6 +13,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.heartbeat import heartbeats
@@ -139,7 +140,7 @@ class PlanActivities:
         )
         started = time.monotonic()
         try:
-            completion = await complete(conductor, request)
+            completion = await held_or_called(lambda: complete(conductor, request))
         except AgentCallError as e:
             failure = _adapter_lost(conductor, e) or e
             log.warning("conductor call failed", error=failure.message,
@@ -163,6 +164,7 @@ class PlanActivities:
         except PlanError as e:
             out.error = str(e)
             log.warning("plan rejected", error=out.error)
+        await until_storable(out, self.settings)
         return out
 
 

@@ -55,7 +55,7 @@ def build_worker(
     `store` the record activity opens the configured trace store on its first trace."""
     preload([pool.conductor, *pool.agents])
     start_code_sandbox(settings)
-    plans, agents = PlanActivities(pool, settings), AgentActivities(pool)
+    plans, agents = PlanActivities(pool, settings), AgentActivities(pool, settings)
     records = RecordActivities(settings, pool, store)
     batches = BatchActivities(settings)
     return Worker(

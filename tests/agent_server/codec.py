@@ -43,6 +43,7 @@ class AgentRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     web_search: bool = False  # the provider's own web search tool was asked for
     hung_up: bool = False  # the client closed the connection before a delayed reply was sent
+    billed: bool = False  # a well-formed 200 answer was written to the client: a provider bills it
 
     @property
     def text(self) -> str:

@@ -123,6 +123,12 @@ class AgentServer:
         with self._lock:
             return sum(1 for r in self._requests if model is None or r.model == model)
 
+    def billed(self, model: str | None = None) -> int:
+        """Well-formed answers written to a client (of `model`, or all): what a provider bills.
+        Errors, malformed bodies and replies the client hung up on are not billed."""
+        with self._lock:
+            return sum(r.billed for r in self._requests if model is None or r.model == model)
+
     def requests(self, model: str | None = None) -> list[AgentRequest]:
         with self._lock:
             return [r for r in self._requests if model is None or r.model == model]
@@ -209,13 +215,21 @@ class AgentServer:
         reply = self._next_reply(request)
         if reply.delay_s > 0 and self._wait(h, request, reply.delay_s):
             return
+        if wire.hung_up(h.connection):  # a responder held it, and the client went away
+            with self._lock:
+                request.hung_up = True
+            h.close_connection = True
+            return
         if reply.body is not None:
             payload: bytes | dict[str, Any] = reply.body
         elif reply.status != 200:
             payload = codec.error(reply.status, reply.text)
         else:
             payload = codec.encode(reply, request)
-        wire.send(h, reply.status, payload, reply.headers)
+        sent = wire.send(h, reply.status, payload, reply.headers)
+        if sent and reply.status == 200 and reply.body is None:
+            with self._lock:
+                request.billed = True
 
     def _lora_call(self, lora_route: vllm.LoraRoute, raw: bytes,
                    key: str | None) -> tuple[int, bytes | dict[str, Any]]:

@@ -72,8 +72,9 @@ def api_key(headers: Mapping[str, str], query: str) -> str | None:
 
 
 def send(h: BaseHTTPRequestHandler, status: int, payload: bytes | dict[str, Any],
-         headers: Mapping[str, str]) -> None:
-    """One JSON reply (`payload` as is when bytes), with any extra headers."""
+         headers: Mapping[str, str]) -> bool:
+    """One JSON reply (`payload` as is when bytes), with any extra headers; False when the
+    client had hung up and the reply could not be written."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     try:
         h.send_response(status)
@@ -83,9 +84,12 @@ def send(h: BaseHTTPRequestHandler, status: int, payload: bytes | dict[str, Any]
             h.send_header(name, value)
         h.end_headers()
         h.wfile.write(data)
+        h.wfile.flush()
     except (BrokenPipeError, ConnectionResetError):
         # The client gave up (its timeout passed while this reply was delayed).
         h.close_connection = True
+        return False
+    return True
 
 
 def hung_up(conn: socket.socket) -> bool:
