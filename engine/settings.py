@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +30,7 @@ from pydantic_settings import SettingsError as _SourceError
 
 from conductor_engine.engine.contracts.names import TASK_QUEUE, TRAINER_TASK_QUEUE
 from conductor_engine.engine.redaction import redact_text
-from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
+from conductor_engine.engine.toml_errors import not_utf8, toml_error, toml_lines, utf8_text
 
 ENV_PREFIX = "CONDUCTOR_"
 DEFAULT_CONFIG = "conductor.toml"
@@ -47,14 +47,41 @@ def config_path() -> tuple[Path, bool]:
     return (Path(named), True) if named else (Path(DEFAULT_CONFIG), False)
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """The line of each top-level key (or table header) of a TOML text, for error messages."""
-    lines: dict[str, int] = {}
-    pattern = re.compile(r"""^\s*\[*\s*["']?([A-Za-z0-9_.-]+)["']?\s*(?:=|\])""")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if (m := pattern.match(line)) is not None:
-            lines.setdefault(m.group(1).split(".")[0], number)
-    return lines
+# CONDUCTOR_* variables that are read, but are no setting: each is read where it is used (and
+# the tests' own), so a Settings load never refuses them. Every other CONDUCTOR_* variable names
+# a setting or is a misspelling of one (tests/unit/test_settings.py keeps this list complete).
+OTHER_VARIABLES = frozenset({
+    f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
+    f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
+    f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
+    f"{ENV_PREFIX}FAULT_TABLE",  # tests/faults/conftest.py
+    f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
+    f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py
+})
+
+
+def _did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """`did you mean 'X'?` for the closest known name (`prefix` put before it, left out of the
+    comparison), else where the settings are listed."""
+    close = difflib.get_close_matches(name.removeprefix(prefix),
+                                      sorted(k.removeprefix(prefix) for k in known), n=1)
+    return f"did you mean {prefix + close[0]!r}?" if close else \
+        "see engine/settings.py for the settings there are"
+
+
+def _check_environment(fields: Iterable[str]) -> None:
+    """A SettingsError for a CONDUCTOR_* variable that is no setting (a misspelling, silently
+    ignored otherwise): one line naming it and the closest variable there is, never its value.
+    Names match without regard to case, as pydantic-settings reads them."""
+    valid = {f"{ENV_PREFIX}{f.upper()}" for f in fields} | OTHER_VARIABLES
+    unknown = sorted(n for n in os.environ if n.upper().startswith(ENV_PREFIX)
+                     and n.upper() not in valid)
+    if unknown:
+        # the prefix, which every name shares, is left out: it would make any two look alike
+        hint = _did_you_mean(unknown[0].upper(), valid, ENV_PREFIX)
+        more = "".join(f"; also unknown: {n}" for n in unknown[1:])
+        raise SettingsError(f"environment variable {unknown[0]}: unknown setting; {hint} (or "
+                            f"unset it){more}")
 
 
 class _ConfigFile(PydanticBaseSettingsSource):
@@ -85,16 +112,15 @@ class _ConfigFile(PydanticBaseSettingsSource):
             self.data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise SettingsError(f"config file {toml_error(self.path, e)}") from None
-        self.lines = _key_lines(text)
+        self.lines = {str(path[0]): line for path, line in toml_lines(text).items()
+                      if len(path) == 1}
         known = list(settings_cls.model_fields)
         unknown = [key for key in self.data if key not in known]
         if unknown:
             key = unknown[0]
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else \
-                "see engine/settings.py for the settings there are"
             more = "".join(f"; also unknown: {k!r} ({self.where(k)})" for k in unknown[1:])
-            raise SettingsError(f"{self.where(key)}: unknown setting {key!r}; {hint}{more}")
+            raise SettingsError(f"{self.where(key)}: unknown setting {key!r}; "
+                                f"{_did_you_mean(key, known)}{more}")
 
     def where(self, key: str) -> str:
         """`FILE:LINE` of a key (`FILE` where the line is not known)."""
@@ -129,7 +155,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     def __init__(self, **values: Any) -> None:
-        """Build the settings; any bad value is a one-line SettingsError naming its source."""
+        """Build the settings; any bad value, or a CONDUCTOR_* variable that is no setting, is
+        a one-line SettingsError naming its source."""
+        _check_environment(type(self).model_fields)
         try:
             super().__init__(**values)
         except ValidationError as e:

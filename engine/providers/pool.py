@@ -30,7 +30,9 @@ from conductor_engine.engine.providers.registry import (
     web_search_providers,
 )
 from conductor_engine.engine.redaction import looks_like_key
-from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
+from conductor_engine.engine.toml_errors import not_utf8, toml_error, toml_lines, utf8_text
+
+MAX_LISTED = 3  # problems a PoolError names; it counts the rest
 
 
 class PoolError(ValueError):
@@ -331,12 +333,18 @@ class Pool(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            first = e.errors()[0]
-            loc = ".".join(str(x) for x in first["loc"])
-            raise PoolError(
-                f"pool file {where} is invalid at {loc or 'top level'}: {first['msg']} "
-                f"({e.error_count()} problem(s) in all)"
-            ) from e
+            lines = toml_lines(text)
+            problems = []
+            for error in e.errors():
+                loc = tuple(error["loc"])
+                line = next((lines[loc[:n]] for n in range(len(loc), 0, -1)
+                             if loc[:n] in lines), None)
+                at = f"{where}:{line}" if line is not None else where
+                field = ".".join(str(x) for x in loc) or "top level"
+                problems.append(f"{at}: invalid at {field}: {error['msg']}")
+            more = "".join(f"; also {p}" for p in problems[1:MAX_LISTED])
+            count = f" ({len(problems)} problems in all)" if len(problems) > MAX_LISTED else ""
+            raise PoolError(f"pool file {problems[0]}{more}{count}") from e
 
     def available(self, env: Mapping[str, str] | None = None) -> list[AgentSpec]:
         """The agents offered to the conductor: those configured here, plus the conductor."""

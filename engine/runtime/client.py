@@ -54,6 +54,7 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.task_lists import put_task_list
+from conductor_engine.engine.tasks.checks import check_storable
 from conductor_engine.engine.tasks.model import Task
 
 if TYPE_CHECKING:
@@ -93,6 +94,13 @@ class RunInfo:
     started: datetime
     closed: datetime | None
     reward: float | None
+
+
+def _check_tasks(tasks: Sequence[Task]) -> None:
+    """ValueError(`field tasks.N.F: why`) for the first task with text that cannot be stored
+    (engine/tasks/checks.py): a task built in Python gets the check a task file's line gets."""
+    for index, task in enumerate(tasks):
+        check_storable(task, f"tasks.{index}")
 
 
 def workflow_id_for(task: Task) -> str:
@@ -162,7 +170,10 @@ class ConductorClient:
         return None
 
     async def submit(self, task: Task, *, workflow_id: str | None = None) -> str:
-        """Start a run and return its workflow id at once."""
+        """Start a run and return its workflow id at once. ValueError (one line, as a task file
+        gets: `field tags.0: holds a NUL character ...`) for a task with text that cannot be
+        stored, before anything starts."""
+        check_storable(task)
         wid = workflow_id or workflow_id_for(task)
         await self.client.start_workflow(
             CONDUCT_WORKFLOW, task, id=wid, task_queue=self.settings.task_queue,
@@ -264,12 +275,15 @@ class ConductorClient:
         it is already running, so watch that one). A finished batch of the same name starts
         again and runs only the tasks that did not complete. The tasks go to the blob store
         first; the workflow's input holds only a reference to them. ValueError (one line) for
-        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py)."""
+        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), or for a task with
+        text that cannot be stored (`field tasks.3.id: holds a NUL character ...`), before
+        anything is written or started."""
         from conductor_engine.workflows.batch import BatchInput
 
         problem = concurrency_error(concurrency)
         if problem:
             raise ValueError(problem)
+        _check_tasks(tasks)
         wid = batch_workflow_id(name)
         listed = await self.put_tasks([t.model_copy(update={"batch": name}) for t in tasks])
         inp = BatchInput(name=name, task_list=listed, concurrency=concurrency, report=report,
@@ -313,10 +327,12 @@ class ConductorClient:
         """Start training run NAME (`train-NAME`); returns its workflow id and whether this
         call started it (False: one is running already). Inline tasks go to the blob store
         first; the workflow's input holds only a reference to them. ValueError (one line) for
-        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py)."""
+        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), or for an inline task
+        with text that cannot be stored, before anything is written or started."""
         problem = concurrency_error(inp.concurrency)
         if problem:
             raise ValueError(problem)
+        _check_tasks(inp.tasks)
         if inp.tasks:
             inp = inp.model_copy(update={"tasks": [], "task_list": await self.put_tasks(inp.tasks)})
         wid = training_workflow_id(inp.name)

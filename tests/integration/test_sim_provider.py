@@ -161,7 +161,9 @@ async def test_the_agent_activity_passes_the_task_and_its_attempt_to_the_sim_age
     env = ActivityEnvironment()
     by_attempt = {}
     for attempt in (1, 2, 3, 4, 5, 6):
-        env.info = dataclasses.replace(env.info, attempt=attempt)
+        # each attempt as one that follows a failed call (a separate activity id here: an
+        # answer a worker received is held for a retry of the same activity, answers.py)
+        env.info = dataclasses.replace(env.info, attempt=attempt, activity_id=f"a{attempt}")
         reply = await env.run(AgentActivities(pool).call_agent, AgentCallInput(
             agent="alpha", question="q", subtask="s", task=info(attempt=1)))
         assert reply.attempt == attempt
@@ -171,6 +173,7 @@ async def test_the_agent_activity_passes_the_task_and_its_attempt_to_the_sim_age
     # an input recorded before the field existed still decodes, and gets a neutral answer
     old = AgentCallInput.model_validate({"agent": "alpha", "question": "q", "subtask": "s"})
     assert old.task is None
+    env.info = dataclasses.replace(env.info, attempt=1, activity_id="old")
     assert "simulated" in (await env.run(AgentActivities(pool).call_agent, old)).output
 
 

@@ -25,7 +25,6 @@ from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
 )
-from conductor_engine.engine.providers.local import batching
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
@@ -39,6 +38,7 @@ from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, Train
 from tests.agent_server import AgentServer, Reply
 from tests.cli import CONDUCTOR
 from tests.conftest import make_pool, running_worker
+from tests.faults.ledger import ROWS, FaultRow
 from tests.plans import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ async def wait_for(handle: WorkflowHandle[Any, Any], check: Any, timeout: float)
 
 @pytest.mark.slow
 async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
-    client: Client, settings: Settings, tiny_policy_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    client: Client, settings: Settings, tiny_policy_dir: Path,
 ) -> None:
     """From chance (about 0.66) to 0.9 of perfect routing (0.8775) on two iterations running,
     on fresh rollouts of a one-layer conductor (tests/tiny_policy.py): 4 groups of 16 an
@@ -137,8 +137,6 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
         rollouts=RolloutConfig(group_size=16, groups_per_update=len(tasks), max_staleness=0,
                                scale_rewards=False),
     )
-    # an iteration's 64 plans in one batch: a tiny model costs little more for 64 rows than 16
-    monkeypatch.setattr(batching.queue, "max_batch", 64)
     inp = TrainInput(name=f"learn-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
                      tasks=tasks, iterations=20, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue)
@@ -387,6 +385,14 @@ async def test_a_trainer_killed_mid_update_is_retried_and_consumes_each_group_on
                if e.HasField("activity_task_started_event_attributes")]
     assert any(e.activity_task_started_event_attributes.attempt >= 2 for e in started), \
         "the killed update ran again"
+    # the fault suite's row (tests/faults/ledger.py): rollouts instead of batch runs; an update
+    # that consumed a rollout twice would count as paid twice, one never consumed as lost
+    consumed = sum(r["n"] for r in rows if r["consumed_by"] is not None)
+    ROWS.append(FaultRow(
+        kind="trainer SIGKILLed mid-update", submitted=16, completed=consumed,
+        lost=16 - consumed, traces_missing=16 - sum(r["n"] for r in rows),
+        note="16 rollouts in 2 updates; the killed update ran again on a new trainer and "
+             "published once (v1, v2); every rollout consumed by exactly one update"))
 
 
 async def _history_events(client: Client, name: str) -> list[Any]:
