@@ -191,11 +191,25 @@ class PolicyRegistry:
         return [(r["workflow_id"], r["run_id"]) for r in rows]
 
 
+UNREACHABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+               asyncpg.exceptions.OperatorInterventionError)
+"""What reading the registry raises while PostgreSQL is down or restarting (no socket, a
+connection the server closed, "the database system is starting up"), as opposed to an answer."""
+
+
 class VersionCache:
     """The newest version of each policy, re-read at most every `ttl_s` seconds.
 
     The plan activity asks this on every plan; a published version reaches new plans within
     `ttl_s` without a database round trip per plan.
+
+    While PostgreSQL cannot be reached (UNREACHABLE), the version read last is served, however
+    old. Why: a pool that follows the newest version (the default) asks this on every plan, so
+    a trace store restarting for 30 s used to fail every plan of that window and, after its
+    retries, the run itself ("planning round 1 failed: [Errno 2] No such file or directory"),
+    though nothing but the version number needs the database, and the version a moment old is
+    the one the plan would have had a moment earlier. With nothing read yet, the error stands
+    (retried by Temporal, with a message that names the registry).
     """
 
     def __init__(self, registry: PolicyRegistry, ttl_s: float = 2.0) -> None:
@@ -208,7 +222,13 @@ class VersionCache:
         hit = self._seen.get(name)
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
-        version = await self.registry.latest_version(name)
+        try:
+            version = await self.registry.latest_version(name)
+        except UNREACHABLE as e:
+            if hit is None:
+                raise OSError(f"cannot read the newest version of policy {name!r} from the "
+                              f"policy registry (PostgreSQL): {type(e).__name__}: {e}") from e
+            return hit[1]  # the last known version; re-read on the next call
         self._seen[name] = (now, version)
         return version
 
