@@ -22,6 +22,7 @@ from temporalio.exceptions import (
     ApplicationError,
     ChildWorkflowError,
     FailureError,
+    RetryState,
     TimeoutError,
 )
 
@@ -62,16 +63,29 @@ SEARCH_ATTRIBUTES_PATCH = "search-attributes"
 DEFAULT_AGENT_TIMEOUT_S = 120.0
 
 
+_GAVE_UP = {
+    RetryState.MAXIMUM_ATTEMPTS_REACHED: "no attempts left (max_step_attempts)",
+    RetryState.TIMEOUT: "its deadline passed (step_deadline_s)",
+}
+
+
 def _cause(error: BaseException) -> str:
-    """The innermost readable reason of an activity or child-workflow failure."""
+    """The innermost readable reason of an activity or child-workflow failure, and why no
+    attempt follows when Temporal gave up retrying: an attempt's own message says "will be
+    retried", which the last one's must not."""
+    gave_up = _GAVE_UP.get(error.retry_state) if isinstance(  # type: ignore[arg-type]
+        error, ActivityError | ChildWorkflowError) else None
     while isinstance(error, FailureError) and error.cause is not None:
         if isinstance(error, TimeoutError):
             break
         error = error.cause
     if isinstance(error, TimeoutError):
         kind = error.type.name.lower().replace("_", "-") if error.type else "timeout"
-        return f"timed out ({kind})"
-    return getattr(error, "message", None) or str(error)
+        reason = f"timed out ({kind})"
+    else:
+        reason = (getattr(error, "message", None) or str(error)).removesuffix(
+            "; will be retried")
+    return f"{reason}; gave up: {gave_up}" if gave_up else reason
 
 
 @workflow.defn(name=CONDUCT_WORKFLOW)

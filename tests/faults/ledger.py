@@ -62,11 +62,12 @@ ROWS: list[FaultRow] = []
 
 
 def clear_reason(error: str | None) -> bool:
-    """One line a person can act on: present, short, no traceback."""
+    """One line a person can act on: present, short, no traceback, and true at the end of the
+    run (a final failure must not say it "will be retried")."""
     if not error or not error.strip():
         return False
     return "\n" not in error.strip() and "Traceback" not in error \
-        and len(error) <= MAX_REASON_CHARS
+        and "will be retried" not in error and len(error) <= MAX_REASON_CHARS
 
 
 def reason_kind(trace: Trace) -> str:

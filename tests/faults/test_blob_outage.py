@@ -30,8 +30,8 @@ from tests.faults.ledger import account
 from tests.faults.proxy import Proxy
 from tests.plans import plan_json
 
-N = 20
-OUTAGE_S = 10.0
+N = 12
+OUTAGE_S = 6.0
 THRESHOLD = 20_000  # bytes: every answer below is larger, so every step result is a blob
 
 

@@ -36,7 +36,7 @@ async def test_a_200_task_batch_in_a_provider_storm_loses_nothing_and_repays_not
     tasks = arith.tasks(name, N)
     started = time.monotonic()
     async with running_worker(client, settings, pool):
-        await conductor.submit_batch(name, tasks, concurrency=50, report=False)
+        await conductor.submit_batch(name, tasks, concurrency=N, report=False)
         await arith.wait_done(conductor, name)
     seconds = time.monotonic() - started
     billed = {m: agent_server.billed(m) for m in arith.MODELS.values()}

@@ -21,7 +21,7 @@ from tests.conftest import make_pool, write_pool
 from tests.faults import arith
 from tests.faults.gate import Gate
 from tests.faults.ledger import account
-from tests.integration.test_worker_restart import start_worker
+from tests.faults.worker_process import start_worker
 
 N = 30
 AGENT_TIMEOUT_S = 3.0  # a call held when the worker died is retried after this
