@@ -47,7 +47,9 @@ class AgentActivities:
                 f"{e}; add it to the worker's pool file", type="UnknownAgent", non_retryable=True
             ) from e
         request = CompletionRequest(
-            messages=agent_messages(req.question, req.subtask, req.visible),
+            messages=agent_messages(req.question, req.subtask, req.visible,
+                                    outer_question=req.outer_question,
+                                    background=req.background),
             temperature=spec.params.temperature,
             top_p=spec.params.top_p,
             max_tokens=spec.params.max_tokens,

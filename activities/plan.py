@@ -27,7 +27,7 @@ from conductor_engine.engine.providers import (
     capabilities,
     complete,
 )
-from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError
 from conductor_engine.engine.providers.serving import (
     LORA_ADAPTER_LOST,
     ensure_lora_adapter,
@@ -118,25 +118,31 @@ class PlanActivities:
         except AgentCallError as e:  # vLLM could not load the version's adapter
             log.warning("conductor version not served", error=e.message, retryable=e.retryable)
             raise to_application_error(e) from e
-        agents = self.pool.available()
+        try:
+            agents = task_agents(self.pool, req.task.agents)
+        except PoolError as e:  # the same on every attempt: fail the run once, saying why
+            raise ApplicationError(str(e), type="UnknownAgent", non_retryable=True) from e
         ids = [a.id for a in agents]
         opts = req.task.options
         json_mode = (conductor.structured_output
                      and capabilities(conductor.provider).structured_output)
+        # the paper's think-then-plan under a schema: the reasoning field comes first, bounded
+        reasoning = conductor.reasoning_max_chars if conductor.plan_form == "reasoning" else None
         request = CompletionRequest(
             messages=conductor_messages(
                 req.task.question, agents, max_steps=opts.max_steps, json_mode=json_mode,
+                reasoning_max_chars=reasoning,
                 context=req.task.context, previous=[(p.plan, p.answer) for p in req.previous],
-                last_error=req.last_error,
+                last_error=req.last_error, outer_question=req.task.outer_question,
             ),
             temperature=opts.temperature,
             top_p=conductor.params.top_p,
             max_tokens=conductor.params.max_tokens,
             json_schema=plan_json_schema(
                 ids, opts.max_steps, allow_empty=req.allow_empty,
-                subtask_max_chars=opts.subtask_max_chars,
+                subtask_max_chars=opts.subtask_max_chars, reasoning_max_chars=reasoning,
             ) if json_mode else None,
-            seed=plan_seed(req, label),
+            seed=plan_seed(req, label) if opts.seeded else None,
         )
         started = time.monotonic()
         try:
@@ -166,6 +172,40 @@ class PlanActivities:
             log.warning("plan rejected", error=out.error)
         await until_storable(out, self.settings)
         return out
+
+
+def task_agents(pool: Pool, wanted: list[str] | None) -> list[AgentSpec]:
+    """The agents a task's conductor is shown and may plan with: the pool's available agents
+    (`Pool.available`: the configured ones, and the conductor when offered), or, when the task
+    names `agents`, exactly those, in the task's order (a user's requirement at inference;
+    training's random subset of the pool per rollout group). PoolError, in one line, for an id
+    the worker cannot offer: a plan naming it could never run here."""
+    available = pool.available()
+    if wanted is None:
+        return available
+    by_id = {a.id: a for a in available}
+    out = []
+    for agent_id in wanted:
+        spec = by_id.get(agent_id)
+        if spec is None:
+            raise PoolError(_unavailable(pool, agent_id, [a.id for a in available]))
+        out.append(spec)
+    return out
+
+
+def _unavailable(pool: Pool, agent_id: str, available: list[str]) -> str:
+    """Why the task's agent `agent_id` cannot be offered by this worker's pool."""
+    offered = f"this worker offers: {', '.join(available)}"
+    if agent_id == pool.conductor.id:
+        return (f"the task's agents name the conductor {agent_id!r}, but the pool does not "
+                f"offer it as an agent (offer_conductor_as_agent = false); {offered}")
+    spec = next((a for a in pool.agents if a.id == agent_id), None)
+    if spec is None:
+        return (f"the task's agents name {agent_id!r}, which this worker's pool does not have; "
+                f"{offered}")
+    need = f"set {spec.api_key_env}" if spec.api_key_env else "give it a base_url"
+    return (f"the task's agents name {agent_id!r}, which this worker's pool has but cannot "
+            f"call ({need}); {offered}")
 
 
 def plan_seed(req: PlanRequest, label: str) -> int:

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.engine.contracts.names import (
         AGENT_ACTIVITY,
+        BASELINE_POLICY,
         CONDUCT_WORKFLOW,
         PLAN_ACTIVITY,
         PROGRESS_QUERY,
@@ -211,6 +212,14 @@ class ConductWorkflow:
         in the paper, a malformed plan scores 0 and no prompt it trains on holds retry
         feedback."""
         opts, last_error = task.options, None
+        if opts.plan is not None and rnd.index == 0:
+            # a baseline's fixed plan (`conductor eval`): no conductor call, recorded as the
+            # plan of policy BASELINE_POLICY so training never mistakes it for a rollout
+            attempt = PlanAttempt(attempt=1, raw_text=opts.plan.to_paper_form(),
+                                  plan=opts.plan, conductor_id=BASELINE_POLICY)
+            rnd.attempts.append(attempt)
+            rnd.plan = opts.plan
+            return attempt
         attempt = PlanAttempt(attempt=0, raw_text="")
         for n in range(1, opts.max_plan_attempts + 1):
             self._details(f"planning · round {rnd.index + 1} · attempt {n}")
@@ -315,6 +324,7 @@ class ConductWorkflow:
                     task_id=task.id, tags=task.tags, reference=task.reference,
                     verifier=task.verifier, sample=task.options.sample,
                 ),
+                outer_question=task.outer_question, background=self._background(task, rec),
             ),
             result_type=AgentReply,
             start_to_close_timeout=timedelta(seconds=timeout),
@@ -330,12 +340,19 @@ class ConductWorkflow:
     async def _self_call(
         self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt
     ) -> None:
-        """The conductor gave a step to itself: plan and run it as a child workflow."""
+        """The conductor gave a step to itself: plan and run it as a child workflow.
+
+        The child's question is the subtask; it also gets the job's question (`outer_question`,
+        the outermost one through nested self-calls), what its step could see (`context`: the
+        parent's background first when the step's access is "all", as for an agent step), and
+        the task's `agents`, so a sub-plan keeps to the agents the task may use."""
         child_id = self_call_id(workflow.info().workflow_id, rec.round, rec.index)
         child = Task(
-            id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask, context=visible,
+            id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask,
+            context=[*self._background(task, rec), *visible],
             depth=task.depth + 1,
-            options=task.options.model_copy(update={"refinement_rounds": 0}),
+            options=task.options.model_copy(update={"refinement_rounds": 0, "plan": None}),
+            outer_question=task.outer_question or task.question, agents=task.agents,
         )
         rec.child_workflow_id = child_id
         res = await workflow.execute_child_workflow(
@@ -350,6 +367,14 @@ class ConductWorkflow:
             return
         rec.output, rec.usage, rec.cost_usd = res.answer, res.totals.usage, res.totals.cost_usd
         rec.model, rec.attempts = "self-call", 1
+
+    @staticmethod
+    def _background(task: Task, rec: StepRecord) -> list[VisibleStep]:
+        """What of the parent's context a step of a self-call's sub-plan may see: all of it
+        for a step whose access is "all" (it may read everything before it, and the parent
+        step's view came before), none otherwise (an explicit list names this plan's steps
+        only). Empty for a user's task, which has no context."""
+        return list(task.context) if rec.access == "all" else []
 
     # --- bookkeeping -----------------------------------------------------------------------
 

@@ -62,7 +62,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
     from conductor_engine.engine.contracts.task_lists import TaskList
-    from conductor_engine.engine.contracts.training import Recipe, UpdateRequest, UpdateResult
+    from conductor_engine.engine.contracts.training import (
+        Recipe,
+        UpdateRequest,
+        UpdateResult,
+        group_agents,
+    )
     from conductor_engine.engine.storage.policies import version_label
     from conductor_engine.engine.tasks.model import Task
     from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
@@ -138,6 +143,13 @@ class TrainInput(BaseModel):
         default=120.0, gt=0, description="a silent trainer is presumed dead after this long"
     )
     progress: TrainProgress = Field(default_factory=TrainProgress)
+    agents: list[str] = Field(
+        default_factory=list,
+        description="the pool's agent ids (as Pool.available lists them, the conductor "
+        "included when offered) that a recipe's random pool subsets are drawn from; the client "
+        "fills it from its pool when training starts. A task that names its own `agents` "
+        "draws from those instead",
+    )
 
 
 def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:
@@ -223,14 +235,18 @@ class TrainingWorkflow:
         rewards: list[float] = []
         valid: list[bool] = []
         left_out: list[LeftOutReason] = []
+        drawn = self._group_agents(inp, tasks)
 
         async def one(task: Task, sample: int) -> None:
             async with slots:
                 await rollout(task, sample)
 
         async def rollout(task: Task, sample: int) -> None:
+            if task.id in drawn:  # the group's agents: one draw per task, shared by its G runs
+                task = task.model_copy(update={"agents": drawn[task.id]})
             update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample,
-                      "result": "summary"}  # the trainer reads the whole run from its trace
+                      "result": "summary",  # the trainer reads the whole run from its trace
+                      "seeded": True}  # the same rollouts whatever the load
             if one_attempt:
                 update["max_plan_attempts"] = 1
             task = task.model_copy(update={"options": task.options.model_copy(update=update)})
@@ -263,6 +279,31 @@ class TrainingWorkflow:
         if rewards:
             stats.mean_reward = sum(rewards) / len(rewards)
             stats.valid_plan_rate = sum(valid) / len(valid)
+
+    def _group_agents(self, inp: TrainInput, tasks: list[Task]) -> dict[str, list[str]]:
+        """Each task's rollout group's agents, where the recipe varies the pool: a random
+        subset (and order) of the pool, or of the task's own `agents`, drawn from (recipe
+        seed, name, iteration, task id) alone (engine/contracts/training.py `group_agents`),
+        so a replay or a rerun draws the same. The rollouts' tasks carry it, so each trace
+        records the agents its conductor was offered (and its recorded prompt shows them)."""
+        cfg = inp.recipe.rollouts
+        if not cfg.varies_pool:
+            return {}
+        out: dict[str, list[str]] = {}
+        for task in tasks:
+            pool = task.agents or inp.agents
+            if not pool:
+                raise ApplicationError(
+                    "the recipe varies the pool (pool_subset_min/max, shuffle_pool) but the "
+                    "training input lists no agents to draw from; start it with `conductor "
+                    "train start` or fill TrainInput.agents from the pool",
+                    type="NoPoolAgents", non_retryable=True,
+                )
+            agents = group_agents(pool, cfg, seed=inp.recipe.seed, name=inp.name,
+                                  iteration=self._progress.iteration, task_id=task.id)
+            if agents is not None:
+                out[task.id] = agents
+        return out
 
     async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:
         p = self._progress

@@ -56,6 +56,16 @@ class AgentCallInput(BaseModel):
         description="the task and rollout (sim agents answer by it; the activity sets attempt); "
         "None in histories from before it existed",
     )
+    outer_question: str | None = Field(
+        default=None,
+        description="in a self-call's sub-plan: the question of the whole job (Task."
+        "outer_question), so the agent answers its part knowing the whole",
+    )
+    background: list[VisibleStep] = Field(
+        default_factory=list,
+        description="in a self-call's sub-plan: what the parent step could see (Task.context), "
+        "granted to a step whose access is \"all\"",
+    )
 
 
 class ScoreRequest(BaseModel):

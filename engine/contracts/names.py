@@ -29,6 +29,9 @@ UPDATE_ACTIVITY = "grpo_update"
 
 # --- workflows, their query and signal ---------------------------------------------------------
 
+BASELINE_POLICY = "baseline"
+"""The policy name a fixed plan's run is recorded under (RunOptions.plan): no trained policy."""
+
 CONDUCT_WORKFLOW = "ConductWorkflow"
 """One conductor run (workflows/conduct.py)."""
 BATCH_WORKFLOW = "BatchWorkflow"

@@ -6,9 +6,11 @@ workflow runs on an ordinary engine worker; only the trainer service loads the m
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class RolloutConfig(BaseModel):
@@ -27,6 +29,34 @@ class RolloutConfig(BaseModel):
     )
     dataset: str | None = Field(default=None, description="only groups of this dataset")
     task_ids: list[str] | None = Field(default=None, description="only these tasks")
+    pool_subset_min: int | None = Field(
+        default=None, ge=1,
+        description="each rollout group plans with a random subset of the pool of at least this "
+        "many agents (None: 1 when a max is given, else the whole pool), as the paper trains "
+        "so the conductor adapts to any set of agents",
+    )
+    pool_subset_max: int | None = Field(
+        default=None, ge=1,
+        description="at most this many agents in a group's subset (None: the whole pool)",
+    )
+    shuffle_pool: bool = Field(
+        default=False,
+        description="show each group its agents in a random order, not the pool file's: no "
+        "bias for whichever agent comes first",
+    )
+
+    @model_validator(mode="after")
+    def _subset_bounds(self) -> RolloutConfig:
+        lo, hi = self.pool_subset_min, self.pool_subset_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"pool_subset_min ({lo}) is greater than pool_subset_max ({hi})")
+        return self
+
+    @property
+    def varies_pool(self) -> bool:
+        """Whether rollout groups get their own agents (a subset, or an order) at all."""
+        return self.shuffle_pool or self.pool_subset_min is not None \
+            or self.pool_subset_max is not None
 
 
 class LossConfig(BaseModel):
@@ -120,3 +150,37 @@ class UpdateResult(BaseModel):
         description="runs of the chosen groups not trained on, by reason (contracts/rollouts.py)")
     step: StepMetrics | None = None
     seconds: float = 0.0
+
+
+def group_agents(
+    pool: Sequence[str], cfg: RolloutConfig, *, seed: int, name: str, iteration: int,
+    task_id: str,
+) -> list[str] | None:
+    """The agents one rollout group plans with (Task.agents), or None for the whole pool in
+    its own order (the recipe varies nothing, or no pool is known).
+
+    A subset of `pool` of a size in [pool_subset_min, pool_subset_max] (clamped to the pool),
+    in the pool's order, or in a random one with `shuffle_pool`. Every rollout of the group
+    gets the same agents, so GRPO's advantages compare plans made with the same choice. The
+    draw is a pure function of (recipe seed, training name, iteration, task id), from SHA-256
+    rather than `random`, whose methods other than random() may change between Python
+    versions: a replay, a rerun and a resumed run draw the same subsets on any worker."""
+    if not cfg.varies_pool or not pool:
+        return None
+    key = "\x1f".join(map(str, ("pool", seed, name, iteration, task_id)))
+
+    def draw(*what: object) -> int:
+        text = "\x1f".join(map(str, (key, *what)))
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+    n = len(pool)
+    hi = min(cfg.pool_subset_max or n, n)
+    lo = min(cfg.pool_subset_min or (1 if cfg.pool_subset_max is not None else n), hi)
+    size = lo + draw("size") % (hi - lo + 1)
+    # the `size` agents of smallest draw: a uniform subset; their draw order, a uniform order
+    ranked = sorted(pool, key=lambda agent: (draw("agent", agent), agent))
+    chosen = ranked[:size]
+    if cfg.shuffle_pool:
+        return chosen
+    picked = set(chosen)
+    return [agent for agent in pool if agent in picked]

@@ -6,9 +6,18 @@ Two forms are accepted. The paper's form is free reasoning followed by three Pyt
     subtasks = ["Solve the problem.", "Check the solution and give the final answer."]
     access_list = [[], "all"]
 
-The JSON form (what constrained decoding produces) is `{"steps": [{"agent", "subtask",
-"access"}, ...]}` or just the list of step objects. Access entries are `"all"` (every earlier
-step), `[]` (none) or a list of 0-based indices of earlier steps.
+The labels may be spaced or cased as people write them (`model ids =`, `Access_List =`,
+`sub tasks =`). The JSON form (what constrained decoding produces) is `{"reasoning": "...",
+"steps": [{"agent", "subtask", "access"}, ...]}` (the reasoning first, as the paper's conductor
+thinks before it plans; the parser ignores it), `{"steps": [...]}` (the bare form) or just the
+list of step objects. When a reply holds both forms, the plan is the form it ends with (a JSON
+plan that ends after the last list assignment starts wins), so lists quoted inside a JSON
+reasoning string, or drafts before the final lists, never override it.
+
+An agent is named by its id or by its number in the pool as the conductor was shown it (an
+integer or a string of digits, counted from 0 like the steps). Access entries are `"all"`,
+`["all"]` or any list containing "all" (every earlier step: the paper's Figure 2 writes
+`[[], ["all"]]`), `[]` (none) or a list of 0-based indices of earlier steps.
 
 Every failure raises PlanError with a message that says exactly what is wrong: that text is
 recorded in the run, shown to the conductor on its next attempt, and scores 0 as a reward.
@@ -31,6 +40,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 DEFAULT_MAX_STEPS = 5
+
+PlanForm = Literal["reasoning", "bare"]
+"""How a conductor answers under constrained decoding: a JSON object whose first field is its
+free-text reasoning, then the steps (the paper's think-then-plan), or the bare steps."""
+
+REASONING_KEY = "reasoning"
+DEFAULT_REASONING_MAX_CHARS = 2000
+"""The default bound on the reasoning before a JSON plan: room for a paragraph of thought
+(about 500 tokens), short enough to leave the plan most of a typical token budget."""
 
 Access = Literal["all"] | list[int]
 
@@ -109,7 +127,13 @@ _THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 # a fence line: [ \t] never crosses a line, so each line is looked at once
 _FENCE = re.compile(r"^[ \t]*```[A-Za-z0-9_-]*[ \t]*$", re.MULTILINE)
 _LIST_NAMES = ("model_id", "subtasks", "access_list")
-_ASSIGN = re.compile(r"\b(model_id|subtasks|access_list)\s*[:=]\s*(?=\[)")
+# The three labels however people space or case them (`model ids`, `Access_List`, `sub tasks`):
+# each optional part is one character or one letter, so a failed match costs a few steps.
+_ASSIGN = re.compile(
+    r"\b(model[ \t_-]?ids?|sub[ \t_-]?tasks?|access[ \t_-]?lists?)\s*[:=]\s*(?=\[)",
+    re.IGNORECASE,
+)
+_LABEL_NAMES = {"mod": "model_id", "sub": "subtasks", "acc": "access_list"}
 _JSON_START = re.compile(r"\{[ \t\r\n]*\"|\[[ \t\r\n]*\{")
 
 
@@ -243,16 +267,22 @@ def _literal(name: str, source: str, problem: str | None) -> list[Any]:
 # --- the two forms ---------------------------------------------------------------------------
 
 
-def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
-    """The three lists; later assignments win, since reasoning may show drafts. Each literal
-    is scanned once: an assignment inside an earlier literal is part of it, not a new one."""
+Lists = dict[str, list[Any]]
+
+
+def _parse_list_form(text: str) -> tuple[Lists | PlanError, int] | None:
+    """The three lists, or the error that says why they are not a plan, with where the last
+    assignment read starts (to tell which form the reply ends with); None when there is no
+    assignment. Later assignments win, since reasoning may show drafts. Each literal is scanned
+    once: an assignment inside an earlier literal is part of it, not a new one."""
     found: dict[str, list[Any] | PlanError] = {}
-    pos = 0
+    pos = last = 0
     while (m := _ASSIGN.search(text, pos)) is not None:
-        name = m.group(1)
+        name = _LABEL_NAMES[m.group(1)[:3].lower()]
+        last = m.start()
         end, problem = _scan_literal(text, m.end())
         if end is None:  # it swallowed the rest of the reply
-            raise PlanError(f"{name} opens a list that is never closed")
+            return PlanError(f"{name} opens a list that is never closed"), last
         try:
             found[name] = _literal(name, text[m.end():end], problem)
         except PlanError as e:
@@ -262,22 +292,23 @@ def _parse_list_form(text: str) -> dict[str, list[Any]] | None:
         return None
     missing = [n for n in _LIST_NAMES if n not in found]
     if missing:
-        raise PlanError(
+        return PlanError(
             f"missing {', '.join(missing)}; write all three lists: model_id = [...], "
             f"subtasks = [...], access_list = [...]"
-        )
-    lists: dict[str, list[Any]] = {}
+        ), last
+    lists: Lists = {}
     for name in _LIST_NAMES:
         value = found[name]
         if isinstance(value, PlanError):
-            raise value
+            return value, last
         lists[name] = value
-    return lists
+    return lists, last
 
 
-def _json_candidates(text: str) -> Iterator[Any]:
-    """The values of the last MAX_JSON_CANDIDATES places where an object (`{"`) or a list of
-    objects (`[{`) starts and decodes, last first, decoded one at a time as they are asked for.
+def _json_candidates(text: str) -> Iterator[tuple[Any, int]]:
+    """The values (with where each ends) of the last MAX_JSON_CANDIDATES places where an
+    object (`{"`) or a list of objects (`[{`) starts and decodes, last first, decoded one at a
+    time as they are asked for.
     Trying every `[` and `{` (as this once did) read the rest of the text from each: quadratic
     on a run of brackets."""
     starts: deque[int] = deque(maxlen=MAX_JSON_CANDIDATES)
@@ -287,14 +318,16 @@ def _json_candidates(text: str) -> Iterator[Any]:
     decoder = json.JSONDecoder(strict=False)
     for i in reversed(starts):
         try:
-            value, _ = decoder.raw_decode(text, i)
+            value, end = decoder.raw_decode(text, i)
         except (ValueError, RecursionError):  # JSONDecodeError; nesting past the C stack guard
             continue
-        yield value
+        yield value, end
 
 
-def _parse_json_form(text: str) -> dict[str, list[Any]] | None:
-    for value in _json_candidates(text):
+def _parse_json_form(text: str) -> tuple[Lists, int] | None:
+    """The last JSON plan in the text, and where it ends. Keys other than "steps" (the
+    "reasoning" the conductor writes first) are ignored."""
+    for value, end in _json_candidates(text):
         steps = value.get("steps") if isinstance(value, dict) else value
         if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
             if isinstance(value, list) and not steps:
@@ -303,8 +336,25 @@ def _parse_json_form(text: str) -> dict[str, list[Any]] | None:
                 "model_id": [s.get("agent", s.get("model_id", s.get("model"))) for s in steps],
                 "subtasks": [s.get("subtask", s.get("task")) for s in steps],
                 "access_list": [s.get("access", s.get("access_list", "all")) for s in steps],
-            }
+            }, end
     return None
+
+
+def _plan_lists(text: str) -> Lists | None:
+    """The plan the reply ends with, in either form; None when it holds neither.
+
+    A JSON plan that ends after the last list assignment starts wins: lists the conductor
+    quoted inside its JSON "reasoning" string (the reasoning-first form) are thoughts, not the
+    plan, even when they are broken. Otherwise the list form decides, its error included: a
+    JSON draft in the reasoning never stands in for broken final lists."""
+    listed, in_json = _parse_list_form(text), _parse_json_form(text)
+    if in_json is not None and (listed is None or in_json[1] > listed[1]):
+        return in_json[0]
+    if listed is None:
+        return None
+    if isinstance(listed[0], PlanError):
+        raise listed[0]
+    return listed[0]
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -332,8 +382,8 @@ def _validate(
         agent = _agent_id(agent, agent_ids, where)
         if agent_ids is not None and agent not in agent_ids:
             raise PlanError(
-                f"{where}: unknown agent {_show(agent)}; "
-                f"choose one of: {', '.join(sorted(agent_ids))}"
+                f"{where}: unknown agent {_show(agent)}; choose one of (by id or number): "
+                f"{', '.join(f'{n} {a}' for n, a in enumerate(agent_ids))}"
             )
         if not isinstance(subtask, str) or not subtask.strip():
             raise PlanError(
@@ -344,7 +394,13 @@ def _validate(
 
 
 def _agent_id(agent: Any, agent_ids: Sequence[str] | None, where: str) -> str:
-    """An agent named by id, or by its position in the pool listing (the paper's integers)."""
+    """An agent named by id, or by its number in the pool listing (the paper's integers; the
+    listing numbers from 0, like the steps), written as an integer or a string of digits. An
+    id made of digits is that agent, never a number: an id always means what it says."""
+    if isinstance(agent, str) and agent_ids is not None:
+        name = agent.strip()
+        if name not in agent_ids and name.isascii() and name.isdigit() and len(name) < 10:
+            agent = int(name)
     if type(agent) is int and agent_ids is not None:
         if not 0 <= agent < len(agent_ids):
             raise PlanError(
@@ -357,8 +413,15 @@ def _agent_id(agent: Any, agent_ids: Sequence[str] | None, where: str) -> str:
     return agent.strip()
 
 
+def _is_all(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "all"
+
+
 def _access(acc: Any, index: int, where: str) -> Access:
-    if acc == "all":
+    """One step's access entry. "all", ["all"] and any list that contains "all" are every
+    earlier step: the paper's Figure 2 writes `["all"]`, and a list that grants everything
+    and some steps besides still grants everything."""
+    if _is_all(acc) or (isinstance(acc, list) and any(_is_all(j) for j in acc)):
         return "all"
     if not isinstance(acc, list) or not all(type(j) is int for j in acc):
         raise PlanError(
@@ -389,7 +452,7 @@ def parse_plan(
     """
     cleaned, cut = _clean(text)
     try:
-        lists = _parse_list_form(cleaned) or _parse_json_form(cleaned)
+        lists = _plan_lists(cleaned)
         if lists is None:
             where = f" within its last {MAX_PLAN_CHARS:,} characters" if cut else ""
             raise PlanError(
@@ -412,12 +475,19 @@ def plan_json_schema(
     *,
     allow_empty: bool = False,
     subtask_max_chars: int | None = None,
+    reasoning_max_chars: int | None = None,
 ) -> dict[str, Any]:
     """JSON schema of the JSON form, for backends that constrain decoding to a schema.
 
     Steps are listed position by position (`prefixItems`) so that step i's access list can
     only name steps 0..i-1: under constrained decoding every plan is then valid by
     construction, not only well-formed.
+
+    With `reasoning_max_chars` the object's first property is a free-text "reasoning" string of
+    at most that many characters, then "steps": decoders write properties in schema order, so
+    the conductor thinks before it plans, as in the paper, and the bound keeps the thinking
+    from eating the token budget the plan needs. None gives the bare form ({"steps": [...]}),
+    the fewest tokens, for conductors too small to gain from reasoning.
     """
     subtask: dict[str, Any] = {"type": "string", "minLength": 8}  # a real instruction
     if subtask_max_chars:
@@ -443,17 +513,19 @@ def plan_json_schema(
             "additionalProperties": False,
         }
 
+    properties: dict[str, Any] = {}
+    if reasoning_max_chars is not None:
+        properties[REASONING_KEY] = {"type": "string", "maxLength": reasoning_max_chars}
+    properties["steps"] = {
+        "type": "array",
+        "minItems": 0 if allow_empty else 1,
+        "maxItems": max_steps,
+        "prefixItems": [step(i) for i in range(max_steps)],
+        "items": False,
+    }
     return {
         "type": "object",
-        "properties": {
-            "steps": {
-                "type": "array",
-                "minItems": 0 if allow_empty else 1,
-                "maxItems": max_steps,
-                "prefixItems": [step(i) for i in range(max_steps)],
-                "items": False,
-            }
-        },
-        "required": ["steps"],
+        "properties": properties,
+        "required": list(properties),
         "additionalProperties": False,
     }

@@ -23,7 +23,7 @@ LIST_FORMAT = """\
 Think briefly about the task, then end your reply with exactly three Python lists of equal
 length, one entry per step, steps numbered from 0:
 
-model_id = [...]     # which model does each step (ids from the pool)
+model_id = [...]     # which model does each step (its id or its number in the pool)
 subtasks = [...]     # the instruction for each step, in plain language
 access_list = [...]  # which earlier steps each step may read: "all", [] for none,
                      # or a list of earlier step numbers such as [0, 2]
@@ -34,6 +34,14 @@ JSON_FORMAT = """\
 Reply with a JSON object {{"steps": [...]}}: at most {max_steps} step objects, each with
 "agent" (a model id from the pool), "subtask" (the instruction) and "access" ("all", [] for
 none, or a list of earlier step numbers counted from 0). A step may read only earlier steps."""
+
+REASONING_JSON_FORMAT = """\
+Reply with a JSON object {{"reasoning": "...", "steps": [...]}}. First think in "reasoning"
+(at most {reasoning_max_chars} characters): what the task needs, which models in the pool suit
+which parts, and whether splitting the work helps. Then give "steps": at most {max_steps} step
+objects, each with "agent" (a model id from the pool), "subtask" (the instruction, as detailed
+as the model needs) and "access" ("all", [] for none, or a list of earlier step numbers counted
+from 0). A step may read only earlier steps."""
 
 EXAMPLES = """\
 Example 1. Task: "What is 17 * 24?"
@@ -55,7 +63,16 @@ access_list = [[], [], [0, 1]]"""
 
 
 def pool_listing(agents: Sequence[AgentSpec]) -> str:
-    return "\n".join(f"- {a.id}: {a.description or a.model}" for a in agents)
+    """The pool as the conductor sees it: each agent numbered, with its id and description.
+
+    Numbered from 0, as the paper numbers its workers, because everything else the conductor
+    counts starts at 0 too: the plan is Python lists, and steps in access lists are 0-based.
+    One counting rule means a number in model_id is never off by one. parse_plan maps number n
+    to the n-th agent given here, so its caller passes the ids in this same order.
+    """
+    return "\n".join(
+        f"{n}. {a.id}: {a.description or a.model}" for n, a in enumerate(agents)
+    )
 
 
 def conductor_messages(
@@ -64,18 +81,32 @@ def conductor_messages(
     *,
     max_steps: int,
     json_mode: bool,
+    reasoning_max_chars: int | None = None,
     context: Sequence[VisibleStep] = (),
     previous: Sequence[tuple[Plan, str]] = (),
     last_error: str | None = None,
+    outer_question: str | None = None,
 ) -> list[Message]:
     """The conductor's prompt for one plan attempt.
 
     `previous` holds (plan, final answer) of earlier rounds, for a refinement round; an empty
     plan then keeps the last answer. `last_error` is why the previous attempt did not parse.
+    With `json_mode`, a `reasoning_max_chars` asks for the reasoning-first JSON object (the
+    reasoning field of plan_json_schema); None asks for the bare {"steps": [...]}. The
+    free-text form always asks the conductor to think first, then write the lists.
+    A self-call's sub-plan gets `outer_question` (the whole job) and `context` (what its step
+    could see), so the conductor plans the part knowing the whole.
     """
     ids = [a.id for a in agents]
     a, b = ids[0], ids[1] if len(ids) > 1 else ids[0]
-    fmt = (JSON_FORMAT if json_mode else LIST_FORMAT).format(max_steps=max_steps)
+    if not json_mode:
+        fmt = LIST_FORMAT.format(max_steps=max_steps)
+    elif reasoning_max_chars is None:
+        fmt = JSON_FORMAT.format(max_steps=max_steps)
+    else:
+        fmt = REASONING_JSON_FORMAT.format(
+            max_steps=max_steps, reasoning_max_chars=reasoning_max_chars
+        )
     system = "\n\n".join(
         [
             CONDUCTOR_ROLE,
@@ -85,6 +116,9 @@ def conductor_messages(
         ]
     ).strip()
     parts = []
+    if outer_question:  # a self-call: plan the part, knowing the whole
+        parts.append("The overall job (for context; plan only the task below, which is one "
+                      f"part of it):\n{outer_question}")
     if context:
         parts.append("Background from the larger job this task belongs to:\n" + _steps(context))
     parts.append(f"Task:\n{question}")
@@ -109,10 +143,22 @@ def _steps(steps: Sequence[VisibleStep]) -> str:
 
 
 def agent_messages(
-    question: str, subtask: str, visible: Sequence[VisibleStep]
+    question: str, subtask: str, visible: Sequence[VisibleStep],
+    *, outer_question: str | None = None, background: Sequence[VisibleStep] = (),
 ) -> list[Message]:
-    """An agent's prompt: the overall task, what it may see of earlier steps, its subtask."""
-    parts = [f"You are one member of a team working on this task:\n{question}"]
+    """An agent's prompt: the overall task, what it may see of earlier steps, its subtask.
+
+    In a self-call's sub-plan, `outer_question` is the job the sub-plan's task is part of, so
+    the agent answers its subtask in that context, and `background` is the parent step's view
+    (granted to steps whose access is "all"; workflows/conduct.py)."""
+    if outer_question:
+        parts = [f"You are one member of a team working on this job:\n{outer_question}",
+                 f"The team's current part of the job:\n{question}"]
+    else:
+        parts = [f"You are one member of a team working on this task:\n{question}"]
+    if background:
+        parts.append("Background from earlier work on the job that you may use:\n"
+                     + _steps(background))
     if visible:
         parts.append("Work done so far by other members that you may use:\n" + _steps(visible))
     parts.append(f"Your subtask:\n{subtask}")

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from conductor_engine.engine.plan.language import DEFAULT_REASONING_MAX_CHARS, PlanForm
 from conductor_engine.engine.providers.registry import (
     ProviderName,
     capabilities,
@@ -179,6 +180,18 @@ class AgentSpec(BaseModel):
     structured_output: bool = Field(
         default=True,
         description="ask for the plan as constrained JSON where the backend supports it",
+    )
+    plan_form: PlanForm = Field(
+        default="reasoning",
+        description="conductor, under constrained JSON: 'reasoning' (the paper's form) writes "
+        'free-text reasoning first, {"reasoning": ..., "steps": [...]}, then the plan; '
+        "'bare' writes only {\"steps\": [...]}, the cheapest in tokens, for tiny conductors "
+        "with a small max_tokens. A conductor answering in free text always reasons first",
+    )
+    reasoning_max_chars: int = Field(
+        default=DEFAULT_REASONING_MAX_CHARS, ge=1, le=20_000,
+        description="conductor, plan_form 'reasoning': the longest reasoning the JSON schema "
+        "admits before the plan (keep it well inside params.max_tokens)",
     )
     policy_version: str = Field(
         default="latest", pattern=r"^(base|latest|v?[0-9]+)$",

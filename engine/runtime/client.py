@@ -327,11 +327,17 @@ class ConductorClient:
         """Start training run NAME (`train-NAME`); returns its workflow id and whether this
         call started it (False: one is running already). Inline tasks go to the blob store
         first; the workflow's input holds only a reference to them. ValueError (one line) for
-        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), or for an inline task
-        with text that cannot be stored, before anything is written or started."""
+        a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), for an inline task
+        with text that cannot be stored, or for a recipe that varies the pool with no agents
+        to draw from, before anything is written or started."""
         problem = concurrency_error(inp.concurrency)
         if problem:
             raise ValueError(problem)
+        if (inp.recipe.rollouts.varies_pool and not inp.from_traces and not inp.agents
+                and not all(t.agents for t in inp.tasks)):
+            raise ValueError("the recipe varies the pool (pool_subset_min/max, shuffle_pool) "
+                             "but no agents to draw from were given: set TrainInput.agents "
+                             "to the pool's agent ids (Pool.available)")
         _check_tasks(inp.tasks)
         if inp.tasks:
             inp = inp.model_copy(update={"tasks": [], "task_list": await self.put_tasks(inp.tasks)})

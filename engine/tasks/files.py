@@ -7,7 +7,9 @@ A JSONL task file holds one JSON object per line:
 
 Only `question` is required. `answer` (or its alias `reference`) becomes `Task.reference` and may
 be a number; `id` may be a number; `dataset` defaults to the file's stem; `options` overrides
-RunOptions fields; other keys are ignored (datasets carry metadata). Blank lines are skipped.
+RunOptions fields; `agents` (a list of pool ids) limits the run to those agents, shown to the
+conductor in that order (an id the worker's pool lacks fails the run at its first plan); other
+keys are ignored (datasets carry metadata). Blank lines are skipped.
 
 A bad line never stops the load: it is reported as a TaskLineError with its line number (1-based;
 for a Hugging Face dataset, the 0-based row index) and, where one field is at fault, the field
@@ -91,6 +93,7 @@ class _Record(BaseModel):
     tags: list[StrictStr] = Field(default_factory=list)
     dataset: StrictStr | None = None
     options: RunOptions | None = None
+    agents: list[StrictStr] | None = None
 
 
 class _Problem(Exception):
@@ -132,11 +135,15 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
         raise _Problem(f"field verifier: unknown {name!r}; valid: {', '.join(VERIFIERS)}")
     answer = rec.answer if rec.answer is not None else rec.reference
     ds = rec.dataset or dataset
-    return Task(
-        id=str(rec.id) if rec.id is not None else derived_id(ds, rec.question),
-        question=rec.question, reference=None if answer is None else str(answer),
-        verifier=name, dataset=ds, tags=rec.tags, options=rec.options or RunOptions(),
-    )
+    try:  # the Task's own rules (distinct, non-empty `agents`), as a line error
+        return Task(
+            id=str(rec.id) if rec.id is not None else derived_id(ds, rec.question),
+            question=rec.question, reference=None if answer is None else str(answer),
+            verifier=name, dataset=ds, tags=rec.tags, options=rec.options or RunOptions(),
+            agents=rec.agents,
+        )
+    except PydanticValidationError as exc:
+        raise _Problem(_describe(exc)) from exc
 
 
 def _collect(rows: Iterable[tuple[int, Any]], path: str, dataset: str,
@@ -308,7 +315,7 @@ def parse_hf_source(source: str) -> tuple[str, str | None, str | None]:
 
 def load_tasks(source: str, **kw: Any) -> TaskFile:
     """`hf:NAME[:CONFIG][@SPLIT]` → `load_hf`; anything else is a JSONL path → `load_jsonl`.
-    Keyword arguments go to the loader."""
+    Keyword arguments go to the loader. (engine/tasks/sources.py adds the benchmark shapes.)"""
     if source.startswith(HF_PREFIX):
         name, config, split = parse_hf_source(source)
         if config is not None:

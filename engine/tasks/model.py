@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from conductor_engine.engine.plan.language import DEFAULT_MAX_STEPS
+from conductor_engine.engine.plan.language import DEFAULT_MAX_STEPS, Plan
 from conductor_engine.engine.rewards import RewardWeights
 
 
@@ -36,8 +36,10 @@ class RunOptions(BaseModel):
         description="how long recording the trace is retried while the trace store is down",
     )
     subtask_max_chars: int = Field(
-        default=400, ge=8, le=4000,
-        description="longest subtask the conductor may write under constrained decoding",
+        default=2000, ge=8, le=4000,
+        description="longest subtask the conductor may write under constrained decoding: room "
+        "for the detailed instructions the paper credits (20 steps of the most still fit the "
+        "parser's window)",
     )
     policy_version: str | None = Field(
         default=None, pattern=r"^(base|latest|v?[0-9]+)$",
@@ -53,6 +55,19 @@ class RunOptions(BaseModel):
         description="what the run returns: the whole RunResult, or its summary (set by the "
         "batch and training workflows on their children: RunResult.summary); self-calls "
         "always return whole",
+    )
+    seeded: bool = Field(
+        default=False,
+        description="sample each plan from a seed fixed by the task, sample, policy version, "
+        "round and attempt, so the plan is the same whatever else the backend generates "
+        "beside it (training rollouts: the curve does not depend on load). The local "
+        "conductor then generates the plan alone, not batched with others",
+    )
+    plan: Plan | None = Field(
+        default=None,
+        description="a fixed plan: the run executes it instead of asking the conductor (the "
+        "baselines of `conductor eval`: one agent alone, Mixture-of-Agents, a random plan, a "
+        "fixed chain); its trace is recorded under the policy 'baseline', never trained on",
     )
 
 
@@ -80,3 +95,26 @@ class Task(BaseModel):
         default_factory=list, description="what a self-call's parent step could see"
     )
     depth: int = Field(default=0, ge=0, description="0 for a user's task, +1 per self-call")
+    agents: list[str] | None = Field(
+        default=None, min_length=1,
+        description="the agents this task may use, in the order the conductor is shown them; "
+        "None = the whole pool (a user's requirement at inference; training's random subset "
+        "of the pool per rollout group, which the trace records with the task)",
+    )
+    outer_question: str | None = Field(
+        default=None,
+        description="the question of the job a self-call's subtask belongs to (the outermost "
+        "one, through nested self-calls); None for a user's task. The child's conductor and "
+        "agents see it, so a subtask is never planned or answered out of its context",
+    )
+
+    @field_validator("agents")
+    @classmethod
+    def _distinct_agents(cls, agents: list[str] | None) -> list[str] | None:
+        """An agent listed twice would be shown to the conductor twice: refuse it here, with
+        the id, rather than let the plan prompt carry a duplicated pool."""
+        if agents is not None:
+            repeated = sorted({a for a in agents if agents.count(a) > 1})
+            if repeated:
+                raise ValueError(f"agents must be distinct; repeated: {', '.join(repeated)}")
+        return agents

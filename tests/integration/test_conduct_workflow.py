@@ -205,3 +205,90 @@ async def test_a_conductor_that_cannot_be_called_fails_the_run_with_the_reason(
         with pytest.raises(RunFailed, match=r"planning round 1 failed: .*conductor.*not found"):
             await conductor.run(Task(question="q"))
     assert agent_server.calls("conductor") == 1, "a 404 is not retried"
+
+
+async def test_a_task_with_agents_plans_with_only_those_and_rejects_a_plan_naming_another(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings
+) -> None:
+    agent_server.script("conductor", [
+        Reply.ok(plan_json(("gpt", "Answer.", []))),     # gpt is in the pool, not the task's
+        Reply.ok(plan_json(("claude", "Answer.", []))),
+    ])
+    agent_server.script("claude", [Reply.ok("42")])
+    async with running_worker(client, settings, make_pool(agent_server)):
+        res = await conductor.run(Task(question="q", agents=["gemini", "claude"]))
+    assert res.status == "completed" and res.answer == "42"
+    first, second = res.rounds[0].attempts
+    assert first.plan is None and "gpt" in (first.error or "")
+    assert second.plan is not None and agent_server.calls("gpt") == 0
+    system = agent_server.requests("conductor")[0].system
+    assert "gpt" not in system and "OpenAI wire format" not in system
+    assert system.index("Gemini wire format") < system.index("Anthropic wire format")
+    assert set(second.agent_timeouts) == {"gemini", "claude"}
+
+
+async def test_an_unknown_agent_in_a_tasks_agents_fails_the_run_once_with_one_clear_line(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings
+) -> None:
+    async with running_worker(client, settings, make_pool(agent_server)):
+        with pytest.raises(RunFailed) as info:
+            await conductor.run(Task(question="q", agents=["gpt", "mistral"]))
+        history = await client.get_workflow_handle(info.value.workflow_id).fetch_history()
+    reason = info.value.reason
+    assert "'mistral', which this worker's pool does not have" in reason, reason
+    assert "gpt, claude, gemini, conductor" in reason and "\n" not in reason
+    assert agent_server.calls("conductor") == 0
+    plans = [e for e in history.events if e.HasField("activity_task_started_event_attributes")
+             and e.activity_task_started_event_attributes.attempt > 1]
+    assert not plans, "a non-retryable error: one attempt"
+
+
+def _nested_self_calls(prompt: str) -> str:
+    """The parent: a note, a self-call that may read it, a comparison. The child: a step with
+    no access, a deeper self-call and a step with access "all". The grandchild: one step."""
+    if "Task:\nGo deeper." in prompt:
+        return plan_json(("gpt", "Check 2^10.", []))
+    if "Task:\nFind the two numbers." in prompt:
+        return plan_json(("gemini", "Compute 2^10.", []), ("conductor", "Go deeper.", "all"),
+                         ("claude", "Compute 10^3 and list both.", "all"))
+    return plan_json(("gpt", "Note what ^ means.", []),
+                     ("conductor", "Find the two numbers.", "all"), ("claude", "Compare.", "all"))
+
+
+async def test_a_self_call_child_plans_and_works_knowing_the_original_question_and_context(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings
+) -> None:
+    question = "Which is larger, 2^10 or 10^3?"
+    agent_server.set_responder("conductor", _nested_self_calls)
+    agent_server.set_responder("gpt", lambda p: "checked" if "Check 2^10." in p
+                               else "NOTE: ^ means power")
+    agent_server.set_responder("gemini", lambda _: "2^10 = 1024")
+    agent_server.set_responder("claude", lambda p: "1024 and 1000" if "Compute 10^3" in p
+                               else "1024 is larger")
+    async with running_worker(client, settings, make_pool(agent_server)):
+        res = await conductor.run(Task(question=question))
+    assert res.status == "completed" and res.answer == "1024 is larger"
+    assert res.steps[1].child_workflow_id and res.steps[1].output == "1024 and 1000"
+
+    plans = {r.text.split("Task:\n")[-1].split("\n")[0]: r.text
+             for r in agent_server.requests("conductor")}
+    child, grandchild = plans["Find the two numbers."], plans["Go deeper."]
+    # the child's conductor: the overall job, then its background, then the part to plan
+    assert child.index(question) < child.index("NOTE: ^ means power") < \
+        child.index("Task:\nFind the two numbers.")
+    # nested: the outermost question, and the background its "all" step could see
+    assert f"The overall job (for context; plan only the task below, which is one part of " \
+           f"it):\n{question}" in grandchild
+    assert "NOTE: ^ means power" in grandchild and "2^10 = 1024" in grandchild
+
+    gemini = agent_server.requests("gemini")[-1].text  # the child's step with access []
+    assert question in gemini and "current part of the job:\nFind the two numbers." in gemini
+    assert "NOTE: ^ means power" not in gemini, "no access: no parent context"
+    [listing] = [r.text for r in agent_server.requests("claude") if "Compute 10^3" in r.text]
+    assert question in listing and "NOTE: ^ means power" in listing and "2^10 = 1024" in listing
+    checking = [r.text for r in agent_server.requests("gpt") if "Check 2^10." in r.text][-1]
+    assert f"working on this job:\n{question}" in checking
+    assert "current part of the job:\nGo deeper." in checking
+    parent_gpt = [r.text for r in agent_server.requests("gpt") if "Note what" in r.text][-1]
+    assert parent_gpt.startswith(f"You are one member of a team working on this task:\n"
+                                 f"{question}"), "a user's task reads as before"

@@ -16,18 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Replayer, Worker
 
-from conductor_engine.engine.contracts.names import training_workflow_id
+from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
 from conductor_engine.engine.contracts.training import (
     LossConfig,
     PolicyConfig,
     Recipe,
     RolloutConfig,
+    UpdateRequest,
+    UpdateResult,
+    group_agents,
 )
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef
@@ -402,3 +408,68 @@ async def _history_events(client: Client, name: str) -> list[Any]:
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
         events.extend([e async for e in handle.fetch_history_events()])
     return events
+
+
+@activity.defn(name=UPDATE_ACTIVITY)
+async def _no_update(req: UpdateRequest) -> UpdateResult:
+    """The update, stood in for: these tests are about the rollouts."""
+    return UpdateResult(name=req.name, version=req.parent, published=False, reason="stand-in")
+
+
+def _first_listed_agent(prompt: str) -> str:
+    """A conductor that plans with the agent its pool listing shows first."""
+    listed = [a for a in ("gpt", "claude", "gemini") if a in prompt]
+    return plan_json((min(listed, key=prompt.index), "Answer it.", []))
+
+
+async def test_each_rollout_group_plans_with_one_random_subset_of_the_pool_its_traces_record(
+    client: Client, settings: Settings, agent_server: AgentServer, trace_store: TraceStore,
+) -> None:
+    """One iteration of three groups of 4 with pool_subset 1..2 and shuffle_pool: every run of
+    a group is offered the same agents (drawn from seed, name, iteration and task), in the
+    drawn order; its trace records them with the task and in the prompt; and the workflow's
+    history replays."""
+    agent_server.set_responder("conductor", _first_listed_agent)
+    for agent in ("gpt", "claude", "gemini"):
+        agent_server.set_responder(agent, lambda _: "42")
+    pool = make_pool(agent_server, conductor={"id": f"cond-{uuid.uuid4().hex[:8]}"})
+    tasks = [Task(id=f"sub{i}-{uuid.uuid4().hex[:6]}", question=f"What is {i} + 42 - {i}?",
+                  reference="42", verifier="exact") for i in range(3)]
+    cfg = RolloutConfig(group_size=4, groups_per_update=3, pool_subset_min=1, pool_subset_max=2,
+                        shuffle_pool=True)
+    inp = TrainInput(name=f"subsets-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
+                     tasks=tasks, iterations=1, recipe=Recipe(rollouts=cfg, seed=7),
+                     agents=["gpt", "claude", "gemini"],
+                     trainer_task_queue=f"{settings.task_queue}-trainer")
+    async with running_worker(client, settings, pool), Worker(
+            client, task_queue=inp.trainer_task_queue, activities=[_no_update]):
+        await ConductorClient(client, settings).start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(inp.name),
+                                            result_type=TrainProgress)
+        final = await asyncio.wait_for(handle.result(), timeout=120)
+        history = await handle.fetch_history()
+    assert final.history[0].rollouts == 12
+
+    policy = PolicyRef(name=pool.conductor.id, version="base")
+    groups = await trace_store.groups(policy, size=4, task_ids=[t.id for t in tasks])
+    assert len(groups) == 3
+    for g in groups:
+        drawn = group_agents(inp.agents, cfg, seed=7, name=inp.name, iteration=0,
+                             task_id=g.task_id)
+        assert drawn is not None and 1 <= len(drawn) <= 2
+        assert [t.task.agents for t in g.traces] == [drawn] * 4, "one subset per group"
+        for t in g.traces:
+            system = t.rounds[0].attempts[0].prompt[0].content
+            assert all((a in system) == (a in drawn) for a in ("gpt", "claude", "gemini"))
+            assert [s.agent for s in t.steps] == drawn[:1], "the first agent shown"
+    await Replayer(workflows=[TrainingWorkflow], data_converter=data_converter(settings)
+                   ).replay_workflow(history)
+
+
+async def test_a_recipe_that_varies_the_pool_needs_agents_to_draw_from(
+    client: Client, settings: Settings,
+) -> None:
+    inp = TrainInput(name="no-agents", policy="p", tasks=[Task(question="q")],
+                     recipe=Recipe(rollouts=RolloutConfig(shuffle_pool=True)))
+    with pytest.raises(ValueError, match="no agents to draw from"):
+        await ConductorClient(client, settings).start_training(inp)

@@ -164,6 +164,49 @@ async def test_json_schema_output_always_parses(first_load: local.LoadedModel, s
     check_forced(completion, first_load, PLAN_SCHEMA)
 
 
+@needs_local_extra
+@pytest.mark.slow
+async def test_a_reasoning_first_plan_schema_constrains_the_local_model(
+    first_load: local.LoadedModel,
+) -> None:
+    """The default conductor's schema opens with a free "reasoning" string: the grammar admits
+    free text there, then forces the steps, and the plan parses (issue 18)."""
+    import time
+
+    from conductor_engine.engine.plan.language import (
+        DEFAULT_REASONING_MAX_CHARS,
+        parse_plan,
+        plan_json_schema,
+    )
+    from conductor_engine.engine.tasks.model import RunOptions
+
+    started = time.perf_counter()  # the default bounds (2,000 characters each) compile quickly
+    compile_grammar(SPEC, first_load, chat(("user", "x"), json_schema=plan_json_schema(
+        ["a", "b"], reasoning_max_chars=DEFAULT_REASONING_MAX_CHARS,
+        subtask_max_chars=RunOptions().subtask_max_chars)))
+    compiled_s = time.perf_counter() - started
+    print(f"\nthe default reasoning-first plan grammar compiled in {compiled_s:.2f} s")
+    assert compiled_s < 30
+
+    schema = plan_json_schema(["a", "b"], 2, subtask_max_chars=80, reasoning_max_chars=200)
+    request = chat(
+        ("system", "Think in reasoning, then plan as JSON. Agents: a (solves maths), "
+                   "b (checks answers)."),
+        ("user", "Task: add 17 and 25, then check the sum."),
+        temperature=1.0, max_tokens=800, json_schema=schema, seed=0,
+    )
+    completion = await local.complete(SPEC, request)
+
+    assert completion.finish_reason == "stop", completion.text  # the grammar ended it
+    value = json.loads(completion.text, strict=False)
+    assert list(value) == ["reasoning", "steps"] and len(value["reasoning"]) <= 200
+    assert completion.text.startswith('{"reasoning"')  # thinking comes first
+    plan = parse_plan(completion.text, ["a", "b"], max_steps=2)
+    assert 1 <= len(plan) <= 2
+    check_tokens(completion, first_load)
+    check_forced(completion, first_load, schema)  # the trainer's forced positions still hold
+
+
 def solo_logprobs(loaded: local.LoadedModel, request: CompletionRequest, completion: Any) -> Any:
     """The completion's raw log-probs recomputed for it alone: no batch, no padding."""
     import torch

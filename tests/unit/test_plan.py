@@ -117,3 +117,122 @@ def test_json_schema_enumerates_agents_and_bounds_steps() -> None:
     assert first["properties"]["agent"]["enum"] == sorted(POOL)
     assert first["properties"]["access"]["anyOf"][1]["maxItems"] == 0  # step 0 reads nothing
     assert third["properties"]["access"]["anyOf"][1]["items"]["maximum"] == 1
+
+
+# --- the paper's own forms (issue 18) --------------------------------------------------------
+
+FIGURE_2 = """The first model solves it; the second sees everything and answers.
+model_id = ["gpt-5", "claude-sonnet-4"]
+subtasks = ["Solve 2^10 vs 10^3.", "Check the work and state which is larger."]
+access_list = [[], ["all"]]
+"""
+
+
+def test_the_papers_figure_2_access_list_parses() -> None:
+    plan = parse_plan(FIGURE_2, POOL)
+    assert plan == parse_plan(PAPER, POOL)
+    assert plan.steps[1].access == "all"
+
+
+@pytest.mark.parametrize(
+    "second", ['"all"', '["all"]', "[all]", '[0, "all"]', '["all", 0]', '"ALL"', "['All']"]
+)
+def test_any_access_entry_naming_all_grants_every_earlier_step(second: str) -> None:
+    text = PAPER.replace('[[], "all"]', f"[[], {second}]")
+    assert parse_plan(text, POOL).steps[1].access == "all"
+
+
+@pytest.mark.parametrize(
+    ("model", "tasks", "access"),
+    [
+        ("model ids", "subtasks", "access list"),
+        ("model_ids", "sub tasks", "access_lists"),
+        ("model id", "sub_tasks", "Access_List"),
+        ("Model_ID", "Subtasks", "ACCESS LIST"),
+        ("model-id", "subtask", "access-list"),
+    ],
+)
+def test_spaced_or_cased_labels_parse(model: str, tasks: str, access: str) -> None:
+    text = (PAPER.replace("model_id =", f"{model} =").replace("subtasks =", f"{tasks} =")
+            .replace("access_list =", f"{access} ="))
+    assert parse_plan(text, POOL) == parse_plan(PAPER, POOL)
+
+
+def test_numbered_agents_map_to_ids_in_listing_order() -> None:
+    listed = ('model_id = [0, "1", " 3 "]\nsubtasks = ["a", "b", "c"]\n'
+              'access_list = [[], [0], "all"]')
+    steps = [{"agent": 2, "subtask": "Solve.", "access": []},
+             {"agent": "3", "subtask": "Check.", "access": "all"}]
+    assert [s.agent for s in parse_plan(listed, POOL).steps] == [
+        "gpt-5", "claude-sonnet-4", "conductor"]
+    assert [s.agent for s in parse_plan(json.dumps({"steps": steps}), POOL).steps] == [
+        "gemini-2.5-pro", "conductor"]
+
+
+def test_an_id_made_of_digits_is_that_agent_not_a_number() -> None:
+    ids = ["7", "x"]
+    text = 'model_id = ["7", "1", 0]\nsubtasks = ["a", "b", "c"]\naccess_list = [[], [], []]'
+    assert [s.agent for s in parse_plan(text, ids).steps] == ["7", "x", "7"]
+
+
+def test_an_unknown_agent_lists_the_pool_by_number_and_id() -> None:
+    with pytest.raises(PlanError, match=r"by id or number\): 0 gpt-5, 1 claude-sonnet-4"):
+        parse_plan('model_id = ["gpt-4"]\nsubtasks = ["a"]\naccess_list = [[]]', POOL)
+    with pytest.raises(PlanError, match="agent number 4 is out of range"):
+        parse_plan('model_id = ["4"]\nsubtasks = ["a"]\naccess_list = [[]]', POOL)
+
+
+# --- reasoning first -------------------------------------------------------------------------
+
+STEPS = [{"agent": "gpt-5", "subtask": "Solve it carefully.", "access": []},
+         {"agent": "claude-sonnet-4", "subtask": "Check it and answer.", "access": "all"}]
+
+
+def test_a_reasoning_first_json_object_parses_and_its_reasoning_is_ignored() -> None:
+    reply = json.dumps({"reasoning": "gpt-5 solves, claude checks.", "steps": STEPS})
+    assert parse_plan(reply, POOL) == parse_plan(json.dumps({"steps": STEPS}), POOL)
+
+
+@pytest.mark.parametrize(
+    "thought",
+    [
+        'I could write model_id = ["gemini-2.5-pro"], subtasks = ["x"], access_list = [[]]',
+        "Maybe model_id = [gemini, then the rest",  # a broken list inside the reasoning
+        'Draft: [{"agent": "gemini-2.5-pro", "subtask": "x", "access": []}]',
+    ],
+    ids=["whole-lists", "broken-list", "json-draft"],
+)
+def test_plans_written_inside_the_reasoning_are_thoughts_not_the_plan(thought: str) -> None:
+    reply = json.dumps({"reasoning": thought, "steps": STEPS})
+    assert [s.agent for s in parse_plan(reply, POOL).steps] == ["gpt-5", "claude-sonnet-4"]
+
+
+def test_the_form_the_reply_ends_with_is_the_plan() -> None:
+    json_draft = "Draft: " + json.dumps({"steps": STEPS[:1]}) + "\nFinal:\n"
+    assert len(parse_plan(json_draft + PAPER, POOL)) == 2  # the lists come last
+    lists_draft = PAPER.replace('"gpt-5", ', "") + "\nNo, as JSON:\n"
+    assert len(parse_plan(lists_draft + json.dumps({"steps": STEPS[:1]}), POOL)) == 1
+    broken_final = json_draft + 'model_id = ["gpt-5"]\nsubtasks = ["a"]'
+    with pytest.raises(PlanError, match="missing access_list"):  # a draft never stands in
+        parse_plan(broken_final, POOL)
+
+
+def test_an_empty_reasoning_first_plan_is_accepted_where_allowed() -> None:
+    reply = json.dumps({"reasoning": "The answer is already right.", "steps": []})
+    assert len(parse_plan(reply, POOL, allow_empty=True)) == 0
+
+
+def test_the_reasoning_schema_asks_for_bounded_reasoning_first_then_the_steps() -> None:
+    schema = plan_json_schema(POOL, 3, reasoning_max_chars=1500)
+    assert list(schema["properties"]) == ["reasoning", "steps"]
+    assert schema["properties"]["reasoning"] == {"type": "string", "maxLength": 1500}
+    assert schema["required"] == ["reasoning", "steps"]
+    assert schema["properties"]["steps"] == plan_json_schema(POOL, 3)["properties"]["steps"]
+
+
+def test_the_bare_schema_is_the_steps_alone() -> None:
+    schema = plan_json_schema(POOL, 3, subtask_max_chars=400)
+    assert list(schema["properties"]) == ["steps"] and schema["required"] == ["steps"]
+    assert schema["additionalProperties"] is False
+    subtask = schema["properties"]["steps"]["prefixItems"][0]["properties"]["subtask"]
+    assert subtask == {"type": "string", "minLength": 8, "maxLength": 400}

@@ -71,6 +71,8 @@ GARBAGE: dict[str, Callable[[int], str]] = {
     "deep-tuples": lambda n: "[" + "(" * (n - 2) + "]",
     "spaces-after-assignment": lambda n: "model_id =" + " " * (n - 10),
     "many-assignment-words": lambda n: "model_id subtasks " * (n // 18),
+    "spaced-labels": lambda n: "Model Ids sub tasks ACCESS list =  " * (n // 35),
+    "reasoning-objects": lambda n: '{"reasoning": "model_id = [", "steps": [' * (n // 41),
     "smart-quotes": lambda n: "\u201c" * n,
     "escape-runs": lambda n: '{"steps": "' + "\\u" * (n // 2 - 6),
     "nul-and-surrogates": lambda n: '["\x00\ud800", ' * (n // 7) + "]",

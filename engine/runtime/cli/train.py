@@ -181,6 +181,7 @@ def train_start(
         inp = TrainInput(name=name, policy=agents.conductor.id, tasks=loaded_tasks,
                          iterations=iterations, from_traces=from_traces, recipe=r,
                          concurrency=concurrency, trainer_task_queue=settings.trainer_task_queue,
+                         agents=[a.id for a in agents.available()],  # random pool subsets
                          **({"progress": progress} if progress is not None else {}))
         if progress is None:
             inp.progress.version = version
