@@ -2,8 +2,8 @@
 
 One module a concern: app (the Typer apps and what commands share), render (the one step table),
 stack (up, down, worker), runs, batches, traces (and history), resume, pool (and plan check),
-train. Importing a command module registers its commands on the app; this package only does
-that and exposes `main`, the `conductor` script.
+train, evaluate (`eval`). Importing a command module registers its commands on the app; this
+package only does that and exposes `main`, the `conductor` script.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from conductor_engine.engine.runtime.cli import (  # noqa: F401
     traces,
     resume,
     train,
+    evaluate,
 )
 # isort: on
 from conductor_engine.engine.runtime.cli.app import app

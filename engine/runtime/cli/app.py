@@ -108,17 +108,18 @@ def load_pool(settings: Settings) -> Pool:
         raise fail(str(e)) from None
 
 
-def load_task_file(source: str) -> list[Task]:
+def load_task_file(source: str, **options: Any) -> list[Task]:
     """The tasks of a JSONL file (or hf:NAME), all of them or none: a file with any bad line
     submits nothing. Each bad line is listed as `FILE:LINE: why` (the first MAX_LISTED, then a
     count), then one `error:` line says how to go on, exit status 1. Skipping bad lines instead
     would submit a different set of tasks than the file holds, which a batch of 10,000 tasks
     would hide: the valid ones are one command away (`tasks check --json`) where that is wanted.
     """
-    from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
+    from conductor_engine.engine.tasks.files import TaskFileError
+    from conductor_engine.engine.tasks.sources import load_tasks
 
     try:
-        loaded = load_tasks(source)
+        loaded = load_tasks(source, **options)
     except TaskFileError as e:
         raise fail(str(e)) from None
     for line in loaded.error_lines():

