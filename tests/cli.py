@@ -6,9 +6,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from conductor_engine.engine.settings import Settings
 
 # The `conductor` command, from this interpreter (no reliance on PATH).
 CONDUCTOR = [sys.executable, "-m", "conductor_engine.engine"]
+
+
+def stack_env(settings: Settings, pool_file: Path) -> dict[str, str]:
+    """The environment of a `conductor` command talking to a test's server, database, data
+    directory and task queue with a pool file, at a width that keeps tables whole."""
+    return {**os.environ, "COLUMNS": "250", "CONDUCTOR_TEMPORAL_ADDRESS": settings.address,
+            "CONDUCTOR_TASK_QUEUE": settings.task_queue,
+            "CONDUCTOR_DATABASE_URL": settings.database_url or "",
+            "CONDUCTOR_DATA_DIR": str(settings.data_dir), "CONDUCTOR_POOL_FILE": str(pool_file)}
 
 
 def run_conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,

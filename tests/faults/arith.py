@@ -3,11 +3,8 @@ subtasks name the number (so each step's request is its own), and the last agent
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.plans import plan_json
 
@@ -47,14 +44,3 @@ def tasks(prefix: str, n: int, **options: object) -> list[Task]:
                  verifier="math", dataset="arith",
                  options=RunOptions(max_plan_attempts=1, **options))  # type: ignore[arg-type]
             for i in range(n)]
-
-
-async def wait_done(conductor: ConductorClient, name: str, timeout: float = 900) -> None:
-    """Until the batch is no longer running (a safety net of `timeout` for a hung batch)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, _ = await conductor.batch_progress(name)
-        if status != "running":
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"batch {name} did not finish in {timeout}s")

@@ -23,6 +23,7 @@ from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.model import Task
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
+from tests.batches import wait_done
 from tests.blob_stores import fresh_bucket
 from tests.conftest import make_pool, running_worker
 from tests.faults import arith
@@ -65,7 +66,7 @@ async def test_the_blob_store_unreachable_mid_batch_loses_nothing_and_repays_not
             await proxy.down()
             await asyncio.sleep(OUTAGE_S)
             await proxy.up()
-            await arith.wait_done(conductor, name)
+            await wait_done(conductor, name)
     finally:
         if proxy.port:
             await proxy.down()

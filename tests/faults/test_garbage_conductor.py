@@ -16,6 +16,7 @@ from temporalio.client import Client
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from tests.batches import wait_done
 from tests.conftest import make_pool, running_worker
 from tests.faults import arith
 from tests.faults.ledger import account
@@ -54,7 +55,7 @@ async def test_a_conductor_writing_a_megabyte_of_garbage_costs_one_call_per_atte
     started = time.monotonic()
     async with running_worker(client, settings, make_pool(agent_server)):
         await conductor.submit_batch(name, tasks, concurrency=N, report=False)
-        await arith.wait_done(conductor, name)
+        await wait_done(conductor, name)
     row = await account(
         "conductor writes 1 MB of garbage", client=client, store=trace_store, batch=name,
         task_ids=[t.id for t in tasks], billed={"conductor": agent_server.billed("conductor")},

@@ -23,6 +23,7 @@ from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
+from tests.batches import wait_done
 from tests.conftest import make_pool, running_worker
 from tests.faults import arith
 from tests.faults.ledger import account
@@ -79,7 +80,7 @@ async def test_postgres_stopped_mid_batch_loses_nothing_and_fails_nothing(
             during = sum(agent_server.billed(m) - n for m, n in before.items())
             assert server.start() == url  # same socket, same password: the same URL
             restarted = time.monotonic()
-            await arith.wait_done(conductor, name, timeout=OUTAGE_S + 120)
+            await wait_done(conductor, name, timeout=OUTAGE_S + 120)
             finished = time.monotonic()
         seconds = finished - started
         written = await store.count(TraceFilter(batch=name))

@@ -12,14 +12,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from temporalio.service import RPCError
-
 from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
+from tests.batches import wait_done
 from tests.conftest import free_port, make_pool, running_worker
 from tests.faults import arith
 from tests.faults.ledger import account
@@ -32,20 +31,6 @@ LATENCY_S = 0.3  # every agent answer: calls are in flight when the server dies
 
 def slow(answer: Callable[[str], str]) -> Responder:
     return lambda prompt: Reply.ok(answer(prompt)).after(LATENCY_S)
-
-
-async def wait_done(conductor: ConductorClient, name: str, timeout: float) -> None:
-    """arith.wait_done, through a server that may still be coming up (RPCError: ask again)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status, _ = await conductor.batch_progress(name)
-        except RPCError:
-            status = "running"
-        if status != "running":
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"batch {name} did not finish in {timeout}s")
 
 
 async def test_the_temporal_server_killed_mid_batch_loses_nothing_and_repays_nothing(

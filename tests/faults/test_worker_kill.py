@@ -17,6 +17,7 @@ from conductor_engine.engine.contracts.names import batch_child_workflow_id
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from tests.batches import wait_done
 from tests.conftest import make_pool, write_pool
 from tests.faults import arith
 from tests.faults.gate import Gate
@@ -24,7 +25,7 @@ from tests.faults.ledger import account
 from tests.faults.worker_process import start_worker
 
 N = 30
-AGENT_TIMEOUT_S = 3.0  # a call held when the worker died is retried after this
+AGENT_TIMEOUT_S = 5.0  # a call held when the worker died is retried after this
 
 
 async def test_a_worker_killed_mid_batch_loses_nothing_and_repays_nothing(
@@ -58,7 +59,7 @@ async def test_a_worker_killed_mid_batch_loses_nothing_and_repays_nothing(
         gate.open()
     second = start_worker(settings, pool_file, log)
     try:
-        await arith.wait_done(conductor, name)
+        await wait_done(conductor, name)
     finally:
         second.terminate()
         second.wait(timeout=30)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,8 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.model import RunOptions, Task
-from tests.cli import CONDUCTOR
+from tests.batches import wait_done
+from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json
 
@@ -46,16 +46,6 @@ def _tasks(prefix: str) -> list[Task]:
             for i in range(N)]
 
 
-async def _wait_done(conductor: ConductorClient, name: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, _ = await conductor.batch_progress(name)
-        if status != "running":
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"batch {name} did not finish in {timeout}s")
-
-
 async def test_a_200_task_batch_survives_a_worker_restart_and_a_resubmission(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
     trace_store: TraceStore,
@@ -79,7 +69,7 @@ async def test_a_200_task_batch_survives_a_worker_restart_and_a_resubmission(
         assert mid is not None and 0 < mid.running <= 20, "a sliding window of at most 20"
     # the worker is gone mid-batch; a new one carries on
     async with running_worker(client, settings, pool):
-        await _wait_done(conductor, name)
+        await wait_done(conductor, name, timeout=240)
         status, p = await conductor.batch_progress(name)
         assert status == "completed" and p is not None and p.finished
         assert p.total == N and p.completed == N and p.failed == 0 and p.skipped == 0
@@ -90,7 +80,7 @@ async def test_a_200_task_batch_survives_a_worker_restart_and_a_resubmission(
         # the same batch again: everything completed, so nothing runs
         _, again = await conductor.submit_batch(name, tasks, concurrency=20)
         assert again
-        await _wait_done(conductor, name)
+        await wait_done(conductor, name, timeout=240)
         _, p2 = await conductor.batch_progress(name)
         assert p2 is not None and p2.skipped == N and p2.completed == 0
         assert agent_server.calls("conductor") == N and agent_server.calls("gemini") == gemini_calls
@@ -129,7 +119,6 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
 ) -> None:
     """The CLI against a running cluster-style server: progress bar, then the report path;
     `batch report` rewrites the report from the trace store."""
-    import os
 
     from tests.conftest import write_pool
 
@@ -137,11 +126,7 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
     agent_server.set_responder("gpt", lambda p: "Answer: 1024")
     pool = make_pool(agent_server)
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    env = {**os.environ, "COLUMNS": "200", "CONDUCTOR_TEMPORAL_ADDRESS": settings.address,
-           "CONDUCTOR_TASK_QUEUE": settings.task_queue,
-           "CONDUCTOR_DATABASE_URL": settings.database_url or "",
-           "CONDUCTOR_DATA_DIR": str(settings.data_dir),
-           "CONDUCTOR_POOL_FILE": str(write_pool(pool, tmp_path / "pool.toml"))}
+    env = stack_env(settings, write_pool(pool, tmp_path / "pool.toml"))
 
     async def conductor(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
