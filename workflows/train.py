@@ -50,6 +50,8 @@ with workflow.unsafe.imports_passed_through():
         TRAINER_TASK_QUEUE,
         TRAINING_WORKFLOW,
         UPDATE_ACTIVITY,
+        heldout_batch,
+        heldout_workflow_id,
         rollout_workflow_id,
         update_id,
     )
@@ -74,7 +76,7 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.workflows.conduct import ConductWorkflow
     from conductor_engine.workflows.tasks import read_tasks
 
-Phase = Literal["starting", "rollouts", "update", "stopped", "finished"]
+Phase = Literal["starting", "rollouts", "update", "heldout", "stopped", "finished"]
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.
@@ -107,6 +109,22 @@ class IterationStats(BaseModel):
     note: str | None = None
 
 
+class HeldOutEval(BaseModel):
+    """One version on the held-out tasks (Recipe.heldout): greedy by default, never trained on.
+    Its runs are the batch `batch` (engine/contracts/names.py heldout_batch), so their traces
+    can be read back for more than these figures (`conductor eval`'s report, routing)."""
+
+    iteration: int = Field(description="iterations finished when this version was evaluated")
+    version: str
+    batch: str
+    runs: int = Field(default=0, description="held-out runs that were scored")
+    accuracy: float | None = Field(default=None, description="share answered right")
+    mean_reward: float | None = None
+    valid_plan_rate: float | None = None
+    left_out: dict[str, int] = Field(
+        default_factory=dict, description="runs not scored, by reason (infrastructure)")
+
+
 class TrainProgress(BaseModel):
     """What `conductor train status` shows; carried across continue-as-new."""
 
@@ -115,6 +133,8 @@ class TrainProgress(BaseModel):
     phase: Phase = "starting"
     stop_requested: bool = False
     history: list[IterationStats] = Field(default_factory=list)
+    evals: list[HeldOutEval] = Field(
+        default_factory=list, description="held-out evaluations, the starting version first")
 
     @property
     def label(self) -> str:
@@ -143,6 +163,12 @@ class TrainInput(BaseModel):
         default=120.0, gt=0, description="a silent trainer is presumed dead after this long"
     )
     progress: TrainProgress = Field(default_factory=TrainProgress)
+    heldout_tasks: list[Task] = Field(
+        default_factory=list, description="held-out tasks inline (small callers); used when "
+        "given, else `heldout_list`")
+    heldout_list: TaskList | None = Field(
+        default=None, description="the held-out tasks in the blob store: evaluated every "
+        "recipe.heldout.every iterations, never trained on")
     agents: list[str] = Field(
         default_factory=list,
         description="the pool's agent ids (as Pool.available lists them, the conductor "
@@ -190,6 +216,8 @@ class TrainingWorkflow:
         if p.stop_requested or p.iteration >= inp.iterations:
             p.phase = "stopped" if p.iteration < inp.iterations else "finished"
             return p
+        if self._evaluates(inp) and not p.evals:  # where training starts from
+            await self._heldout(inp)
         stats = IterationStats(iteration=p.iteration, version=p.label)
         recipe = inp.recipe
         if not inp.from_traces:
@@ -206,6 +234,10 @@ class TrainingWorkflow:
         p.history.append(stats)
         p.version = result.version
         p.iteration += 1
+        last = p.stop_requested or p.iteration >= inp.iterations
+        if self._evaluates(inp) and result.published and (
+                p.iteration % inp.recipe.heldout.every == 0 or last):
+            await self._heldout(inp)
         if inp.from_traces and not result.published:
             p.phase = "finished"  # every stored group is trained on
             return p
@@ -279,6 +311,69 @@ class TrainingWorkflow:
         if rewards:
             stats.mean_reward = sum(rewards) / len(rewards)
             stats.valid_plan_rate = sum(valid) / len(valid)
+
+    @staticmethod
+    def _evaluates(inp: TrainInput) -> bool:
+        return bool(inp.heldout_tasks or inp.heldout_list) and not inp.from_traces
+
+    async def _heldout(self, inp: TrainInput) -> None:
+        """The current version on every held-out task, at the held-out temperature (greedy by
+        default), each run seeded, pinned to the version and labelled with the batch
+        `heldout-NAME-vK`; the figures go to progress.evals. A held-out run's task id is
+        `heldout~ID`, so it never joins a training group of the task it came from."""
+        p, cfg = self._progress, inp.recipe.heldout
+        p.phase = "heldout"
+        label = p.label
+        batch = heldout_batch(inp.name, label)
+        if inp.heldout_tasks or inp.heldout_list is None:
+            tasks = list(inp.heldout_tasks)
+        else:
+            tasks = await read_tasks(inp.heldout_list, 0, inp.heldout_list.total)
+        chain = workflow.info().first_execution_run_id[:8]
+        slots = asyncio.Semaphore(inp.concurrency)
+        waves = StartWaves(enabled=True)
+        rewards: list[float] = []
+        correct: list[bool] = []
+        valid: list[bool] = []
+        left_out: list[LeftOutReason] = []
+
+        async def one(task: Task) -> None:
+            options = task.options.model_copy(update={
+                "temperature": cfg.temperature, "policy_version": label, "sample": 0,
+                "result": "summary", "seeded": True, "max_plan_attempts": 1})
+            task = task.model_copy(update={"id": f"heldout~{task.id}", "batch": batch,
+                                           "options": options})
+            wid = heldout_workflow_id(inp.name, chain, label, task.id)
+            async with slots:
+                try:
+                    child = await waves.start(start_bytes(task, wid, batch), lambda: (
+                        workflow.start_child_workflow(
+                            ConductWorkflow.run, task, id=wid,
+                            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                            search_attributes=task_search_attributes(task),
+                            static_summary=f"held out · {inp.name} {label}")))
+                    res: RunResult = await child
+                except WorkflowAlreadyStartedError:
+                    left_out.append("run_failed")  # evaluated before a reset: not counted again
+                    return
+                except ChildWorkflowError as e:
+                    left_out.append(_child_failure(e))
+                    return
+            reason = left_out_reason(res.status, res.reward, res.failure)
+            if reason is not None or res.reward is None or res.reward.value is None:
+                left_out.append(reason or "no_reward")
+                return
+            rewards.append(res.reward.value)
+            verdict = res.reward.verdict
+            correct.append(bool(verdict is not None and verdict.correct))
+            valid.append(res.status != "invalid_plan")
+
+        await asyncio.gather(*(one(t) for t in tasks))
+        n = len(rewards)
+        p.evals.append(HeldOutEval(
+            iteration=p.iteration, version=label, batch=batch, runs=n,
+            accuracy=sum(correct) / n if n else None, mean_reward=sum(rewards) / n if n else None,
+            valid_plan_rate=sum(valid) / n if n else None, left_out=count_reasons(left_out)))
 
     def _group_agents(self, inp: TrainInput, tasks: list[Task]) -> dict[str, list[str]]:
         """Each task's rollout group's agents, where the recipe varies the pool: a random

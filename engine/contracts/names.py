@@ -80,6 +80,17 @@ def rollout_workflow_id(name: str, chain: str, iteration: int, task_id: str, sam
     return f"{training_workflow_id(name)}/{chain}/it{iteration}/{task_id}/{sample}"
 
 
+def heldout_batch(name: str, version: str) -> str:
+    """The batch label of training run NAME's held-out evaluation of one version,
+    `heldout-NAME-vK`: its traces are read back with TraceStore.batch_traces."""
+    return f"heldout-{name}-{version}"
+
+
+def heldout_workflow_id(name: str, chain: str, version: str, task_id: str) -> str:
+    """One held-out run, `train-NAME/CHAIN/heldout-vK/TASK_ID`."""
+    return f"{training_workflow_id(name)}/{chain}/heldout-{version}/{task_id}"
+
+
 def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
     """The idempotency key of one training iteration's update, `WORKFLOW_ID/RUN_ID/itN`."""
     return f"{workflow_id}/{first_run_id}/it{iteration}"

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from conductor_engine.engine.tasks.model import Task
+
 
 class RolloutConfig(BaseModel):
     """Which traces an update trains on."""
@@ -96,12 +98,28 @@ class PolicyConfig(BaseModel):
     gradient_checkpointing: bool | None = Field(default=None, description="None: on GPU only")
 
 
+class HeldOutConfig(BaseModel):
+    """Evaluating as training goes: a share of the task file is never trained on, and every
+    `every` iterations the version just published answers it (greedy by default), so the curve
+    to watch is accuracy on tasks the policy never saw, not the noisy reward of the last
+    iteration's few training tasks."""
+
+    fraction: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="share of each tag's tasks held out (0: no split, no evaluation)")
+    every: int = Field(default=1, ge=1, description="evaluate after every K-th iteration")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0,
+                               description="0: greedy, the conductor's single best plan")
+    seed: int = Field(default=0, ge=0, description="which tasks are held out")
+
+
 class Recipe(BaseModel):
     """Everything an update needs besides which version it starts from."""
 
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
+    heldout: HeldOutConfig = Field(default_factory=HeldOutConfig)
     seed: int = Field(
         default=0, ge=0, description="seeds torch for each update, with the version it trains "
         "from (never the update id, which holds a run id): the same rollouts give the same "
@@ -184,3 +202,26 @@ def group_agents(
         return chosen
     picked = set(chosen)
     return [agent for agent in pool if agent in picked]
+
+
+def split_heldout(tasks: Sequence[Task], fraction: float, seed: int = 0
+                  ) -> tuple[list[Task], list[Task]]:
+    """(train, held out): `fraction` of each tag's tasks (the first tag; untagged tasks form one
+    group) held out, at least one of a group of two or more when the fraction is above 0, the
+    choice a SHA-256 draw of (seed, task id) so the same file splits the same way on every
+    machine. Stratified, so every kind of task is both trained on and evaluated."""
+    if fraction <= 0:
+        return list(tasks), []
+    groups: dict[str, list[Task]] = {}
+    for t in tasks:
+        groups.setdefault(t.tags[0] if t.tags else "", []).append(t)
+    held: set[str] = set()
+    for members in groups.values():
+        n = round(len(members) * fraction)
+        if n == 0 and len(members) >= 2:
+            n = 1
+        n = min(n, len(members) - 1)
+        ranked = sorted(members, key=lambda t: (hashlib.sha256(
+            f"heldout\x1f{seed}\x1f{t.id}".encode()).digest(), t.id))
+        held.update(t.id for t in ranked[:n])
+    return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]

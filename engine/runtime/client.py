@@ -339,8 +339,12 @@ class ConductorClient:
                              "but no agents to draw from were given: set TrainInput.agents "
                              "to the pool's agent ids (Pool.available)")
         _check_tasks(inp.tasks)
+        _check_tasks(inp.heldout_tasks)
         if inp.tasks:
             inp = inp.model_copy(update={"tasks": [], "task_list": await self.put_tasks(inp.tasks)})
+        if inp.heldout_tasks:
+            inp = inp.model_copy(update={"heldout_tasks": [],
+                                         "heldout_list": await self.put_tasks(inp.heldout_tasks)})
         wid = training_workflow_id(inp.name)
         try:
             await self.client.start_workflow(

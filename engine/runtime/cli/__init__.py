@@ -23,6 +23,7 @@ from conductor_engine.engine.runtime.cli import (  # noqa: F401
     resume,
     train,
     evaluate,
+    sim,
 )
 # isort: on
 from conductor_engine.engine.runtime.cli.app import app

@@ -134,6 +134,12 @@ def train_start(
              "wait their turn")] = 64,
     seed: Annotated[int, typer.Option(help="shuffles the task order", min=0,
                                       max=2**63 - 1)] = 0,
+    holdout: Annotated[float | None, typer.Option(
+        min=0.0, max=0.9, help="share of each tag's tasks held out of training and evaluated "
+        "greedily as it goes (recipe [heldout] fraction; 0 = none)")] = None,
+    eval_every: Annotated[int | None, typer.Option(
+        min=1, max=MAX_ITERATIONS, help="evaluate the held-out tasks after every K-th "
+        "iteration (recipe [heldout] every)")] = None,
     pool: PoolOpt = None,
     worker: Annotated[bool | None, typer.Option(
         help="serve rollouts and the trainer from this process (default: yes on the embedded "
@@ -165,6 +171,18 @@ def train_start(
         r.loss.learning_rate = learning_rate
     if from_traces and recipe is None:
         r.rollouts.max_staleness = 1_000_000  # every stored version's groups are fair game
+    if holdout is not None:
+        r.heldout.fraction = holdout
+    if eval_every is not None:
+        r.heldout.every = eval_every
+    heldout: list[Any] = []
+    if loaded_tasks and r.heldout.fraction > 0 and not from_traces:
+        from conductor_engine.engine.contracts.training import split_heldout
+
+        loaded_tasks, heldout = split_heldout(loaded_tasks, r.heldout.fraction, r.heldout.seed)
+        if not heldout:
+            raise fail(f"--holdout {r.heldout.fraction}: no task could be held out of "
+                       f"{len(loaded_tasks)} (each tag needs at least two tasks)")
 
     async def go() -> None:
         from conductor_engine.engine.storage.policies import PolicyRegistry
@@ -179,6 +197,7 @@ def train_start(
                                                    "phase": "starting"})
             err.print(Text(f"resuming {name} after iteration {progress.iteration}"))
         inp = TrainInput(name=name, policy=agents.conductor.id, tasks=loaded_tasks,
+                         heldout_tasks=heldout,
                          iterations=iterations, from_traces=from_traces, recipe=r,
                          concurrency=concurrency, trainer_task_queue=settings.trainer_task_queue,
                          agents=[a.id for a in agents.available()],  # random pool subsets
@@ -192,7 +211,8 @@ def train_start(
             err.print(f"training [bold]{escape(name)}[/] "
                       f"{'started' if started else 'already running'}"
                       f" from {escape(agents.conductor.id)} v{version}: {len(loaded_tasks)} tasks, "
-                      f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size} "
+                      f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size}"
+                      f"{f', {len(heldout)} held out' if heldout else ''} "
                       f"· {escape(settings.workflow_url(wid))}", soft_wrap=True)
             if watch or in_process:
                 await _watch(conductor, name)
@@ -209,13 +229,16 @@ async def _previous(conductor: ConductorClient, name: str) -> tuple[str, Any]:
 
 async def _watch(conductor: ConductorClient, name: str) -> None:
     """One line per finished iteration until the run ends; Ctrl-C leaves it running."""
-    shown = 0
+    shown = evals = 0
     while True:
         status, p = await conductor.training_progress(name)
         if p is not None:
             for s in p.history[shown:]:
                 out.print(Text(_iteration_line(s)), highlight=False, soft_wrap=True)
             shown = len(p.history)
+            for e in p.evals[evals:]:
+                out.print(Text(heldout_line(e)), highlight=False, soft_wrap=True)
+            evals = len(p.evals)
         if status not in ("running", "continued_as_new"):
             break
         await asyncio.sleep(1.0)
@@ -237,6 +260,14 @@ def _iteration_line(s: Any) -> str:
             f"valid {_fmt(s.valid_plan_rate, 2)} · loss {_fmt(s.loss, 4)} · clip "
             f"{_fmt(s.clip_fraction, 3)} · kl {_fmt(s.kl, 4)} · |g| {_fmt(s.grad_norm, 3)} · "
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
+
+
+def heldout_line(e: Any) -> str:
+    """One held-out evaluation (HeldOutEval): the curve users watch."""
+    left = f" · left out {describe_counts(e.left_out)}" if e.left_out else ""
+    return (f"held out · {e.version} after {e.iteration} iterations · {e.runs} tasks · "
+            f"accuracy {_fmt(e.accuracy)} · reward {_fmt(e.mean_reward)} · valid "
+            f"{_fmt(e.valid_plan_rate, 2)}{left}")
 
 
 def _left_out_note(s: Any) -> str:

@@ -1,0 +1,68 @@
+"""`conductor sim pool`: a rehearsal pool nobody tuned to (engine/providers/sim_pool.py), so
+learning can be tried on pools other than the shipped example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from conductor_engine.engine.providers.sim_pool import (
+    NAMES,
+    TAGS,
+    SimPoolSpec,
+    SkillLayout,
+    pool_toml,
+    tasks,
+)
+from conductor_engine.engine.runtime.cli.app import app, fail, field_range, out
+
+sim_app = typer.Typer(help="Rehearsals with simulated agents.", no_args_is_help=True,
+                      rich_markup_mode=None)
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("pool")
+def sim_pool(
+    agents: Annotated[int, typer.Option(**field_range(SimPoolSpec, "agents"),
+                                        help=f"agents in the pool (1..{len(NAMES)})")] = 4,
+    tags: Annotated[int, typer.Option(**field_range(SimPoolSpec, "tags"),
+                                      help=f"task kinds (1..{len(TAGS)}: "
+                                      f"{', '.join(TAGS)})")] = 4,
+    seed: Annotated[int, typer.Option(**field_range(SimPoolSpec, "seed"),
+                                      help="picks the tags, questions, names and skills")] = 0,
+    tasks_per_tag: Annotated[int, typer.Option(**field_range(SimPoolSpec, "tasks_per_tag"),
+                                               help="questions of each tag")] = 8,
+    skills: Annotated[str, typer.Option(
+        help="one: one competent agent per tag; random: a random skill matrix whose best "
+             "agent per tag is competent")] = "one",
+    max_steps: Annotated[int, typer.Option(**field_range(SimPoolSpec, "max_steps"),
+                                           help="steps a plan may have")] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", help="where pool.toml and tasks.jsonl go "
+                                          "(default sim-pools/SEED)")] = Path(""),
+) -> None:
+    """Write a sim pool of look-alike agents and a task file for it: train and evaluate on it
+    (`conductor train start DIR/tasks.jsonl --pool DIR/pool.toml --holdout 0.25`)."""
+    if skills not in ("one", "random"):
+        raise fail(f"--skills {skills!r}: write one or random", 2)
+    layout: SkillLayout = "one" if skills == "one" else "random"
+    try:
+        spec = SimPoolSpec(agents=agents, tags=tags, seed=seed, tasks_per_tag=tasks_per_tag,
+                           skills=layout, max_steps=max_steps)
+    except ValidationError as e:
+        raise fail(e.errors()[0]["msg"], 2) from None
+    target = out_dir if str(out_dir) else Path("sim-pools") / str(seed)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "pool.toml").write_text(pool_toml(spec))
+    rows = tasks(spec)
+    (target / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    matrix = spec.skill_matrix()
+    for agent, row in matrix.items():
+        best = [t for t, p in row.items() if p == spec.high]
+        out.print(f"{agent}: competent at {', '.join(best) or 'nothing'}", markup=False,
+                  highlight=False)
+    out.print(f"wrote {target / 'pool.toml'} and {target / 'tasks.jsonl'} ({len(rows)} tasks)",
+              markup=False, highlight=False)
