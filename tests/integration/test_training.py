@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
 from conductor_engine.engine.contracts.training import (
+    HeldOutConfig,
     LossConfig,
     PolicyConfig,
     Recipe,
@@ -29,8 +31,11 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
     group_agents,
+    split_heldout,
 )
 from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim_pool import SimPoolSpec, pool_toml
+from conductor_engine.engine.providers.sim_pool import tasks as sim_pool_tasks
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
@@ -76,18 +81,28 @@ def sim_tasks(ids: Collection[str] | None = None) -> list[Task]:
     return tasks
 
 
-# One task per tag, the four whose questions the tiny policy tells apart best. A one-layer random
-# model tells questions apart mostly by their last tokens: at the agent choice, the first task of
-# each tag leaves "What is the capital of France?" and "What is the opposite of hot?" 10% apart,
-# and routing those two apart took most of a run (20-45 iterations, or a stall). These four are
-# at least 67% apart (the best of the 1296 choices of one task per tag); with them the same
-# recipe outside Temporal reached the target at iterations 5-7 on 12 sampling seeds out of 12.
-LEARNING_TASKS = ("sim-math-5", "sim-code-1", "sim-geography-5", "sim-language-4")
+def generated_pool(conductor_model: str, tmp_path: Path, *, seed: int, tasks_per_tag: int
+                   ) -> tuple[Pool, list[Task], SimPoolSpec]:
+    """A pool `conductor sim pool` writes (four look-alike agents, one competent per tag, four
+    tags), conducted by `conductor_model` under a name of this test's own, and its tasks with
+    the shortest subtask the grammar allows (fewer random tokens, less gradient noise). Not
+    picked for separability: whatever the seed's generator writes."""
+    spec = SimPoolSpec(agents=4, tags=4, seed=seed, tasks_per_tag=tasks_per_tag)
+    (tmp_path / "pool.toml").write_text(pool_toml(spec, conductor=conductor_model))
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sim_pool_tasks(
+        spec)))
+    pool = Pool.load(tmp_path / "pool.toml")
+    conductor = pool.conductor.model_copy(update={
+        "id": f"cond-{uuid.uuid4().hex[:8]}",
+        "params": pool.conductor.params.model_copy(update={"max_tokens": 64})})
+    tasks = [t.model_copy(update={"options": t.options.model_copy(update={"subtask_max_chars": 8})})
+             for t in load_tasks(str(tmp_path / "tasks.jsonl")).tasks]
+    return pool.model_copy(update={"conductor": conductor}), tasks, spec
 
 
 def best_routing_reward(pool: Pool) -> float:
     """Mean reward of always picking each task's competent agent (0.5 + 0.5 * its skill)."""
-    best = max(a.sim.skills.get("math", 0.0) for a in pool.agents)  # type: ignore[union-attr]
+    best = max(max(a.sim.skills.values()) for a in pool.agents)  # type: ignore[union-attr]
     return 0.5 + 0.5 * best
 
 
@@ -121,30 +136,34 @@ async def wait_for(handle: WorkflowHandle[Any, Any], check: Any, timeout: float)
 
 
 @pytest.mark.slow
-async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
-    client: Client, settings: Settings, tiny_policy_dir: Path,
+async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
+    client: Client, settings: Settings, tiny_policy_dir: Path, tmp_path: Path,
+    trace_store: TraceStore,
 ) -> None:
-    """From chance (about 0.66) to 0.9 of perfect routing (0.8775) on two iterations running,
-    on fresh rollouts of a one-layer conductor (tests/tiny_policy.py): 4 groups of 16 an
-    iteration and 4 clipped steps on them (see the README for what was measured).
+    """From chance to 0.9 of perfect routing (0.8775) on two iterations running, on fresh
+    rollouts of a one-layer conductor (tests/tiny_policy.py) over a generated pool: 20 tasks of
+    four tags, 16 trained on (4 groups of 16 an iteration, 4 clipped steps on them) and 4 held
+    out, which every 4th version answers greedily as training goes.
 
     Deterministic: every plan is sampled from its own seed (task, sample, version, round,
     attempt: activities/plan.py), the local conductor generates a seeded plan alone, and the
     trainer reads each group in sample order with torch seeded per update; so the curve is the
     same on every run, on an idle or a busy machine, and only a hung run meets the timeout."""
     settings = trainer_settings(settings)
-    pool = sim_pool(str(tiny_policy_dir))
-    tasks = sim_tasks(LEARNING_TASKS)
+    pool, tasks, _ = generated_pool(str(tiny_policy_dir), tmp_path, seed=0, tasks_per_tag=5)
+    train, held = split_heldout(tasks, 0.2)
+    assert len(train) == 16 and len(held) == 4
     target = 0.9 * best_routing_reward(pool)
     recipe = Recipe(
         policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
         loss=LossConfig(learning_rate=7e-3, micro_batch_size=32, max_grad_norm=1.0,
                         steps_per_update=4, epsilon_high=0.28),
-        rollouts=RolloutConfig(group_size=16, groups_per_update=len(tasks), max_staleness=0,
+        rollouts=RolloutConfig(group_size=16, groups_per_update=4, max_staleness=0,
                                scale_rewards=False),
+        heldout=HeldOutConfig(fraction=0.2, every=4),
     )
     inp = TrainInput(name=f"learn-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
-                     tasks=tasks, iterations=20, recipe=recipe,
+                     tasks=train, heldout_tasks=held, iterations=30, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue)
     async with training_stack(client, settings, pool) as conductor:
         await conductor.start_training(inp)
@@ -171,6 +190,22 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_sim_pool(
     rates = [s.valid_plan_rate for s in final.history if s.valid_plan_rate is not None]
     print("valid plan rates:", rates)
     assert rates and sum(rates) / len(rates) >= 0.9, rates
+
+    # held out as it went: the start, every 4th version, and the last; greedy, never trained on
+    evaluated = [e.version for e in final.evals]
+    print("held out:", [(e.version, e.accuracy, e.mean_reward) for e in final.evals])
+    n = final.iteration
+    assert evaluated == ["base", *[f"v{k}" for k in range(4, n, 4)],
+                         *([f"v{n}"] if n % 4 else [f"v{n}"])], evaluated
+    for e in final.evals:
+        assert e.runs == len(held) and e.accuracy is not None and e.mean_reward is not None
+        traces = await trace_store.batch_traces(e.batch, resolve_blobs=False)
+        assert sorted(t.task.id for t in traces) == sorted(f"heldout~{t.id}" for t in held)
+        assert all(t.policy.version == e.version and t.task.options.temperature == 0.0
+                   for t in traces)
+    trained = await trace_store.groups(PolicyRef(name=pool.conductor.id, version="base"),
+                                       size=16, task_ids=[f"heldout~{t.id}" for t in held])
+    assert not trained, "a held-out run never forms a training group"
 
 
 def coin_pool(conductor_model: str) -> Pool:

@@ -1,0 +1,226 @@
+"""How fast the local conductor learns pools nobody tuned to: generated sim pools, held-out tasks.
+
+    python tests/benchmarks/bench_learning.py [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
+        [--iterations 20] [--tasks-per-tag 8] [--holdout 0.25] [--full]
+
+For each seed: `conductor sim pool` (engine/providers/sim_pool.py) makes 4 look-alike agents, 4 of
+the generator's task kinds and `--tasks-per-tag` questions each; a quarter of each tag is held
+out. The shipped recipe then trains the local SmolLM2 conductor through TrainingWorkflow on the
+rest (real Temporal dev server, PostgreSQL, trainer worker), and every published version answers
+the held-out tasks greedily (Recipe.heldout). From the held-out traces it prints, per version:
+
+- routed: the share of held-out tasks whose final step went to a competent agent (the pool's
+  best skill for the task's tag);
+- reward / oracle: the held-out mean reward over the oracle's, the reward of sending every task
+  to its competent agent (the same sim draws, so a perfectly routed version scores exactly 1.0);
+
+and the iteration where both first reach the bar (routed >= 0.9 and reward >= 0.9 of the
+oracle). A pool stops there unless --full. The ratio printed at the end is each pool's routing
+after training over the untrained conductor's (and over chance, 1 / agents), and the time per
+iteration (rollouts + update + held-out evaluation). Deterministic: rollouts and held-out plans
+are seeded, so the same seeds print the same curves on a busy machine, only slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import time
+import tomllib
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
+from conductor_engine.engine.contracts.training import Recipe, split_heldout  # noqa: E402
+from conductor_engine.engine.providers.base import TaskInfo  # noqa: E402
+from conductor_engine.engine.providers.pool import Pool  # noqa: E402
+from conductor_engine.engine.providers.sim import is_right  # noqa: E402
+from conductor_engine.engine.providers.sim_pool import (  # noqa: E402
+    SimPoolSpec,
+    competent,
+    pool_toml,
+    tasks,
+)
+from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
+from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
+from conductor_engine.engine.tasks.model import Task  # noqa: E402
+from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
+from conductor_engine.workflows.train import (  # noqa: E402
+    HeldOutEval,
+    TrainingWorkflow,
+    TrainInput,
+    TrainProgress,
+)
+from tests.benchmarks._harness import Stack, quiet_logs, run, stack, table  # noqa: E402
+
+ROUTED_BAR = 0.9
+REWARD_BAR = 0.9
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated pool seeds")
+    p.add_argument("--recipe", type=Path, default=ROOT / "examples" / "sim" / "recipe.toml")
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--agents", type=int, default=4)
+    p.add_argument("--tags", type=int, default=4)
+    p.add_argument("--tasks-per-tag", type=int, default=8)
+    p.add_argument("--holdout", type=float, default=0.25)
+    p.add_argument("--group-size", type=int, default=None, help="override the recipe's G")
+    p.add_argument("--tasks-per-iteration", type=int, default=None)
+    p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    return p.parse_args()
+
+
+class Judge:
+    """Routing and oracle reward of held-out runs, from the pool's skill matrix."""
+
+    def __init__(self, spec: SimPoolSpec, pool: Pool) -> None:
+        self.matrix = spec.skill_matrix()
+        self.pool = pool
+
+    def oracle(self, run_task_id: str, tags: list[str], reference: str | None) -> float:
+        """The reward of the competent agent on this run (0.5 wrong, 1 right: the paper's)."""
+        agent = sorted(competent(self.matrix, tags))[0]
+        spec = next(a for a in self.pool.agents if a.id == agent)
+        assert spec.sim is not None
+        right = is_right(spec, spec.sim, TaskInfo(task_id=run_task_id, tags=tags,
+                                                  reference=reference))
+        return 1.0 if right else 0.5
+
+    async def judge(self, store: TraceStore, e: HeldOutEval) -> tuple[float, float, float]:
+        """(routed share, mean reward, oracle mean reward) of one held-out evaluation."""
+        traces = await store.batch_traces(e.batch, resolve_blobs=False)
+        routed, rewards, oracle = [], [], []
+        for t in traces:
+            steps = [s for r in t.rounds for s in r.steps]
+            final = steps[-1].agent if steps else None
+            routed.append(final in competent(self.matrix, t.task.tags))
+            rewards.append(t.reward.value if t.reward and t.reward.value is not None else 0.0)
+            oracle.append(self.oracle(t.task.id, t.task.tags, t.task.reference))
+        n = max(len(traces), 1)
+        return sum(routed) / n, sum(rewards) / n, sum(oracle) / n
+
+
+async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
+                   store: TraceStore, workdir: Path) -> dict[str, object]:
+    spec = SimPoolSpec(agents=args.agents, tags=args.tags, seed=seed,
+                       tasks_per_tag=args.tasks_per_tag)
+    pool_file = workdir / f"pool-{seed}.toml"
+    pool_file.write_text(pool_toml(spec, conductor=args.model))
+    task_file = workdir / f"tasks-{seed}.jsonl"
+    import json
+
+    task_file.write_text("".join(json.dumps(r) + "\n" for r in tasks(spec)))
+    loaded: list[Task] = load_tasks(str(task_file)).tasks
+    random.Random(0).shuffle(loaded)  # as `conductor train start --seed 0` does
+    train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
+    pool = Pool.load(pool_file)
+    name = f"s{seed}-{uuid.uuid4().hex[:6]}"
+    pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
+        update={"id": f"conductor-{name}"})})
+    judge = Judge(spec, pool)
+    settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
+    client = await s.client()
+    print(f"\npool seed {seed}: {', '.join(f'{a}: {t}' for a, t in _experts(spec).items())}; "
+          f"{len(train)} training tasks, {len(held)} held out", flush=True)
+    inp = TrainInput(name=name, policy=pool.conductor.id, tasks=train, heldout_tasks=held,
+                     iterations=args.iterations, recipe=recipe,
+                     trainer_task_queue=settings.trainer_task_queue,
+                     agents=[a.id for a in pool.available()])
+    curve: list[tuple[int, str, float, float]] = []
+    crossed: int | None = None
+    started = time.monotonic()
+    async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
+        conductor = ConductorClient(client, settings)
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        shown = evals = 0
+        while True:
+            p = await handle.query(TrainingWorkflow.progress)
+            for st in p.history[shown:]:
+                print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
+                      f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
+                      f"{st.update_seconds:.0f}s", flush=True)
+            shown = len(p.history)
+            for e in p.evals[evals:]:
+                routed, reward, oracle = await judge.judge(store, e)
+                ratio = reward / oracle if oracle else 0.0
+                curve.append((e.iteration, e.version, routed, ratio))
+                print(f"  held out {e.version}: routed {routed:.2f} · reward {reward:.3f} / "
+                      f"oracle {oracle:.3f} = {ratio:.2f}", flush=True)
+                if crossed is None and routed >= ROUTED_BAR and ratio >= REWARD_BAR:
+                    crossed = e.iteration
+                    if not args.full:
+                        await handle.signal(TrainingWorkflow.stop)
+            evals = len(p.evals)
+            desc = await handle.describe()
+            if desc.status is not None and desc.status.name != "RUNNING":
+                p = await handle.result()
+                break
+            await asyncio.sleep(1.0)
+    seconds = time.monotonic() - started
+    iterations = max(len(p.history), 1)
+    return {"seed": seed, "crossed": crossed, "curve": curve, "iterations": len(p.history),
+            "seconds_per_iteration": seconds / iterations,
+            "update_seconds": statistics.fmean(h.update_seconds for h in p.history)
+            if p.history else 0.0}
+
+
+def _experts(spec: SimPoolSpec) -> dict[str, str]:
+    return {a: ",".join(t for t, v in row.items() if v == spec.high) or "-"
+            for a, row in spec.skill_matrix().items()}
+
+
+async def main(args: argparse.Namespace) -> int:
+    recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
+    if args.group_size:
+        recipe.rollouts.group_size = args.group_size
+    if args.tasks_per_iteration:
+        recipe.rollouts.groups_per_update = args.tasks_per_iteration
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    print(f"recipe {args.recipe}: G={recipe.rollouts.group_size} × "
+          f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
+          f"{recipe.loss.steps_per_update} steps/update", flush=True)
+    results = []
+    with stack() as s:
+        store = await shared_store(s.settings)
+        try:
+            workdir = s.settings.data_dir / "pools"
+            workdir.mkdir(parents=True, exist_ok=True)
+            for seed in seeds:
+                results.append(await one_pool(s, args, seed, recipe, store, workdir))
+        finally:
+            await close_shared_stores()
+    rows = []
+    for r in results:
+        curve = r["curve"]
+        assert isinstance(curve, list)
+        first, last = curve[0], curve[-1]
+        rows.append([r["seed"], r["crossed"] if r["crossed"] is not None else "not reached",
+                     f"{first[2]:.2f} → {last[2]:.2f}",
+                     f"{last[2] / max(first[2], 1e-9):.2f}x",
+                     f"{last[2] * args.agents:.2f}x", f"{last[3]:.2f}",
+                     f"{r['seconds_per_iteration']:.0f}s"])
+        print(f"seed {r['seed']} curve (iteration: routed, reward/oracle): "
+              + ", ".join(f"{i}: {ro:.2f}/{ra:.2f}" for i, _, ro, ra in curve))
+    print()
+    print(table(["pool seed", "iterations to bar", "routed v0 → last", "vs untrained",
+                 "vs chance", "reward/oracle", "s / iteration"], rows))
+    return 0 if all(r["crossed"] is not None for r in results) else 1
+
+
+if __name__ == "__main__":
+    quiet_logs("error")
+    sys.exit(run(lambda: main(parse_args())))
