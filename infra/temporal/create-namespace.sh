@@ -23,13 +23,21 @@ else
     temporal operator namespace create --address "$address" -n "$namespace" --retention "$retention"
 fi
 
+# a new namespace reaches every frontend's cache a few seconds after it is created
+n=0
+until listed=$(temporal operator search-attribute list --address "$address" -n "$namespace" 2>&1); do
+    n=$((n + 1))
+    [ "$n" -lt "$tries" ] || { echo "namespace: $namespace is not usable after $n tries: $listed"; exit 1; }
+    echo "namespace: waiting for $namespace to be usable ($n/$tries)"
+    sleep 2
+done
+
 for attribute in ConductorBatch=Keyword ConductorTask=Keyword ConductorDataset=Keyword \
                  ConductorPolicyVersion=Keyword ConductorReward=Double ConductorAgents=KeywordList; do
     name=${attribute%%=*}
-    if temporal operator search-attribute list --address "$address" -n "$namespace" | grep -qw "$name"; then
-        continue
+    if ! echo "$listed" | grep -qw "$name"; then
+        temporal operator search-attribute create --address "$address" -n "$namespace" \
+            --name "$name" --type "${attribute#*=}"
     fi
-    temporal operator search-attribute create --address "$address" -n "$namespace" \
-        --name "$name" --type "${attribute#*=}"
 done
 echo "namespace: $namespace ready"
