@@ -118,7 +118,9 @@ async def test_worker_and_trainer_processes_run_a_task_with_blobs_in_s3(
     assert '"status": "completed"' in ran.stdout and "forty-two" in ran.stdout
     s3 = Settings(data_dir=tmp_path, s3_bucket=bucket, s3_endpoint_url=moto_url)
     keys = stored_objects(blob_store(s3))
-    assert any("payloads" in k for k in keys) and any("trace" in k for k in keys), keys
+    # Temporal payloads (external storage) and the trace's text (the trace store's blobs)
+    assert any(f"/wi/conduct-{task_id}/" in k for k in keys), keys
+    assert any(k.startswith(f"{s3.s3_prefix}sha256/") for k in keys), keys
 
 
 async def test_a_worker_started_before_temporal_joins_it_once_it_is_up(
