@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conductor_engine.engine.settings import OTHER_VARIABLES, Settings
+from conductor_engine.engine.settings import ENV_PREFIX, OTHER_VARIABLES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 _VARIABLE = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*))?\}")
@@ -163,9 +163,10 @@ def test_the_worker_environment_is_settings_the_engine_accepts(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    # CONDUCTOR_METRICS_BIND is the metrics setting being added beside this work; until it is a
-    # setting the engine would refuse it as unknown, so it is left out of this check till then
-    pending = set() if "metrics_bind" in Settings.model_fields else {"CONDUCTOR_METRICS_BIND"}
+    # metrics_bind is the setting being added beside this work; until it is one the engine
+    # would refuse its variable as unknown, so that variable is left out of this check till then
+    metrics = "metrics_bind"
+    pending = set() if metrics in Settings.model_fields else {f"{ENV_PREFIX}{metrics.upper()}"}
     for name, value in env.items():
         if name not in pending:
             monkeypatch.setenv(name, str(value))
@@ -180,7 +181,7 @@ def test_the_worker_environment_is_settings_the_engine_accepts(
 
 def test_prometheus_scrapes_every_worker_on_its_metrics_port(spec: dict[str, Any]) -> None:
     env = spec["services"]["worker"]["environment"]
-    port = int(env["CONDUCTOR_METRICS_BIND"].rsplit(":", 1)[1])
+    port = int(env[f"{ENV_PREFIX}METRICS_BIND"].rsplit(":", 1)[1])
     config = yaml.safe_load((ROOT / "infra/prometheus.yml").read_text())
     discovered = {(name, sd["port"]) for job in config["scrape_configs"]
                   for sd in job.get("dns_sd_configs", []) for name in sd["names"]}
