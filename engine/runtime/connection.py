@@ -123,20 +123,20 @@ async def connect_temporal(
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            raise ConnectError(_unreachable(settings, message, now - started if not_up else 0)
-                               ) from e
+            waited = now - started if not_up and wait_s > 0 else None
+            raise ConnectError(_unreachable(settings, message, waited)) from e
 
 
-def _unreachable(settings: Settings, cause: str, waited: float) -> str:
-    """The one line a failed connection gives: where, for how long, what to do."""
+def _unreachable(settings: Settings, cause: str, waited: float | None) -> str:
+    """The one line a failed connection gives: where, for how long it was waited for (None:
+    it was not), what to do."""
     if settings.embedded:
         hint = "start it with `conductor up`"
-    elif waited:
+    elif waited is not None:
         hint = (f"is the server up? Start it, or wait longer with {ENV_PREFIX}"
                 f"TEMPORAL_CONNECT_TIMEOUT (now {settings.temporal_connect_timeout:g}s)")
     else:
         hint = ("check the address (CONDUCTOR_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or the "
                 "temporal.toml profile), the namespace and the TLS settings")
-    after = f" after waiting {waited:.0f}s" if waited else ""
-    return (f"cannot reach Temporal at {settings.address}{after}: {hint} "
-            f"({' '.join(cause.split())})")
+    after = f" after waiting {waited:.0f}s" if waited is not None else ""
+    return f"cannot reach Temporal at {settings.address}{after}: {hint} ({' '.join(cause.split())})"

@@ -33,7 +33,7 @@ from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.tasks.model import Task
 from tests.agent_server import Reply
 from tests.blob_stores import AWS_ENV, fresh_bucket, stored_objects
-from tests.cli import CONDUCTOR, run_conductor
+from tests.cli import CONDUCTOR, one_line_error, run_conductor
 from tests.conftest import free_port, make_pool, write_pool
 from tests.plans import plan_json
 
@@ -173,6 +173,10 @@ def test_a_worker_whose_temporal_never_comes_gives_up_with_one_line(
     waits = [ln for ln in lines[:-1] if "waiting for Temporal" in ln]
     assert waits and len(waits) == len(lines) - 1, "every other line logs one wait"
     assert time.monotonic() - started < 120, "bounded by the timeout (and the start-up)"
+    # a command a person waits for does not wait: it says at once where it looked
+    status = run_conductor("status", "x", env=env, timeout=120)
+    line = one_line_error(status)
+    assert line.startswith(f"error: cannot reach Temporal at {address}: check the address"), line
     # the waits are log lines: at log level error only the one line is left
     quiet = subprocess.run([*CONDUCTOR, "worker"], env={**env, "CONDUCTOR_LOG_LEVEL": "error"},
                            capture_output=True, text=True, timeout=180)
