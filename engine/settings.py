@@ -1,7 +1,9 @@
 """Settings: a TOML file (`conductor.toml`, or the path in CONDUCTOR_CONFIG) under
-`CONDUCTOR_*` environment variables, under command-line flags.
+`CONDUCTOR_*` environment variables, under command-line flags. Temporal's own client config
+(a temporal.toml profile and TEMPORAL_* variables, shared with the `temporal` CLI) lies under
+all of them for the connection to Temporal.
 
-With no `temporal_address` the engine starts its embedded Temporal dev server.
+With no Temporal address from any of them the engine starts its embedded Temporal dev server.
 
 A bad setting fails where it is read, as one SettingsError line naming its source and field:
 `environment variable CONDUCTOR_EMBEDDED_PORT: ...`, `conductor.toml:3: embedded_port: ...`.
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -27,6 +29,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as _SourceError
+from temporalio.envconfig import ClientConfigProfile
 
 from conductor_engine.engine.contracts.names import TASK_QUEUE, TRAINER_TASK_QUEUE
 from conductor_engine.engine.redaction import redact_text
@@ -57,6 +60,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}FAULT_TABLE",  # tests/faults/conftest.py
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
     f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py
+    f"{ENV_PREFIX}BIND",  # docker-compose.yml: the host address its ports are published on
 })
 
 
@@ -82,6 +86,25 @@ def _check_environment(fields: Iterable[str]) -> None:
         more = "".join(f"; also unknown: {n}" for n in unknown[1:])
         raise SettingsError(f"environment variable {unknown[0]}: unknown setting; {hint} (or "
                             f"unset it){more}")
+
+
+def temporal_profile(name: str | None = None) -> ClientConfigProfile:
+    """A profile of Temporal's client config, loaded by the SDK (temporalio.envconfig) with the
+    TEMPORAL_* variables over it. Strict, as conductor.toml is: a misspelt key is an error, not
+    a silent fall back to the embedded server; so is a TEMPORAL_CONFIG_FILE naming no file
+    (which the SDK would ignore) and a profile that is not in the file."""
+    named = os.environ.get("TEMPORAL_CONFIG_FILE")
+    if named and not Path(named).is_file():
+        raise SettingsError(f"environment variable TEMPORAL_CONFIG_FILE names {named!r}, which "
+                            "does not exist: fix the path or unset the variable")
+    try:
+        return ClientConfigProfile.load(name, config_file_strict=True)
+    except Exception as e:  # the SDK's ConfigError (from its Rust core) has no public class
+        where = named or "temporal.toml"
+        detail = " ".join(str(e).split())
+        raise SettingsError(redact_text(
+            f"Temporal client config ({where}, TEMPORAL_* variables): {detail}; fix it (the "
+            "`temporal` CLI reads the same file and variables)")) from None
 
 
 class _ConfigFile(PydanticBaseSettingsSource):
@@ -170,16 +193,59 @@ class Settings(BaseSettings):
                 f"{_source_of(field, values)}: {first['msg']}{got}{more}")) from None
         except _SourceError as e:
             raise SettingsError(f"settings: {e}") from None
+        self._apply_temporal_profile()
 
+    _temporal: ClientConfigProfile = PrivateAttr(default_factory=ClientConfigProfile)
+
+    def _apply_temporal_profile(self) -> None:
+        """Temporal's own client config under ours: the profile (temporal.toml, or the file
+        in TEMPORAL_CONFIG_FILE; TEMPORAL_PROFILE or temporal_profile picks it) with the
+        TEMPORAL_* variables over it, as the `temporal` CLI reads them. The address and
+        namespace fill the settings not given as CONDUCTOR_*, a flag, conductor.toml or in code;
+        TLS and the API key are merged when connecting (runtime/connection.py)."""
+        self._temporal = temporal_profile(self.temporal_profile)
+        if "temporal_address" not in self.model_fields_set and self._temporal.address:
+            self.temporal_address = self._temporal.address
+        if "temporal_namespace" not in self.model_fields_set and self._temporal.namespace:
+            self.temporal_namespace = self._temporal.namespace
+
+    @property
+    def temporal_client_profile(self) -> ClientConfigProfile:
+        """The Temporal profile these settings were read with (TEMPORAL_* applied)."""
+        return self._temporal
+
+    # --- Temporal: these sit on top of Temporal's own client config (temporal.toml profile,
+    # TEMPORAL_* variables; see _apply_temporal_profile), so each is unset by default ----------
     temporal_address: str | None = Field(
-        default=None, description="host:port of a Temporal frontend; unset = embedded dev server"
+        default=None, description="host:port of a Temporal frontend; unset = the Temporal "
+        "profile's address (TEMPORAL_ADDRESS, temporal.toml), else the embedded dev server"
     )
-    temporal_namespace: str = "default"
-    temporal_tls: bool = False
-    temporal_tls_cert: Path | None = None
-    temporal_tls_key: Path | None = None
+    temporal_namespace: str = Field(
+        default="default", description="default: the Temporal profile's namespace, else default"
+    )
+    temporal_profile: str | None = Field(
+        default=None, description="profile in Temporal's temporal.toml; default TEMPORAL_PROFILE, "
+        "else the profile named default"
+    )
+    temporal_tls: bool | None = Field(
+        default=None, description="force TLS on or off; unset = on when the profile, an API key "
+        "or any temporal_tls_* setting asks for it"
+    )
+    temporal_tls_cert: Path | None = Field(default=None, description="client certificate (mTLS)")
+    temporal_tls_key: Path | None = Field(default=None, description="client private key (mTLS)")
+    temporal_tls_server_ca: Path | None = Field(
+        default=None, description="CA certificate that signed the server's (a private CA)"
+    )
+    temporal_tls_server_name: str | None = Field(
+        default=None, description="name to verify the server's certificate against (SNI)"
+    )
     temporal_api_key_env: str = Field(
-        default="TEMPORAL_API_KEY", description="NAME of the env var with a Temporal Cloud API key"
+        default="TEMPORAL_API_KEY", description="NAME of the env var with a Temporal Cloud API key "
+        "(else the profile's api_key)"
+    )
+    temporal_connect_timeout: float = Field(
+        default=60.0, ge=0, description="seconds `conductor worker` and `trainer` wait for a "
+        "Temporal that refuses connections (still starting) before they give up"
     )
     task_queue: str = TASK_QUEUE
     trainer_task_queue: str = Field(
@@ -263,11 +329,19 @@ class Settings(BaseSettings):
         return self.temporal_address or f"127.0.0.1:{self.embedded_port}"
 
     def ui_base(self) -> str:
+        """The Temporal UI the links we print point to: `ui_url` when set; the embedded
+        server's UI; Temporal Cloud's UI for a `*.tmprl.cloud` address; else the UI on port
+        8233 of the server's host, where docker-compose.yml publishes it beside :7233."""
         if self.ui_url:
             return self.ui_url.rstrip("/")
         if self.embedded:
             return f"http://localhost:{self.embedded_ui_port}"
-        return "http://localhost:8080"
+        host = self.address.rsplit(":", 1)[0] if ":" in self.address else self.address
+        if host.endswith(".tmprl.cloud"):
+            return "https://cloud.temporal.io"
+        if host in ("127.0.0.1", "0.0.0.0", "[::1]", "::1"):
+            host = "localhost"
+        return f"http://{host}:8233"
 
     def workflow_url(self, workflow_id: str, run_id: str | None = None) -> str:
         from urllib.parse import quote

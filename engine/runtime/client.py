@@ -7,9 +7,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
-    TLSConfig,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -49,24 +45,20 @@ from conductor_engine.engine.contracts.search_attributes import (
     task_search_attributes,
 )
 from conductor_engine.engine.contracts.task_lists import TaskList
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.runtime.connection import ConnectError, connect_temporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
-from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.task_lists import put_task_list
 from conductor_engine.engine.tasks.checks import check_storable
 from conductor_engine.engine.tasks.model import Task
+
+__all__ = ["ConductorClient", "ConnectError", "RunFailed", "connect_temporal"]
 
 if TYPE_CHECKING:
     from conductor_engine.workflows.batch import BatchProgress
     from conductor_engine.workflows.train import TrainInput, TrainProgress
 
-STARTING_SERVER_GRACE_S = 30.0
 P = TypeVar("P", bound=BaseModel)
-
-
-class ConnectError(RuntimeError):
-    """Temporal cannot be reached; the message says where we looked and what to do."""
 
 
 class RunFailed(RuntimeError):
@@ -108,58 +100,20 @@ def workflow_id_for(task: Task) -> str:
     return conduct_workflow_id(task.id)
 
 
-def _tls(settings: Settings) -> TLSConfig | bool:
-    if settings.temporal_tls_cert and settings.temporal_tls_key:
-        return TLSConfig(
-            client_cert=settings.temporal_tls_cert.read_bytes(),
-            client_private_key=settings.temporal_tls_key.read_bytes(),
-        )
-    return settings.temporal_tls
-
-
-async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -> Client:
-    """Connect to the configured Temporal, starting the embedded dev server if none is set."""
-    if settings.embedded and start_embedded:
-        EmbeddedTemporal(
-            settings.data_dir, settings.embedded_port, settings.embedded_ui_port
-        ).start(detached=True)
-    api_key = os.environ.get(settings.temporal_api_key_env) or None
-    # a server that has just opened its port may still answer "not healthy yet" for a few
-    # seconds (the dev server registers its search attributes then): wait it out
-    deadline = time.monotonic() + STARTING_SERVER_GRACE_S
-    while True:
-        try:
-            return await Client.connect(
-                settings.address,
-                namespace=settings.temporal_namespace,
-                data_converter=data_converter(settings),
-                tls=_tls(settings) if not api_key else True,
-                api_key=api_key,
-            )
-        except RuntimeError as e:
-            if "not healthy" in str(e) and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-                continue
-            hint = (
-                "start it with `conductor up`"
-                if settings.embedded
-                else "check CONDUCTOR_TEMPORAL_ADDRESS, the namespace and TLS settings"
-            )
-            raise ConnectError(
-                f"cannot reach Temporal at {settings.address}: {hint} ({e})"
-            ) from e
-
-
 class ConductorClient:
     def __init__(self, client: Client, settings: Settings) -> None:
         self.client, self.settings = client, settings
 
     @classmethod
     async def connect(
-        cls, settings: Settings | None = None, *, start_embedded: bool = True
+        cls, settings: Settings | None = None, *, start_embedded: bool = True,
+        wait_s: float = 0.0,
     ) -> ConductorClient:
+        """Connect (connection.connect_temporal: `wait_s` is how long a server that is not up
+        yet is waited for)."""
         settings = settings or Settings()
-        return cls(await connect_temporal(settings, start_embedded=start_embedded), settings)
+        return cls(await connect_temporal(settings, start_embedded=start_embedded,
+                                          wait_s=wait_s), settings)
 
     async def __aenter__(self) -> ConductorClient:
         return self

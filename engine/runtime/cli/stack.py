@@ -35,7 +35,8 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
     from conductor_engine.engine.runtime.worker import build_worker
     from conductor_engine.engine.storage.shared import close_shared_stores
 
-    conductor = await ConductorClient.connect(settings, start_embedded=start_embedded)
+    conductor = await ConductorClient.connect(settings, start_embedded=start_embedded,
+                                             wait_s=settings.temporal_connect_timeout)
     await ensure_registered(conductor.client, settings.temporal_namespace)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -387,7 +387,8 @@ async def _serve_trainer(settings: Settings) -> None:
     from conductor_engine.engine.storage.shared import close_shared_stores
     from conductor_engine.trainer.service import build_trainer_worker
 
-    conductor = await ConductorClient.connect(settings, start_embedded=False)
+    conductor = await ConductorClient.connect(settings, start_embedded=False,
+                                             wait_s=settings.temporal_connect_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
