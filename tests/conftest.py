@@ -17,6 +17,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
@@ -26,6 +27,8 @@ from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
+
+wait_passively()  # the tests' torch waits as the engine's does (engine/providers/local/openmp.py)
 
 
 def free_port() -> int:

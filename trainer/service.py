@@ -35,6 +35,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
     PolicyError,
@@ -55,6 +56,9 @@ from conductor_engine.trainer.rollouts import (
 )
 
 T = TypeVar("T")
+
+wait_passively()  # before torch is first imported (the update imports it)
+
 log = structlog.get_logger(__name__)
 
 

@@ -12,7 +12,13 @@ import pytest
 
 from conductor_engine.engine.contracts.training import split_heldout
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.providers.sim_pool import TAGS, SimPoolSpec, competent, pool_toml, tasks
+from conductor_engine.engine.providers.sim_pool import (
+    TAGS,
+    SimPoolSpec,
+    competent,
+    pool_toml,
+    tasks,
+)
 from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.engine.tasks.model import Task
 

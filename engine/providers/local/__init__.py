@@ -32,6 +32,7 @@ from conductor_engine.engine.providers.local.errors import (
     LOAD_FAILED,
 )
 from conductor_engine.engine.providers.local.model import LoadedModel, load_model
+from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.providers.local.weights import (
     SMOLLM2,
     WHEEL_ENV,
@@ -41,6 +42,8 @@ from conductor_engine.engine.providers.local.weights import (
 )
 from conductor_engine.engine.providers.pool import AgentSpec
 from conductor_engine.engine.providers.registry import Capabilities
+
+wait_passively()  # before torch is first imported: see openmp.py
 
 CAPABILITIES = {
     # the plan grammar (xgrammar) constrains a JSON plan; a trained version is a checkpoint the
