@@ -192,6 +192,18 @@ class Settings(BaseSettings):
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
+    # --- observability (README: Observability) ------------------------------------------------
+    metrics_bind: str | None = Field(
+        default=None, pattern=r"^\S+:\d{1,5}$",
+        description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
+        "and the engine's; unset = off",
+    )
+    otel_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint (e.g. http://localhost:4318) to send OpenTelemetry "
+        "traces of workflows and activities to; OTEL_EXPORTER_OTLP_ENDPOINT works too; needs "
+        "the otel extra",
+    )
     worker_shutdown_grace: float = Field(
         default=30.0, ge=0,
         description="seconds a stopping worker lets its running agent calls finish (a deploy "

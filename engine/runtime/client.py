@@ -50,6 +50,7 @@ from conductor_engine.engine.contracts.search_attributes import (
 )
 from conductor_engine.engine.contracts.task_lists import TaskList
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.runtime.telemetry import metrics_runtime, tracing_interceptors
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.payloads import data_converter
@@ -124,6 +125,9 @@ async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -
             settings.data_dir, settings.embedded_port, settings.embedded_ui_port
         ).start(detached=True)
     api_key = os.environ.get(settings.temporal_api_key_env) or None
+    # /metrics (metrics_bind) and OpenTelemetry spans (otel_endpoint): engine/runtime/telemetry.py
+    runtime = metrics_runtime(settings)
+    interceptors = tracing_interceptors(settings)
     # a server that has just opened its port may still answer "not healthy yet" for a few
     # seconds (the dev server registers its search attributes then): wait it out
     deadline = time.monotonic() + STARTING_SERVER_GRACE_S
@@ -135,6 +139,8 @@ async def connect_temporal(settings: Settings, *, start_embedded: bool = True) -
                 data_converter=data_converter(settings),
                 tls=_tls(settings) if not api_key else True,
                 api_key=api_key,
+                runtime=runtime,
+                interceptors=interceptors,
             )
         except RuntimeError as e:
             if "not healthy" in str(e) and time.monotonic() < deadline:
