@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import IO, Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -48,7 +48,7 @@ def _redacted(_logger: object, _method: str, event: MutableMapping[str, Any]
 
 
 def configure_logging(fmt: str = "auto", level: str = "warning",
-                      stream: IO[str] | None = None) -> None:
+                      stream: TextIO | None = None) -> None:
     """Set up both kinds of line for this process (again, when called again), on `stream`
     (stderr by default)."""
     global _handler
