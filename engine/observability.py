@@ -17,7 +17,7 @@ from typing import Literal
 
 from temporalio.common import MetricMeter
 
-MetricType = Literal["counter", "histogram"]
+MetricType = Literal["counter", "histogram", "gauge"]
 Role = Literal["plan", "step"]
 """`kind` label: `plan` for the conductor writing a plan, `step` for an agent doing a step."""
 
@@ -46,8 +46,8 @@ STEP_LATENCY = Metric("conductor_step_latency_seconds", "histogram", CALL_LABELS
                       unit="s", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
                                          600))
 STEP_ERRORS = Metric("conductor_step_errors", "counter", (*CALL_LABELS, "error"),
-                     "model calls that failed, by error kind (rate_limited, timeout, ...); "
-                     "Temporal retries the retryable ones")
+                     "model calls that failed, by error kind (AgentRateLimited, AgentTimeout, "
+                     "...: engine/providers/errors.py); Temporal retries the retryable ones")
 PLANS = Metric("conductor_plans", "counter", ("agent", "provider", "outcome"),
                "plans the conductor wrote: outcome=valid (parsed and validated) or invalid")
 REWARD = Metric("conductor_reward", "histogram", ("conductor", "policy_version", "verifier"),
@@ -58,6 +58,26 @@ RUNS = Metric("conductor_runs", "counter", ("conductor", "policy_version", "stat
 
 METRICS: tuple[Metric, ...] = (TOKENS_IN, TOKENS_OUT, COST, STEP_LATENCY, STEP_ERRORS, PLANS,
                                REWARD, RUNS)
+
+
+# The Temporal SDK's own metrics (its Rust core's, prefixed `temporal_`) that the dashboard
+# (infra/grafana/conductor-dashboard.json) and the README use; durations in milliseconds, as the
+# SDK exports them by default. tests/integration/test_observability.py checks they are served.
+SDK_METRICS: tuple[Metric, ...] = (
+    Metric("temporal_workflow_completed", "counter", ("workflow_type", "task_queue"),
+           "workflows that completed"),
+    Metric("temporal_workflow_endtoend_latency", "histogram", ("workflow_type", "task_queue"),
+           "workflow run time, start to close", unit="ms"),
+    Metric("temporal_activity_execution_latency", "histogram", ("activity_type", "task_queue"),
+           "activity attempt time", unit="ms"),
+    Metric("temporal_activity_schedule_to_start_latency", "histogram",
+           ("activity_type", "task_queue"),
+           "time an activity waited for a worker: rising means too few workers", unit="ms"),
+    Metric("temporal_activity_execution_failed", "counter", ("activity_type", "task_queue"),
+           "activity attempts that failed (retried or not)"),
+    Metric("temporal_worker_task_slots_available", "gauge", ("worker_type", "task_queue"),
+           "free slots of the worker: zero means it is saturated"),
+)
 
 
 def exported_names(metric: Metric) -> set[str]:

@@ -115,6 +115,9 @@ async def test_a_worker_with_metrics_bind_serves_the_sdks_and_the_engines_metric
     # every engine metric the module lists (this run met each) is served under its names
     for metric in observability.METRICS:
         assert observability.exported_names(metric) <= set(m), metric.name
+    # and so is every SDK metric the dashboard queries (claude's 503 failed one activity)
+    for metric in observability.SDK_METRICS:
+        assert observability.exported_names(metric) <= set(m), metric.name
 
 
 async def test_without_metrics_bind_a_client_stays_on_the_default_runtime(
