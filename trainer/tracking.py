@@ -114,7 +114,8 @@ class Trackers:
 
             run = self._trackio[it.run] = trackio.init(project="conductor", name=it.run,
                                                        resume="allow")
-        run.log({**it.scalars, "sample_plans": _markdown(it.samples)}, step=it.step)
+        texts = {"sample_plans": _markdown(it.samples)} if it.samples else {}
+        run.log({**it.scalars, **texts}, step=it.step)
 
     def close(self) -> None:
         for writer in self._tensorboard.values():
