@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -194,7 +194,7 @@ class Settings(BaseSettings):
     log_level: str = "warning"
     # --- observability (README: Observability) ------------------------------------------------
     metrics_bind: str | None = Field(
-        default=None, pattern=r"^\S+:\d{1,5}$",
+        default=None,
         description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
         "and the engine's; unset = off",
     )
@@ -246,6 +246,15 @@ class Settings(BaseSettings):
         description="where policy versions are written for vLLM to load (runtime LoRA); a "
         "directory the vLLM server reads at the same path; default data_dir/policies",
     )
+
+    @field_validator("metrics_bind")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        host, _, port = (value or "").rpartition(":")
+        if value and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("expected host:port, e.g. 127.0.0.1:9000 (0.0.0.0:9000 for every "
+                             "interface)")
+        return value
 
     @classmethod
     def settings_customise_sources(

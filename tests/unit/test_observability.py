@@ -61,3 +61,17 @@ def test_the_standard_otlp_variable_turns_tracing_on(monkeypatch: pytest.MonkeyP
     assert not telemetry.tracing_enabled(Settings())
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
     assert telemetry.tracing_enabled(Settings())
+
+
+@pytest.mark.parametrize("bind", ["nonsense", "127.0.0.1:70000", ":9000", "host:port"])
+def test_a_bad_metrics_bind_is_one_line_saying_the_form(
+    bind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from conductor_engine.engine.settings import SettingsError
+
+    monkeypatch.setenv("CONDUCTOR_METRICS_BIND", bind)
+    with pytest.raises(SettingsError, match=r"^environment variable CONDUCTOR_METRICS_BIND: .*"
+                       r"expected host:port, e.g. 127.0.0.1:9000"):
+        Settings()
+    monkeypatch.setenv("CONDUCTOR_METRICS_BIND", "[::1]:9000")
+    assert Settings().metrics_bind == "[::1]:9000"
