@@ -13,6 +13,7 @@ through the same processors, so in JSON mode every line is one JSON object with 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -23,6 +24,7 @@ import structlog
 from conductor_engine.engine.redaction import redact_text
 
 _handler: logging.Handler | None = None  # ours on the root logger, replaced on reconfiguration
+_json_stream: TextIO | None = None  # where JSON lines go, in JSON mode
 
 
 def _redact(value: Any) -> Any:
@@ -51,9 +53,10 @@ def configure_logging(fmt: str = "auto", level: str = "warning",
                       stream: TextIO | None = None) -> None:
     """Set up both kinds of line for this process (again, when called again), on `stream`
     (stderr by default)."""
-    global _handler
+    global _handler, _json_stream
     stream = stream or sys.stderr
     json_lines = fmt == "json" or (fmt == "auto" and not stream.isatty())
+    _json_stream = stream if json_lines else None
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if json_lines
@@ -100,3 +103,16 @@ def configure_logging(fmt: str = "auto", level: str = "warning",
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+
+
+def announce_json(event: str, **fields: Any) -> bool:
+    """In JSON mode, write a line a service always writes, whatever the level (a worker that
+    starts polling, or stops) as a JSON line of level `info`, and say True; on a terminal say
+    False, and the caller prints it its own way. So a service's stderr holds only JSON lines."""
+    if _json_stream is None:
+        return False
+    line = {"event": event, **fields, "level": "info"}
+    structlog.processors.TimeStamper(fmt="iso")(None, "info", line)
+    _json_stream.write(json.dumps(_redacted(None, "info", line), default=str) + "\n")
+    _json_stream.flush()
+    return True

@@ -63,3 +63,19 @@ def test_reconfiguring_replaces_the_handler_rather_than_adding_one(lines: io.Str
     configure_logging("json", "info", stream=again)
     logging.getLogger("temporalio").warning("once")
     assert lines.getvalue() == "" and len(again.getvalue().splitlines()) == 1
+
+
+def test_a_services_start_line_is_json_in_json_mode_whatever_the_level() -> None:
+    from conductor_engine.engine.runtime.logging import announce_json
+
+    out = io.StringIO()
+    try:
+        configure_logging("json", "error", stream=out)
+        assert announce_json("worker polling", task_queue="q", address=f"https://u:{KEY}@h")
+        configure_logging("console", "error", stream=io.StringIO())
+        assert not announce_json("worker polling"), "a terminal prints its own line"
+    finally:
+        configure_logging("auto", "warning")
+    [line] = _parsed(out)
+    assert line["event"] == "worker polling" and line["level"] == "info" and "timestamp" in line
+    assert KEY not in out.getvalue()
