@@ -195,6 +195,10 @@ def train_start(
                       f" from {escape(agents.conductor.id)} v{version}: {len(loaded_tasks)} tasks, "
                       f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size} "
                       f"· {escape(settings.workflow_url(wid))}", soft_wrap=True)
+            if "tensorboard" in r.report_to:  # written by the trainer, on its machine
+                where = "" if in_process else " on the trainer's machine"
+                err.print(Text(f"TensorBoard: tensorboard --logdir "
+                               f"{settings.data_dir / 'runs'}{where}"), soft_wrap=True)
             if watch or in_process:
                 await _watch(conductor, name)
 
