@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import AGENT_ACTIVITY
@@ -61,12 +62,19 @@ class AgentActivities:
             completion = await heartbeating(held_or_called(lambda: complete(spec, request)))
         except AgentCallError as e:
             log.warning("agent call failed", error=e.message, retryable=e.retryable)
+            metrics.record_error(activity.metric_meter(), agent=spec.id, provider=spec.provider,
+                                 kind="step", error=e.kind,
+                                 seconds=time.monotonic() - started)
             raise to_application_error(e) from e
         except asyncio.CancelledError:
             log.info("agent call cancelled", seconds=round(time.monotonic() - started, 3))
             raise
         seconds = time.monotonic() - started
         log.info("agent answered", seconds=round(seconds, 3), tokens=completion.usage.output_tokens)
+        metrics.record_call(activity.metric_meter(), agent=spec.id, provider=spec.provider,
+                            kind="step", input_tokens=completion.usage.input_tokens,
+                            output_tokens=completion.usage.output_tokens,
+                            cost_usd=completion.cost_usd, seconds=seconds)
         reply = AgentReply(
             output=completion.text, usage=completion.usage, cost_usd=completion.cost_usd,
             model=completion.model or spec.model, seconds=seconds, attempt=info.attempt,

@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
@@ -151,6 +152,9 @@ class PlanActivities:
             failure = _adapter_lost(conductor, e) or e
             log.warning("conductor call failed", error=failure.message,
                         retryable=failure.retryable)
+            metrics.record_error(activity.metric_meter(), agent=conductor.id,
+                                 provider=conductor.provider, kind="plan", error=failure.kind,
+                                 seconds=time.monotonic() - started)
             raise to_application_error(failure) from e
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
@@ -170,6 +174,13 @@ class PlanActivities:
         except PlanError as e:
             out.error = str(e)
             log.warning("plan rejected", error=out.error)
+        meter = activity.metric_meter()
+        metrics.record_call(meter, agent=conductor.id, provider=conductor.provider, kind="plan",
+                            input_tokens=completion.usage.input_tokens,
+                            output_tokens=completion.usage.output_tokens,
+                            cost_usd=completion.cost_usd, seconds=out.seconds)
+        metrics.record_plan(meter, agent=conductor.id, provider=conductor.provider,
+                            valid=out.plan is not None)
         await until_storable(out, self.settings)
         return out
 

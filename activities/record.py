@@ -17,6 +17,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.providers.pool import Pool
@@ -59,6 +60,11 @@ class RecordActivities:
         except UNAVAILABLE as e:
             raise ApplicationError(f"trace store unavailable: {e}",
                                    type="TraceStoreUnavailable") from e
+        if req.task.depth == 0:  # a self-call's sub-run is part of its parent's run
+            metrics.record_run(
+                activity.metric_meter(), conductor=trace.policy.name,
+                policy_version=trace.policy.version, status=trace.status,
+                reward=trace.reward.value if trace.reward else None, verifier=req.task.verifier)
         structlog.get_logger().info(
             "trace recorded", workflow_id=trace.workflow_id, run_id=trace.run_id,
             status=trace.status, reward=trace.reward.value if trace.reward else None,

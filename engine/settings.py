@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -258,6 +258,18 @@ class Settings(BaseSettings):
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
+    # --- observability (README: Observability) ------------------------------------------------
+    metrics_bind: str | None = Field(
+        default=None,
+        description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
+        "and the engine's; unset = off",
+    )
+    otel_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint (e.g. http://localhost:4318) to send OpenTelemetry "
+        "traces of workflows and activities to; OTEL_EXPORTER_OTLP_ENDPOINT works too; needs "
+        "the otel extra",
+    )
     worker_shutdown_grace: float = Field(
         default=30.0, ge=0,
         description="seconds a stopping worker lets its running agent calls finish (a deploy "
@@ -300,6 +312,15 @@ class Settings(BaseSettings):
         description="where policy versions are written for vLLM to load (runtime LoRA); a "
         "directory the vLLM server reads at the same path; default data_dir/policies",
     )
+
+    @field_validator("metrics_bind")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        host, _, port = (value or "").rpartition(":")
+        if value and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("expected host:port, e.g. 127.0.0.1:9000 (0.0.0.0:9000 for every "
+                             "interface)")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -47,13 +47,15 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.engine.storage.trace_store import Group, TraceStore
 from conductor_engine.trainer.rollouts import (
     GroupStats,
+    deciding_attempts,
     group_samples,
     group_stats,
     select_groups,
 )
+from conductor_engine.trainer.tracking import SAMPLE_PLANS, SamplePlan, Trackers, iteration_of
 
 T = TypeVar("T")
 
@@ -82,6 +84,7 @@ class Trainer:
         self._held: _Held | None = None
         self._lock = asyncio.Lock()
         self.loads = 0  # policies loaded from the registry or the base: what holding saves
+        self.trackers = Trackers(settings.data_dir)  # the recipe's report_to
 
     async def update(self, req: UpdateRequest) -> UpdateResult:
         async with self._lock:
@@ -120,6 +123,9 @@ class Trainer:
             raise ApplicationError(str(e), type="TraceAlreadyConsumed") from e  # retry: reselect
         held.version = published.version
         self._held = held
+        if req.recipe.report_to:
+            it = iteration_of(req, metrics, sample_plans(groups))
+            await asyncio.to_thread(self.trackers.log, req.recipe.report_to, it)
         log.info("policy published", policy=req.name, version=published.label,
                  groups=stats.groups, left_out=stats.left_out, loss=round(step.loss, 5),
                  grad_norm=round(step.grad_norm, 4), seconds=round(time.monotonic() - started, 2))
@@ -170,6 +176,22 @@ class Trainer:
             base_model=req.recipe.policy.base, kind=held.policy.kind, files=files,
             optimizer=optimizer, metrics=metrics, update_id=req.update_id,
         )
+
+
+def sample_plans(groups: list[tuple[Group, int]]) -> list[SamplePlan]:
+    """A few plans the update trained on, for the trackers: the first rollout of each of the
+    first groups (in the update's fixed order), as its conductor wrote it."""
+    out = []
+    for group, _ in groups:
+        if group.trainable and group.traces:
+            trace = group.traces[0]
+            attempts = deciding_attempts(trace)
+            if attempts:
+                reward = trace.reward.value if trace.reward else None
+                out.append(SamplePlan(group.task_id, reward, attempts[-1].raw_text))
+        if len(out) == SAMPLE_PLANS:
+            break
+    return out
 
 
 def seeded(req: UpdateRequest, fn: Callable[..., T], *args: Any) -> T:

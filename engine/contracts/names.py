@@ -96,6 +96,16 @@ def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
     return f"{workflow_id}/{first_run_id}/it{iteration}"
 
 
+_UPDATE_ID = re.compile(r"^train-(?P<name>[^/]+)/[^/]+/it(?P<iteration>\d+)$")
+
+
+def update_of(update: str) -> tuple[str, int] | None:
+    """(training run NAME, iteration) of an `update_id` made by a training run; None for any
+    other idempotency key (an update requested by hand)."""
+    found = _UPDATE_ID.match(update)
+    return (found["name"], int(found["iteration"])) if found else None
+
+
 _SELF_CALL = re.compile(r"/r(\d+)s(\d+)$")
 
 

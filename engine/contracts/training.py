@@ -8,17 +8,51 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from conductor_engine.engine.tasks.model import Task
 
 
-class RolloutConfig(BaseModel):
+def _trl(name: str, trl_name: str) -> AliasChoices:
+    """A field read under its own name or under TRL's GRPOConfig name for it."""
+    return AliasChoices(name, trl_name)
+
+
+class _TrlNames(BaseModel):
+    """A recipe section that also takes TRL's GRPOConfig names for its fields (`_trl` aliases),
+    so a recipe written for TRL reads the same here. A field given under both names is an
+    error, not a silent choice of one."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                alias = field.validation_alias
+                if isinstance(alias, AliasChoices):
+                    given = [str(c) for c in alias.choices if c in data]
+                    if len(given) > 1:
+                        raise ValueError(f"{' and '.join(given)} name the same setting "
+                                         f"({name}): give one")
+        return data
+
+
+class RolloutConfig(_TrlNames):
     """Which traces an update trains on."""
 
-    group_size: int = Field(default=8, ge=2, description="G: rollouts per task in a group")
+    group_size: int = Field(default=8, ge=2, description="G: rollouts per task in a group",
+                            validation_alias=_trl("group_size", "num_generations"))
     groups_per_update: int = Field(default=4, ge=1, description="tasks per update")
     max_staleness: int = Field(
         default=1, ge=0, description="train on groups at most this many versions old"
@@ -27,7 +61,8 @@ class RolloutConfig(BaseModel):
         default=1.0, gt=0, le=1, description="advantage weight per version of age (1 = none)"
     )
     scale_rewards: bool = Field(
-        default=True, description="divide advantages by the group's std (False = Dr. GRPO)"
+        default=True, description="divide advantages by the group's std (False = Dr. GRPO); "
+        "TRL's 'group' and 'none' mean true and false"
     )
     dataset: str | None = Field(default=None, description="only groups of this dataset")
     task_ids: list[str] | None = Field(default=None, description="only these tasks")
@@ -47,6 +82,18 @@ class RolloutConfig(BaseModel):
         "bias for whichever agent comes first",
     )
 
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _trl_scale_rewards(cls, value: Any) -> Any:
+        """TRL's string values: 'group' (its default) and 'none'; its 'batch' has no equal
+        here (advantages are per group)."""
+        if isinstance(value, str) and value.lower() in ("group", "none"):
+            return value.lower() == "group"
+        if isinstance(value, str) and value.lower() == "batch":
+            raise ValueError("'batch' (TRL's std over the whole batch) is not supported: use "
+                             "true ('group') or false ('none')")
+        return value
+
     @model_validator(mode="after")
     def _subset_bounds(self) -> RolloutConfig:
         lo, hi = self.pool_subset_min, self.pool_subset_max
@@ -61,24 +108,41 @@ class RolloutConfig(BaseModel):
             or self.pool_subset_max is not None
 
 
-class LossConfig(BaseModel):
-    """The GRPO objective and optimiser step (names and meanings follow TRL's GRPOConfig)."""
+class LossConfig(_TrlNames):
+    """The GRPO objective and optimiser step (names and meanings follow TRL's GRPOConfig; its
+    own names are accepted too: `epsilon`, `mask_truncated_completions`,
+    `per_device_train_batch_size`, `num_iterations`)."""
 
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
-    epsilon_low: float = Field(default=0.2, ge=0)
+    epsilon_low: float = Field(default=0.2, ge=0,
+                               validation_alias=_trl("epsilon_low", "epsilon"))
     epsilon_high: float = Field(default=0.2, ge=0)
     beta: float = Field(default=0.0, ge=0, description="KL to the frozen base; 0 = no KL")
-    mask_truncated: bool = Field(default=False, description="drop completions cut at max_tokens")
+    mask_truncated: bool = Field(default=False, description="drop completions cut at max_tokens",
+                                 validation_alias=_trl("mask_truncated",
+                                                       "mask_truncated_completions"))
     max_completion_length: int = Field(default=512, gt=0, description="dr_grpo's normaliser")
     temperature: float = Field(default=1.0, gt=0, description="the rollouts' temperature")
     learning_rate: float = Field(default=1e-6, gt=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
-    micro_batch_size: int = Field(default=8, ge=1, description="gradient accumulation unit")
+    micro_batch_size: int = Field(default=8, ge=1, description="gradient accumulation unit",
+                                  validation_alias=_trl("micro_batch_size",
+                                                        "per_device_train_batch_size"))
     steps_per_update: int = Field(
         default=1, ge=1,
         description="mu: optimiser steps on the same rollouts (TRL's num_iterations); past the "
         "first, the clipped ratio against the sampling policy keeps each step near it",
+        validation_alias=_trl("steps_per_update", "num_iterations"),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_epsilon_high(cls, data: Any) -> Any:
+        """TRL's `epsilon_high` defaults to its `epsilon`: a recipe written for TRL that sets
+        only `epsilon` clips both sides at it here too."""
+        if isinstance(data, dict) and "epsilon" in data and "epsilon_high" not in data:
+            return {**data, "epsilon_high": data["epsilon"]}
+        return data
 
 
 class PolicyConfig(BaseModel):
@@ -111,6 +175,17 @@ class HeldOutConfig(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0,
                                description="0: greedy, the conductor's single best plan")
     seed: int = Field(default=0, ge=0, description="which tasks are held out")
+Tracker = Literal["tensorboard", "trackio"]
+
+# TRL's GRPOConfig names a recipe may give flat, at its top level as TRL takes them, and the
+# section each belongs to (inside a section they are read as aliases of the section's fields).
+TRL_SECTIONS: dict[str, str] = {
+    "num_generations": "rollouts", "scale_rewards": "rollouts",
+    "num_iterations": "loss", "per_device_train_batch_size": "loss", "learning_rate": "loss",
+    "beta": "loss", "epsilon": "loss", "epsilon_high": "loss", "max_grad_norm": "loss",
+    "loss_type": "loss", "max_completion_length": "loss", "temperature": "loss",
+    "mask_truncated_completions": "loss",
+}
 
 
 class Recipe(BaseModel):
@@ -120,11 +195,43 @@ class Recipe(BaseModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
     heldout: HeldOutConfig = Field(default_factory=HeldOutConfig)
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        description="where the trainer logs each update's metrics and sample plans: "
+        "tensorboard (data_dir/runs/NAME) and/or trackio; TRL's 'none' or one name work too",
+    )
     seed: int = Field(
         default=0, ge=0, description="seeds torch for each update, with the version it trains "
         "from (never the update id, which holds a run id): the same rollouts give the same "
         "weights on every run (a LoRA's initialisation included)",
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_none(cls, value: Any) -> Any:
+        """TRL's forms: one name, or 'none'."""
+        if isinstance(value, str):
+            return [] if value == "none" else [value]
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_trl_names(cls, data: Any) -> Any:
+        """TRL's names given flat (`num_generations = 64` at the top, as GRPOConfig takes
+        them) moved into their section; the same name at the top and in the section is an
+        error."""
+        if not isinstance(data, dict) or not any(k in TRL_SECTIONS for k in data):
+            return data
+        data = dict(data)
+        for key in [k for k in data if k in TRL_SECTIONS]:
+            section = TRL_SECTIONS[key]
+            inner = data.get(section, {})
+            if not isinstance(inner, dict):
+                break  # the section's own error says what is wrong with it
+            if key in inner:
+                raise ValueError(f"{key} is given both at the top and in [{section}]: give one")
+            data[section] = {**inner, key: data.pop(key)}
+        return data
 
 
 class UpdateRequest(BaseModel):

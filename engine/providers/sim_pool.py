@@ -124,7 +124,7 @@ class SimPoolSpec(BaseModel):
 
     agents: int = Field(default=4, ge=1, le=len(NAMES))
     tags: int = Field(default=4, ge=1, le=len(TAGS))
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**31)
     tasks_per_tag: int = Field(default=8, ge=1, le=MAX_TASKS_PER_TAG)
     skills: SkillLayout = "one"
     high: float = Field(default=0.95, ge=0, le=1, description="a competent agent's skill")

@@ -21,6 +21,7 @@ from temporalio.envconfig import ClientConfigTLS
 from temporalio.service import TLSConfig
 
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.runtime.telemetry import metrics_runtime, tracing_interceptors
 from conductor_engine.engine.settings import ENV_PREFIX, Settings
 from conductor_engine.engine.storage.payloads import data_converter
 
@@ -108,7 +109,10 @@ async def connect_temporal(
     delay, attempt = 0.2, 0
     while True:
         try:
-            return await Client.connect(**options, data_converter=data_converter(settings))
+            return await Client.connect(
+                **options, data_converter=data_converter(settings),
+                # /metrics (metrics_bind) and OpenTelemetry spans: engine/runtime/telemetry.py
+                runtime=metrics_runtime(settings), interceptors=tracing_interceptors(settings))
         except RuntimeError as e:
             message = str(e)
             now = time.monotonic()

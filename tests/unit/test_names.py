@@ -32,3 +32,10 @@ def test_a_self_call_id_parses_back() -> None:
     assert names.parse_self_call_id(child) == (2, 11)
     assert names.parse_self_call_id("batch-nightly/t1") is None
     assert names.parse_self_call_id("conduct-t1/r1s2x") is None
+
+
+def test_an_update_id_names_its_training_run_and_iteration() -> None:
+    made = names.update_id(names.training_workflow_id("sim-1.b"), "01a2-b3", 12)
+    assert names.update_of(made) == ("sim-1.b", 12)
+    assert names.update_of("by-hand-1") is None
+    assert names.update_of("train-x/rid/itX") is None

@@ -26,6 +26,7 @@ from conductor_engine.engine.providers.pool import Pool, PoolError
 from conductor_engine.engine.runtime.client import ConductorClient, ConnectError, RunFailed
 from conductor_engine.engine.runtime.embedded import EmbeddedError
 from conductor_engine.engine.runtime.logging import configure_logging
+from conductor_engine.engine.runtime.telemetry import TelemetryError, flush_traces
 from conductor_engine.engine.settings import Settings, SettingsError
 from conductor_engine.engine.storage.database import DatabaseError, database_url
 from conductor_engine.engine.storage.trace_store import TraceStore
@@ -95,10 +96,12 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError,
-            SearchAttributesMissing) as e:
+            SearchAttributesMissing, TelemetryError) as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
+    finally:
+        flush_traces()  # spans of a short command, before the process ends
 
 
 def load_pool(settings: Settings) -> Pool:

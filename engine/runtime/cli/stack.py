@@ -25,6 +25,7 @@ from conductor_engine.engine.runtime.cli.app import (
 )
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.embedded import EmbeddedError, EmbeddedTemporal
+from conductor_engine.engine.runtime.logging import announce_json
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import DatabaseError, EmbeddedPostgres
 
@@ -43,12 +44,24 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with build_worker(conductor.client, settings, pool):
-        err.print(f"worker polling [bold]{escape(settings.task_queue)}[/] on "
-                  f"{escape(settings.address)} "
-                  f"(namespace {escape(settings.temporal_namespace)}); Ctrl-C stops")
+        if not announce_json("worker polling", task_queue=settings.task_queue,
+                             address=settings.address,
+                             namespace=settings.temporal_namespace,
+                             metrics=settings.metrics_bind):
+            err.print(f"worker polling [bold]{escape(settings.task_queue)}[/] on "
+                      f"{escape(settings.address)} "
+                      f"(namespace {escape(settings.temporal_namespace)}){_metrics(settings)}; "
+                      "Ctrl-C stops")
         await stop.wait()
     await close_shared_stores()
-    err.print("worker stopped")
+    if not announce_json("worker stopped", task_queue=settings.task_queue):
+        err.print("worker stopped")
+
+
+def _metrics(settings: Settings) -> str:
+    """Where /metrics is served, for the start-up line."""
+    return f" · metrics http://{escape(settings.metrics_bind)}/metrics" \
+        if settings.metrics_bind else ""
 
 
 @app.command()

@@ -40,6 +40,7 @@ from conductor_engine.engine.runtime.cli.app import (
     run_async,
 )
 from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.logging import announce_json
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
 
@@ -214,6 +215,10 @@ def train_start(
                       f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size}"
                       f"{f', {len(heldout)} held out' if heldout else ''} "
                       f"· {escape(settings.workflow_url(wid))}", soft_wrap=True)
+            if "tensorboard" in r.report_to:  # written by the trainer, on its machine
+                where = "" if in_process else " on the trainer's machine"
+                err.print(Text(f"TensorBoard: tensorboard --logdir "
+                               f"{settings.data_dir / 'runs'}{where}"), soft_wrap=True)
             if watch or in_process:
                 await _watch(conductor, name)
 
@@ -394,9 +399,13 @@ async def _serve_trainer(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with build_trainer_worker(conductor.client, settings):
-        err.print(f"trainer polling [bold]{escape(settings.trainer_task_queue)}[/] on "
-                  f"{escape(settings.address)}; "
-                  f"Ctrl-C stops")
+        if not announce_json("trainer polling", task_queue=settings.trainer_task_queue,
+                             address=settings.address, metrics=settings.metrics_bind):
+            metrics = f" · metrics http://{escape(settings.metrics_bind)}/metrics" \
+                if settings.metrics_bind else ""
+            err.print(f"trainer polling [bold]{escape(settings.trainer_task_queue)}[/] on "
+                      f"{escape(settings.address)}{metrics}; Ctrl-C stops")
         await stop.wait()
     await close_shared_stores()
-    err.print("trainer stopped")
+    if not announce_json("trainer stopped", task_queue=settings.trainer_task_queue):
+        err.print("trainer stopped")
