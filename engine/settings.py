@@ -57,6 +57,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}FAULT_TABLE",  # tests/faults/conftest.py
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
     f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py
+    f"{ENV_PREFIX}API_KEYS",  # engine/runtime/serve/access.py: environment only, never a file
 })
 
 
