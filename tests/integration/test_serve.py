@@ -5,10 +5,12 @@ Temporal dev server, served by a worker whose agents are the scripted agent serv
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import openai
@@ -17,14 +19,15 @@ import uvicorn
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from conductor_engine.engine.runtime.client import ConductorClient
-from conductor_engine.engine.runtime.serve.access import bind_error, key_matches
+from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV, bind_error, key_matches
 from conductor_engine.engine.runtime.serve.app import UI_URL_HEADER, WORKFLOW_ID_HEADER, create_app
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import Reply
-from tests.conftest import free_port, make_pool, running_worker
+from tests.cli import CONDUCTOR, run_conductor, stack_env
+from tests.conftest import free_port, make_pool, running_worker, write_pool
 from tests.plans import plan_json
 
 KEY = "sk-serve-test-key"
@@ -194,3 +197,47 @@ def test_keys_compare_whole_and_no_key_means_loopback_only() -> None:
     assert bind_error("localhost", []) is None and bind_error("0.0.0.0", ["k"]) is None
     line = bind_error("0.0.0.0", [])
     assert line is not None and "CONDUCTOR_API_KEYS" in line and "\n" not in line
+
+
+def test_the_command_refuses_an_open_address_without_keys() -> None:
+    env = {k: v for k, v in os.environ.items() if k != API_KEYS_ENV}
+    proc = run_conductor("serve", "--host", "0.0.0.0", "--port", str(free_port()), env=env)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: refusing to serve on 0.0.0.0 with no API keys")
+
+
+async def test_the_command_serves_the_pools_conductor(
+    agent_server, client: Client, settings: Settings, tmp_path: Path,
+) -> None:
+    """`conductor serve` as a person starts it (a worker beside it), asked by curl's peer."""
+    pool = make_pool(agent_server)
+    agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Say hi.", [])))])
+    agent_server.script("gpt", [Reply.ok("hi there")])
+    port = free_port()
+    env = {**stack_env(settings, write_pool(pool, tmp_path / "pool.toml")),
+           API_KEYS_ENV: f"{KEY}, sk-second"}
+    proc = await asyncio.create_subprocess_exec(
+        *CONDUCTOR, "serve", "--port", str(port), env=env, cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with running_worker(client, settings, pool), httpx.AsyncClient() as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    models = await http.get(f"http://127.0.0.1:{port}/v1/models",
+                                            headers={"Authorization": "Bearer sk-second"})
+                    break
+                except httpx.ConnectError:
+                    assert proc.returncode is None and time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+            assert models.status_code == 200
+            assert models.json()["data"][0]["id"] == "conductor"
+            answer = await _client(f"http://127.0.0.1:{port}/v1").chat.completions.create(
+                model="conductor", messages=[{"role": "user", "content": "Greet me."}])
+            assert answer.choices[0].message.content == "hi there"
+    finally:
+        proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert "serving model conductor at http://127.0.0.1" in err.decode()
+    assert KEY not in err.decode()
