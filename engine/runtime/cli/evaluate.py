@@ -107,7 +107,8 @@ def evaluate(
             traces = await store.batch_traces(name, resolve_blobs=False)
         rows = system_rows(traces)
         title = f"eval {name}: {len(loaded)} tasks"
-        header, table = HEADER, [cells(r) for r in rows]
+        header: tuple[str, ...] = HEADER
+        table = [cells(r) for r in rows]
         if column_widths(header, table, out.width) is None:  # narrow: the main columns
             title += f" (the main columns; {target / 'table.md'} has all)"
             header, table = NARROW_HEADER, [narrow_cells(r) for r in rows]
