@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV, bind_error, key_matches
 from conductor_engine.engine.runtime.serve.app import UI_URL_HEADER, WORKFLOW_ID_HEADER, create_app
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
@@ -241,3 +241,27 @@ async def test_the_command_serves_the_pools_conductor(
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert "serving model conductor at http://127.0.0.1" in err.decode()
     assert KEY not in err.decode()
+
+
+async def test_a_run_past_the_timeout_is_a_504_and_goes_on(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+    trace_store: TraceStore,
+) -> None:
+    agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Think for long.", [])))])
+    agent_server.script("gpt", [Reply.ok("late").after(120)])
+    catalog = ModelCatalog("conductor", PolicyRegistry(trace_store.pool).latest_version)
+    app = create_app(conductor, catalog, [KEY], run_timeout_s=1)
+    async with running_worker(client, settings, make_pool(agent_server)), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), timeout=60) as http:
+        reply = await http.post("http://serve/v1/chat/completions", json={
+            "model": "conductor", "messages": [{"role": "user", "content": "slow"}]},
+            headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 504, reply.text
+        error = reply.json()["error"]
+        wid = reply.headers[WORKFLOW_ID_HEADER]
+        assert error["code"] == "run_timeout" and f"conductor result {wid}" in error["message"]
+        desc = await client.get_workflow_handle(wid).describe()
+        assert desc.status == WorkflowExecutionStatus.RUNNING, "the run goes on"
+        await conductor.cancel(wid)
+        with pytest.raises(RunFailed, match="cancel"):  # ended before its worker stops
+            await conductor.result(wid)

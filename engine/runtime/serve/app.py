@@ -235,12 +235,18 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
         created = int(time.time())
 
         def chunk(delta: Delta, finish: bool = False,
-                  usage: CompletionUsage | None = None, empty: bool = False) -> str:
-            choices = [] if empty else [ChunkChoice(delta=delta,
-                                                    finish_reason="stop" if finish else None)]
+                  usage: CompletionUsage | None = None) -> str:
+            """One event as OpenAI sends it: `finish_reason` null until the stop, the delta
+            holding only what it carries, `usage` only on the last chunk (no choices)."""
+            choices = [] if usage is not None else [
+                ChunkChoice(delta=delta, finish_reason="stop" if finish else None)]
             body = ChatCompletionChunk(id=f"chatcmpl-{wid}", created=created, model=model_name,
-                                       choices=choices, usage=usage)
-            return f"data: {body.model_dump_json(exclude_none=not empty)}\n\n"
+                                       choices=choices, usage=usage).model_dump()
+            for choice in body["choices"]:
+                choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            if body["usage"] is None:
+                del body["usage"]
+            return f"data: {json.dumps(body)}\n\n"
 
         pings: asyncio.Queue[str] = asyncio.Queue()
 
@@ -268,7 +274,7 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
             yield chunk(Delta(content=res.answer or ""))
             yield chunk(Delta(), finish=True)
             if include_usage:
-                yield chunk(Delta(), usage=_usage(res), empty=True)
+                yield chunk(Delta(), usage=_usage(res))
             yield "data: [DONE]\n\n"
         finally:
             if not waiting.done():  # torn down by the server as the client left
