@@ -7,8 +7,12 @@ has. Starlette and uvicorn come with the `serve` extra and are imported only her
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import socket
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -51,6 +55,24 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, stopped by the command's own signal handlers (a stop is a normal
+        end, not an interruption); a second Ctrl-C stops at once."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+        def stop(self) -> None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
+    return Server
+
+
 async def _serve(settings: Settings, pool: Pool, sock: socket.socket, keys: list[str],
                  in_process: bool, run_timeout_s: float) -> None:
     import uvicorn
@@ -69,9 +91,13 @@ async def _serve(settings: Settings, pool: Pool, sock: socket.socket, keys: list
         access = f"{len(keys)} key(s) from {API_KEYS_ENV}" if keys else "no key (loopback only)"
         err.print(f"serving model [bold]{escape(pool.conductor.id)}[/] at "
                   f"http://{escape(where)}:{port}/v1 · {access} · Ctrl-C stops", soft_wrap=True)
-        server = uvicorn.Server(uvicorn.Config(web, log_level="warning", lifespan="off",
-                                               timeout_graceful_shutdown=10))
+        server = _server_class()(uvicorn.Config(web, log_level="warning", lifespan="off",
+                                        timeout_graceful_shutdown=10))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.stop)
         await server.serve(sockets=[sock])
+    err.print("server stopped")
 
 
 @app.command()
