@@ -204,12 +204,12 @@ def fitted_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str
     already and must not be folded again."""
     widths = column_widths(headers, rows, width)
     if widths is not None:
-        table = Table(title=Text(title), title_justify="left")
+        table = Table()
         for header, w in zip(headers, widths, strict=True):
             table.add_column(header, width=w, overflow="fold")
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))
-        return [table]
+        return [Text(title), table]  # the title on a line of its own: a long path never folds
     out: list[RenderableType] = [Text(title)]
     for row in rows:
         out += [Text(""), records(headers, row, width)]
