@@ -61,6 +61,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
     f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py
     f"{ENV_PREFIX}BIND",  # docker-compose.yml: the host address its ports are published on
+    f"{ENV_PREFIX}API_KEYS",  # engine/runtime/serve/access.py: environment only, never a file
 })
 
 

@@ -39,3 +39,16 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     return lines[0]
+
+
+BOX = "│┃┆┊║─━┏┓┗┛┡┩┢┪┣┫┳┻╇╈╋┬┴├┤┼┌┐└┘╭╮╰╯═╔╗╚╝╞╡╪"
+
+
+def assert_fits(text: str, width: int, cells: list[str]) -> None:
+    """Every line of `text` is at most `width` characters, and every word on it (box drawing
+    aside) is a whole word of one of `cells`: nothing was folded in the middle of a word."""
+    words = {w for cell in cells for w in cell.split()}
+    for line in text.splitlines():
+        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
+        for word in line.translate({ord(c): " " for c in BOX}).split():
+            assert word in words, f"{word!r} is not a whole word of the table: {line!r}"

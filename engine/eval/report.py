@@ -111,6 +111,17 @@ def cells(r: SystemRow) -> tuple[str, ...]:
             f"{r.calls_per_task:.1f}", delta)
 
 
+NARROW_HEADER = ("system", "accuracy", "reward", "tokens / task", "$ / task", "p50 s",
+                 "Δ vs best")
+"""The columns a narrow terminal shows (table.md and --json keep every one)."""
+
+
+def narrow_cells(r: SystemRow) -> tuple[str, ...]:
+    delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
+    return (r.system, f"{r.accuracy:.3f}", f"{r.mean_reward:.3f}", f"{r.tokens_per_task:,.0f}",
+            f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", delta)
+
+
 def markdown(name: str, rows: list[SystemRow]) -> str:
     tasks = rows[0].tasks if rows else 0
     lines = [f"# Eval {name}: {tasks} tasks per system", "",

@@ -174,8 +174,14 @@ class AgentSpec(BaseModel):
     )
     description: str = ""
     params: GenerationParams = Field(default_factory=GenerationParams)
-    price_input_per_mtok: float = Field(default=0.0, ge=0)
-    price_output_per_mtok: float = Field(default=0.0, ge=0)
+    price_input_per_mtok: float | None = Field(
+        default=None, ge=0,
+        description="USD per million input tokens; unset = the genai-prices table's "
+        "(engine/providers/prices.py), 0 for local and sim agents",
+    )
+    price_output_per_mtok: float | None = Field(
+        default=None, ge=0, description="USD per million output tokens; unset as above"
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="one attempt (start-to-close)")
     structured_output: bool = Field(
         default=True,
@@ -271,9 +277,10 @@ class AgentSpec(BaseModel):
         return self.web_search is not None and self.web_search.enabled
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
-        return (
-            input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok
-        ) / 1_000_000
+        """USD for one call: the pool file's prices where given, else the price table's."""
+        from conductor_engine.engine.providers.prices import call_cost
+
+        return call_cost(self, input_tokens, output_tokens)
 
     def is_configured(self, env: Mapping[str, str] | None = None) -> bool:
         """True when the agent can be called here: local and sim agents always, others with a

@@ -11,10 +11,17 @@ timed part.
 Set BENCH_TEMPORAL_IN_MEMORY=1 to run the dev server without its SQLite file (its commits are
 then not on the critical path; nothing else changes).
 
-Ideal: tasks x critical path / concurrency, the critical path being 3 x latency (the plan,
-scoring and recording are counted as engine overhead). Printed: wall time, the ideal, the ratio
-(goal <= 1.3 on a 2-core machine), and the CPU seconds per step spent by this process (worker and
-client) and by the Temporal dev server.
+Baselines, both in the same run:
+- ideal: tasks x critical path / concurrency, the critical path being 3 x latency (the plan,
+  scoring and recording are counted as engine overhead); goal wall / ideal <= 1.3.
+- bare Temporal (tests/benchmarks/_bare_batch.py): a parent workflow starting one child per
+  task at the same concurrency, each child the same activities (plan, 3 steps, score, record)
+  as plain activities that only sleep what the engine's take here, on its own worker in this
+  process, on the same dev server. The engine's throughput over the bare one (goal >= 0.8)
+  separates the engine's cost from the dev server's and the machine's: the ratio to the ideal
+  holds both.
+Also printed: the CPU seconds per step spent by this process (worker and client) and by the
+Temporal dev server, for each.
 """
 
 from __future__ import annotations
@@ -37,6 +44,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from temporalio.client import Client  # noqa: E402
+from temporalio.worker import Worker  # noqa: E402
+from temporalio.worker.workflow_sandbox import (  # noqa: E402
+    SandboxedWorkflowRunner,
+    SandboxRestrictions,
+)
+
 from conductor_engine.engine.contracts.names import (  # noqa: E402
     batch_child_workflow_id,
     batch_workflow_id,
@@ -47,6 +61,14 @@ from conductor_engine.engine.storage.batch_report import write_report  # noqa: E
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
 from conductor_engine.engine.tasks.model import Task  # noqa: E402
 from tests.agent_server import start_agent_server  # noqa: E402
+from tests.benchmarks import _bare_batch  # noqa: E402
+from tests.benchmarks._bare_batch import (  # noqa: E402
+    BareBatch,
+    BareBatchInput,
+    BareTask,
+    BareTaskInput,
+    bare_sleep,
+)
 from tests.benchmarks._harness import (  # noqa: E402
     answer_after,
     bench_pool,
@@ -94,6 +116,29 @@ async def main(args: argparse.Namespace) -> int:
         agents_process.join(10)
 
 
+async def _bare(client: Client, args: argparse.Namespace, server: psutil.Process | None
+                 ) -> tuple[float, float, float]:
+    """The bare baseline's wall seconds, this process's CPU seconds and the server's."""
+    queue = f"bench-bare-{uuid.uuid4().hex[:6]}"
+    runner = SandboxedWorkflowRunner(  # the module is imported once, as the engine's models are
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(_bare_batch.__name__))
+    tasks = [BareTaskInput(task_id=f"t{i:05d}", plan_s=0.0, step_s=args.latency, steps=STEPS,
+                           score_s=0.0, record_s=0.0) for i in range(args.tasks)]
+    async with Worker(client, task_queue=queue, workflows=[BareBatch, BareTask],
+                      activities=[bare_sleep], workflow_runner=runner,
+                      max_concurrent_activities=1000):
+        cpu0, srv0 = time.process_time(), server.cpu_times() if server else None
+        started = time.perf_counter()
+        done = await client.execute_workflow(
+            BareBatch.run, BareBatchInput(tasks=tasks, concurrency=args.concurrency),
+            id=f"bare-{uuid.uuid4().hex[:6]}", task_queue=queue)
+        wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
+        srv = (sum(server.cpu_times()[:2]) - sum(srv0[:2])) if server and srv0 else 0.0
+    assert done == args.tasks
+    return wall, cpu, srv
+
+
 async def _bench(args: argparse.Namespace, agents_url: str) -> int:
     with stack() as s:  # its own agent server stays idle: the agents answer from agents_url
         client = await s.client()
@@ -124,6 +169,7 @@ async def _bench(args: argparse.Namespace, agents_url: str) -> int:
             write_report(name, traces, Path(settings.data_dir) / "batches" / name)
             report_s = time.perf_counter() - t
         await close_shared_stores()
+        bare_wall, bare_cpu, bare_srv = await _bare(client, args, server)
     ideal = args.tasks * STEPS * args.latency / args.concurrency
     steps = args.tasks * STEPS
     print(f"batch of {args.tasks} tasks x {STEPS} steps at {args.latency * 1000:.0f} ms, "
@@ -131,8 +177,14 @@ async def _bench(args: argparse.Namespace, agents_url: str) -> int:
           f"failed {progress['failed']}, continued-as-new {progress['continued']}x")
     print(f"wall {wall:.1f}s · ideal {ideal:.1f}s (tasks x critical path / concurrency) · "
           f"ratio {wall / ideal:.2f} (goal <= 1.3)")
+    print(f"bare Temporal, the same activities and children: wall {bare_wall:.1f}s "
+          f"(ratio to the ideal {bare_wall / ideal:.2f}) · engine throughput / bare "
+          f"{bare_wall / wall:.2f} (goal >= 0.8; {args.tasks / wall:.1f} vs "
+          f"{args.tasks / bare_wall:.1f} tasks/s)")
     print(f"orchestration CPU per step: this process (worker + client) {cpu / steps * 1000:.1f} ms"
           f" · Temporal dev server {srv / steps * 1000:.1f} ms · on {os.cpu_count()} cores")
+    print(f"the same for bare Temporal: this process {bare_cpu / steps * 1000:.1f} ms · "
+          f"Temporal dev server {bare_srv / steps * 1000:.1f} ms")
     cores = os.cpu_count() or 1
     floor = (cpu + srv) / cores
     print(f"CPU floor on this machine: (worker + server CPU) / {cores} cores = {floor:.1f}s, "

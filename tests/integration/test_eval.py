@@ -58,7 +58,8 @@ async def test_conductor_eval_compares_the_conductor_with_every_baseline(
 
     agent_server.set_responder("conductor", route)
     name = f"eval-{uuid.uuid4().hex[:6]}"
-    env = stack_env(settings, write_pool(pool, tmp_path / "pool.toml"))
+    # a terminal of 80 columns: the table must stay whole (tests/unit/test_cli_render.py)
+    env = {**stack_env(settings, write_pool(pool, tmp_path / "pool.toml")), "COLUMNS": "80"}
     async with running_worker(client, settings, pool):
         proc = await asyncio.create_subprocess_exec(
             *CONDUCTOR, "eval", str(task_file), "--name", name, "--rounds", "1",
@@ -85,6 +86,7 @@ async def test_conductor_eval_compares_the_conductor_with_every_baseline(
     assert rows["conductor r0"]["calls_per_task"] == 2.0, "a plan and one step"
     assert rows["moa"]["cost_per_task"] > rows["single alpha"]["cost_per_task"]
     assert "conductor r0" in text and "best single" in text and "moa" in text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
     report = tmp_path / "evals" / name
     assert (report / "table.md").read_text().count("\n| ") >= len(rows)
     assert json.loads((report / "results.json").read_text()) == list(rows.values())

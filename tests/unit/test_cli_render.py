@@ -345,3 +345,70 @@ def test_a_date_with_no_utc_time_is_a_usage_error(far_east: None) -> None:
     result = CliRunner().invoke(app, ["traces", "list", "--since", "0001-01-01"])
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--since'" in result.output and "out of range" in result.output
+
+
+def test_pool_show_stays_whole_at_80_columns_and_lists_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conductor_engine.engine.providers.pool import Pool
+    from conductor_engine.engine.runtime.cli.pool import _listing, _source
+    from tests.cli import assert_fits
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    listing = _listing(Pool.load())
+    cells = ["pool:", "default", "id", "provider", "model", "key variable", "usable", "$/M in",
+             "$/M out", "price source", "web search", "description", "(conductor)",
+             "no (key not set)", "yes", "-", "?", "(tiered)", "+", "pool file", "genai-prices",
+             "local", "unknown"]
+    for a in listing:
+        cells += [a.id, a.provider, a.model, a.key_variable or "", a.description,
+                  f"{a.prices.input.per_mtok:g}", f"{a.prices.output.per_mtok:g}",
+                  _source(a.prices)]
+    cells = [f"{c}:" for c in cells] + cells  # the narrow layout's `header: value` lines
+    for width in (80, 100, 150, 250):
+        shown = CliRunner().invoke(app, ["pool", "show"], env={"COLUMNS": str(width)})
+        assert shown.exit_code == 0, shown.output
+        assert_fits(shown.stdout, width, cells)
+        assert "gpt-5" in shown.stdout and "step-by-step" in shown.stdout
+    listed = CliRunner().invoke(app, ["pool", "show", "--json"], env={"COLUMNS": "80"})
+    rows = {r["id"]: r for r in json.loads(listed.stdout)}
+    assert set(rows) == {"conductor", "gpt-5", "claude-sonnet-4", "gemini-2.5-pro", "smollm2"}
+    gpt = rows["gpt-5"]
+    assert gpt["role"] == "agent" and gpt["provider"] == "openai" and gpt["usable"] is False
+    assert gpt["key_variable"] == "OPENAI_API_KEY"
+    assert gpt["prices"]["input"] == {"per_mtok": 1.25, "source": "genai-prices"}
+    assert gpt["capabilities"]["structured_output"] is True
+    assert rows["conductor"]["role"] == "conductor"
+    assert rows["smollm2"]["prices"]["output"] == {"per_mtok": 0.0, "source": "local"}
+
+
+def test_the_eval_table_stays_whole_at_80_columns() -> None:
+    from conductor_engine.engine.eval.report import (
+        HEADER,
+        NARROW_HEADER,
+        SystemRow,
+        cells,
+        narrow_cells,
+    )
+    from conductor_engine.engine.runtime.cli.render import column_widths, fitted_table
+    from tests.cli import assert_fits
+
+    rows = [SystemRow(system=s, tasks=50, accuracy=0.52, mean_reward=0.76,
+                      input_tokens_per_task=12345.0, output_tokens_per_task=678.0,
+                      tokens_per_task=13023.0, cost_per_task=0.01234, p50_s=3.2, p95_s=11.5,
+                      calls_per_task=4.5, delta_to_best_single=0.04)
+            for s in ("conductor r0", "single claude-sonnet-4", "best single (claude-sonnet-4)",
+                      "moa", "random", "chain")]
+    table = [cells(r) for r in rows]
+    narrow = [narrow_cells(r) for r in rows]
+    assert column_widths(HEADER, table, 80) is None, "80 columns take the narrow table"
+    assert column_widths(NARROW_HEADER, narrow, 80) is not None, "which fits as a table"
+    words = [*HEADER, *NARROW_HEADER, "eval", "e1:", "50", "tasks",
+             *(c for row in [*table, *narrow] for c in row)]
+    for width in (80, 120, 200):
+        header, cells_ = (HEADER, table) if width > 80 else (NARROW_HEADER, narrow)
+        text = "".join(_text(part, width) for part in
+                       fitted_table("eval e1: 50 tasks", header, cells_, width))
+        assert_fits(text, width, [*words, *(f"{w}:" for w in words)])
+        assert "(claude-sonnet-4)" in text and "+0.040" in text

@@ -2,7 +2,7 @@
 
 One module a concern: app (the Typer apps and what commands share), render (the one step table),
 stack (up, down, worker), runs, batches, traces (and history), resume, pool (and plan check),
-train, evaluate (`eval`). Importing a command module registers its commands on the app; this
+train, evaluate (`eval`), serve. Importing a command module registers its commands on the app; this
 package only does that and exposes `main`, the `conductor` script.
 """
 
@@ -24,6 +24,7 @@ from conductor_engine.engine.runtime.cli import (  # noqa: F401
     train,
     evaluate,
     sim,
+    serve,
 )
 # isort: on
 from conductor_engine.engine.runtime.cli.app import app

@@ -9,11 +9,16 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.eval import BASELINES, EvalSpec, eval_tasks, system_rows, write_report
-from conductor_engine.engine.eval.report import HEADER, cells, rows_json
+from conductor_engine.engine.eval.report import (
+    HEADER,
+    NARROW_HEADER,
+    cells,
+    narrow_cells,
+    rows_json,
+)
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -28,6 +33,7 @@ from conductor_engine.engine.runtime.cli.app import (
     run_async,
 )
 from conductor_engine.engine.runtime.cli.batches import _watch_batch
+from conductor_engine.engine.runtime.cli.render import column_widths, fitted_table
 from conductor_engine.engine.runtime.client import ConductorClient
 
 
@@ -100,10 +106,14 @@ def evaluate(
         async with open_trace_store(settings) as store:
             traces = await store.batch_traces(name, resolve_blobs=False)
         rows = system_rows(traces)
-        table = Table(*HEADER, title=f"eval {name}: {len(loaded)} tasks", title_justify="left")
-        for r in rows:
-            table.add_row(*cells(r))
-        out.print(table)
+        title = f"eval {name}: {len(loaded)} tasks"
+        header: tuple[str, ...] = HEADER
+        table = [cells(r) for r in rows]
+        if column_widths(header, table, out.width) is None:  # narrow: the main columns
+            title += f" (the main columns; {target / 'table.md'} has all)"
+            header, table = NARROW_HEADER, [narrow_cells(r) for r in rows]
+        for part in fitted_table(title, header, table, out.width):
+            out.print(part, soft_wrap=True)
         for path in write_report(name, rows, target):
             out.print(f"wrote {path}", markup=False, highlight=False)
         if json_file is not None:

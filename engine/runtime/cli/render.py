@@ -14,10 +14,13 @@ not crash, and `[link=...]` must not become a link.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from rich.cells import cell_len
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -144,3 +147,70 @@ def steps_table(rows: Sequence[StepRow], columns: Sequence[Column], *,
     for row in rows:
         table.add_row(*(_cell(row, c, limit) for c in columns))
     return table
+
+
+# --- tables that fit the terminal -----------------------------------------------------------
+
+
+def _longest_word(text: str) -> int:
+    return max((cell_len(w) for w in text.split()), default=0)
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                  width: int) -> list[int] | None:
+    """Widths for a Rich table of these cells at `width` columns, each column at least as wide
+    as its longest word (so cells wrap at spaces, never inside a word) and at most its widest
+    line, the room left shared in proportion to what each column lacks; None when even the
+    least widths do not fit. A table takes one space of padding either side of a cell and a
+    rule between columns and at each edge: 3 per column and 1."""
+    columns = list(zip(headers, *rows, strict=True))
+    least = [max(1, *(_longest_word(c) for c in column)) for column in columns]
+    most = [max(least[i], *(cell_len(line) for c in column for line in c.splitlines() or [""]))
+            for i, column in enumerate(columns)]
+    room = width - 3 * len(headers) - 1
+    if sum(least) > room:
+        return None
+    if sum(most) <= room:
+        return most
+    spare, lacking = room - sum(least), [m - n for m, n in zip(most, least, strict=True)]
+    share = [spare * lack // sum(lacking) for lack in lacking]
+    widths = [n + s for n, s in zip(least, share, strict=True)]
+    for i in sorted(range(len(widths)), key=lambda i: lacking[i] - share[i], reverse=True):
+        if sum(widths) >= room:
+            break
+        widths[i] += 1  # what the rounding down left over, to those who lack most
+    return widths
+
+
+def records(headers: Sequence[str], row: Sequence[str], width: int) -> Text:
+    """One row as a block for a narrow terminal: its first cell as a heading, then one
+    `header: value` line per other non-empty cell, wrapped at spaces (a word wider than the
+    terminal stays whole on a line of its own)."""
+    lines = [row[0]]
+    for header, cell in zip(headers[1:], row[1:], strict=True):
+        if not cell:
+            continue
+        wrapped = textwrap.wrap(f"{header}: {cell}", max(20, width - 2), break_long_words=False,
+                                break_on_hyphens=False, subsequent_indent="    ")
+        lines += [f"  {line}" for line in wrapped]
+    return Text("\n".join(lines))
+
+
+def fitted_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 width: int) -> list[RenderableType]:
+    """What to print for a table of plain-text cells at `width` columns: the table, when it
+    fits without splitting a word (column_widths), else the title and one block per row
+    (`records`), a blank line between. Print each with soft_wrap=True: the blocks are wrapped
+    already and must not be folded again."""
+    widths = column_widths(headers, rows, width)
+    if widths is not None:
+        table = Table()
+        for header, w in zip(headers, widths, strict=True):
+            table.add_column(header, width=w, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        return [Text(title), table]  # the title on a line of its own: a long path never folds
+    out: list[RenderableType] = [Text(title)]
+    for row in rows:
+        out += [Text(""), records(headers, row, width)]
+    return out
