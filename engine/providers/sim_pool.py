@@ -130,6 +130,11 @@ class SimPoolSpec(BaseModel):
     high: float = Field(default=0.95, ge=0, le=1, description="a competent agent's skill")
     low: float = Field(default=0.1, ge=0, le=1, description="a weak agent's skill")
     max_steps: int = Field(default=1, ge=1, le=20, description="steps a plan may have")
+    subtask_chars: int = Field(
+        default=8, ge=8, le=2000,
+        description="the longest subtask a plan may write. Sim agents never read it, so its "
+        "tokens carry no reward and only add noise to the policy gradient (8 is the least the "
+        "plan grammar allows)")
     latency_s: float = Field(default=0.0, ge=0)
 
     def agent_names(self) -> list[str]:
@@ -168,7 +173,7 @@ def competent(matrix: dict[str, dict[str, float]], tags: Sequence[str]) -> set[s
 def tasks(spec: SimPoolSpec) -> list[dict[str, object]]:
     """The task file's rows: `tasks_per_tag` questions of each tag, interleaved by tag."""
     dataset = f"sim-pool-{spec.seed}"
-    options = {"max_steps": spec.max_steps, "subtask_max_chars": 24}
+    options = {"max_steps": spec.max_steps, "subtask_max_chars": spec.subtask_chars}
     per_tag: dict[str, list[dict[str, object]]] = {}
     for tag in spec.tag_names():
         if tag == "math":

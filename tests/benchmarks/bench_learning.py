@@ -39,6 +39,9 @@ if str(ROOT) not in sys.path:
 
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
 from conductor_engine.engine.contracts.training import Recipe, split_heldout  # noqa: E402
+from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
+from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
+from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
 from conductor_engine.engine.providers.base import TaskInfo  # noqa: E402
 from conductor_engine.engine.providers.pool import Pool  # noqa: E402
 from conductor_engine.engine.providers.sim import is_right  # noqa: E402
@@ -80,6 +83,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tasks-per-iteration", type=int, default=None)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    p.add_argument("--eval-table", action="store_true",
+                   help="after training, the eval table on the held-out tasks: the untrained "
+                   "and the trained conductor beside every baseline")
     return p.parse_args()
 
 
@@ -170,12 +176,41 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                 p = await handle.result()
                 break
             await asyncio.sleep(1.0)
-    seconds = time.monotonic() - started
+        seconds = time.monotonic() - started
+        evaluated = [e for e in p.evals if e.runs]
+        if args.eval_table and len(evaluated) > 1:
+            try:
+                await eval_table(conductor, store, pool, held, evaluated[0], evaluated[-1], seed)
+            except Exception as e:  # the training figures above still stand
+                print(f"eval table failed: {type(e).__name__}: {e}", flush=True)
     iterations = max(len(p.history), 1)
     return {"seed": seed, "crossed": crossed, "curve": curve, "iterations": len(p.history),
             "seconds_per_iteration": seconds / iterations,
             "update_seconds": statistics.fmean(h.update_seconds for h in p.history)
             if p.history else 0.0}
+
+
+async def eval_table(conductor: ConductorClient, store: TraceStore, pool: Pool,
+                     held: list[Task], base: HeldOutEval, trained: HeldOutEval, seed: int) -> None:
+    """`conductor eval`'s table on the held-out tasks: the untrained and the trained conductor
+    (their greedy held-out runs, already made) beside every baseline, run now as one batch."""
+    spec = EvalSpec(agents=[a.id for a in pool.agents])
+    runs = [t for t in eval_tasks(held, spec) if system_of(t.id) != CONDUCTOR]
+    name = f"eval-{seed}-{uuid.uuid4().hex[:6]}"
+    await conductor.submit_batch(name, runs, concurrency=50, report=False)
+    while (await conductor.batch_progress(name))[0] in ("running", "continued_as_new"):
+        await asyncio.sleep(0.5)
+    traces = await store.batch_traces(name, resolve_blobs=False)
+    for e in (base, trained):
+        for t in await store.batch_traces(e.batch, resolve_blobs=False):
+            label = f"{CONDUCTOR} {e.version}"
+            task = t.task.model_copy(update={"id": t.task.id.replace("heldout~", f"{label}~")})
+            traces.append(t.model_copy(update={"task": task}))
+    rows = system_rows(traces)
+    print(f"\npool seed {seed}, held-out tasks ({len(held)}), conductor greedy:")
+    print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
+    for r in rows:
+        print("| " + " | ".join(cells(r)) + " |")
 
 
 def _experts(spec: SimPoolSpec) -> dict[str, str]:

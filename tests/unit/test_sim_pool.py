@@ -84,3 +84,18 @@ def test_the_held_out_split_is_stratified_deterministic_and_disjoint(tmp_path: P
     # a tag with one task is never held out whole: it must be trained on too
     lone = [Task(id="x", question="q", tags=["solo"])]
     assert split_heldout(lone, 0.5) == (lone, [])
+
+
+def test_conductor_sim_pool_writes_a_pool_and_tasks_that_load(tmp_path: Path) -> None:
+    from tests.cli import run_conductor
+
+    out = tmp_path / "pool-3"
+    proc = run_conductor("sim", "pool", "--agents", "4", "--tags", "4", "--seed", "3",
+                         "--tasks-per-tag", "6", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    pool = Pool.load(out / "pool.toml")
+    assert len(pool.agents) == 4 and len(load_tasks(str(out / "tasks.jsonl")).tasks) == 24
+    assert (out / "pool.toml").read_text() == pool_toml(SimPoolSpec(seed=3, tasks_per_tag=6))
+    assert "competent at" in proc.stdout
+    bad = run_conductor("sim", "pool", "--skills", "some", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:")
