@@ -307,6 +307,8 @@ def train_status(
         if s.update_left_out and s.update_left_out != s.left_out:
             out.print(Text(f"it {s.iteration}: the update left out "
                            f"{describe_counts(s.update_left_out)}"), highlight=False)
+    for e in p.evals:  # accuracy on the held-out tasks, the curve to watch
+        out.print(Text(heldout_line(e)), highlight=False, soft_wrap=True)
     curve = [(s.iteration, s.mean_reward) for s in p.history if s.mean_reward is not None]
     if not curve:
         return
