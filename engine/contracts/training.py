@@ -332,3 +332,24 @@ def split_heldout(tasks: Sequence[Task], fraction: float, seed: int = 0
             f"heldout\x1f{seed}\x1f{t.id}".encode()).digest(), t.id))
         held.update(t.id for t in ranked[:n])
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
+
+
+def interleave_tags(tasks: Sequence[Task], seed: int = 0) -> list[Task]:
+    """The tasks in a random order in which the tags take turns (the first tag of each; untagged
+    tasks are one more kind): each tag's tasks shuffled, then dealt round-robin in a shuffled
+    order of tags. An iteration takes the next k tasks (`pick_tasks`), so every iteration sees
+    the kinds of task about evenly, and an update does not push the whole policy towards the one
+    kind a plain shuffle happened to bunch together (which the next update, on another kind,
+    undoes). Draws are SHA-256 of (seed, id), the same on every machine."""
+    def key(*parts: object) -> bytes:
+        return hashlib.sha256("\x1f".join(map(str, ("order", seed, *parts))).encode()).digest()
+
+    kinds: dict[str, list[Task]] = {}
+    for t in tasks:
+        kinds.setdefault(t.tags[0] if t.tags else "", []).append(t)
+    queues = [sorted(ts, key=lambda t: key("task", t.id)) for _, ts in
+              sorted(kinds.items(), key=lambda kv: key("tag", kv[0]))]
+    out: list[Task] = []
+    for k in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[k] for q in queues if k < len(q))
+    return out

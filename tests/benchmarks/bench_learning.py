@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import sys
 import time
@@ -38,7 +37,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
-from conductor_engine.engine.contracts.training import Recipe, split_heldout  # noqa: E402
+from conductor_engine.engine.contracts.training import (  # noqa: E402
+    Recipe,
+    interleave_tags,
+    split_heldout,
+)
 from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
 from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
@@ -130,8 +133,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
 
     task_file.write_text("".join(json.dumps(r) + "\n" for r in tasks(spec)))
     loaded: list[Task] = load_tasks(str(task_file)).tasks
-    random.Random(0).shuffle(loaded)  # as `conductor train start --seed 0` does
     train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
+    train = interleave_tags(train, 0)  # as `conductor train start --seed 0` orders them
     pool = Pool.load(pool_file)
     name = f"s{seed}-{uuid.uuid4().hex[:6]}"
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(

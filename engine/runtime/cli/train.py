@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import signal
 import tomllib
 from collections.abc import AsyncIterator
@@ -133,7 +132,7 @@ def train_start(
              "workflow, and Temporal allows a workflow 2,000 pending children "
              "(limit.numPendingChildExecutions.error); an iteration's G × tasks rollouts "
              "wait their turn")] = 64,
-    seed: Annotated[int, typer.Option(help="shuffles the task order", min=0,
+    seed: Annotated[int, typer.Option(help="shuffles the task order (the tags taking turns)", min=0,
                                       max=2**63 - 1)] = 0,
     holdout: Annotated[float | None, typer.Option(
         min=0.0, max=0.9, help="share of each tag's tasks held out of training and evaluated "
@@ -157,8 +156,9 @@ def train_start(
     agents = load_pool(settings)
     loaded_tasks: list[Any] = []
     if tasks is not None:
-        loaded_tasks = load_task_file(tasks)
-        random.Random(seed).shuffle(loaded_tasks)
+        from conductor_engine.engine.contracts.training import interleave_tags
+
+        loaded_tasks = interleave_tags(load_task_file(tasks), seed)
     elif not from_traces:
         raise fail("give a task file to sample rollouts from, or --from-traces")
     name = name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id)
