@@ -283,25 +283,17 @@ class TrainingWorkflow:
                 update["max_plan_attempts"] = 1
             task = task.model_copy(update={"options": task.options.model_copy(update=update)})
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
-            summary = f"rollout {sample} · {inp.name} it{p.iteration}"
-            try:
-                child = await waves.start(start_bytes(task, wid, summary), lambda: (
-                    workflow.start_child_workflow(
-                        ConductWorkflow.run, task, id=wid,
-                        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                        search_attributes=task_search_attributes(task), static_summary=summary,
-                    )))
-                res: RunResult = await child
-            except WorkflowAlreadyStartedError:
+            res = await _run_child(waves, task, wid, f"rollout {sample} · {inp.name} "
+                                                     f"it{p.iteration}")
+            if res is None:
                 return  # ran before a reset of this workflow: its trace is in the store
-            except ChildWorkflowError as e:
-                left_out.append(_child_failure(e))
+            if isinstance(res, RunResult):
+                stats.tokens += res.totals.usage.input_tokens + res.totals.usage.output_tokens
+            reason = _unscored(res)
+            if reason is not None:
+                left_out.append(reason)
                 return
-            stats.tokens += res.totals.usage.input_tokens + res.totals.usage.output_tokens
-            reason = left_out_reason(res.status, res.reward, res.failure)
-            if reason is not None or res.reward is None or res.reward.value is None:
-                left_out.append(reason or "no_reward")
-                return
+            assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
             rewards.append(res.reward.value)
             valid.append(res.status != "invalid_plan")
 
@@ -345,24 +337,12 @@ class TrainingWorkflow:
                                            "options": options})
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
             async with slots:
-                try:
-                    child = await waves.start(start_bytes(task, wid, batch), lambda: (
-                        workflow.start_child_workflow(
-                            ConductWorkflow.run, task, id=wid,
-                            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                            search_attributes=task_search_attributes(task),
-                            static_summary=f"held out · {inp.name} {label}")))
-                    res: RunResult = await child
-                except WorkflowAlreadyStartedError:
-                    left_out.append("run_failed")  # evaluated before a reset: not counted again
-                    return
-                except ChildWorkflowError as e:
-                    left_out.append(_child_failure(e))
-                    return
-            reason = left_out_reason(res.status, res.reward, res.failure)
-            if reason is not None or res.reward is None or res.reward.value is None:
-                left_out.append(reason or "no_reward")
+                res = await _run_child(waves, task, wid, f"held out · {inp.name} {label}")
+            reason = "run_failed" if res is None else _unscored(res)  # None: before a reset
+            if reason is not None:
+                left_out.append(reason)
                 return
+            assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
             rewards.append(res.reward.value)
             verdict = res.reward.verdict
             correct.append(bool(verdict is not None and verdict.correct))
@@ -432,6 +412,37 @@ class TrainingWorkflow:
             s = result.step
             stats.loss, stats.clip_fraction, stats.kl = s.loss, s.clip_fraction, s.kl
             stats.grad_norm, stats.trained_tokens = s.grad_norm, s.tokens
+
+
+async def _run_child(waves: StartWaves, task: Task, wid: str, summary: str
+                     ) -> RunResult | LeftOutReason | None:
+    """One ConductWorkflow child of a training run (a rollout or a held-out run), started in
+    the current wave: its result (a summary), why it failed, or None when a run of that id ran
+    before a reset of this workflow (its trace is in the store)."""
+    try:
+        child = await waves.start(start_bytes(task, wid, summary), lambda: (
+            workflow.start_child_workflow(
+                ConductWorkflow.run, task, id=wid,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                search_attributes=task_search_attributes(task), static_summary=summary,
+            )))
+        res: RunResult = await child
+    except WorkflowAlreadyStartedError:
+        return None
+    except ChildWorkflowError as e:
+        return _child_failure(e)
+    return res
+
+
+def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
+    """Why a child's run says nothing about the policy (contracts/rollouts.py), or None when
+    its reward counts."""
+    if not isinstance(res, RunResult):
+        return res
+    reason = left_out_reason(res.status, res.reward, res.failure)
+    if reason is not None or res.reward is None or res.reward.value is None:
+        return reason or "no_reward"
+    return None
 
 
 def _child_failure(error: ChildWorkflowError) -> LeftOutReason:
