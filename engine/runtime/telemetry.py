@@ -128,3 +128,11 @@ def flush_traces() -> None:
     """Export the spans still buffered (a short-lived command ends before the batch timer)."""
     for provider in _tracer_providers.values():
         provider.force_flush()
+
+
+def shutdown_tracing() -> None:
+    """Flush and stop every tracer provider this process made, so none keeps exporting (and
+    retrying) to an endpoint that has gone away; the next tracing client makes a new one."""
+    for provider in _tracer_providers.values():
+        provider.shutdown()
+    _tracer_providers.clear()

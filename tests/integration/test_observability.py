@@ -181,10 +181,14 @@ async def test_with_otel_endpoint_a_run_exports_workflow_and_activity_spans(
     client = await connect_temporal(s, start_embedded=False)
     agent_server.script("conductor", [plan_json(("gpt", "Work out 6*7.", []))])
     agent_server.script("gpt", ["42"])
-    async with running_worker(client, s, make_pool(agent_server)):
-        res = await ConductorClient(client, s).run(
-            Task(question="What is 6*7?", reference="42", verifier="exact"))
-    telemetry.flush_traces()
+    try:
+        async with running_worker(client, s, make_pool(agent_server)):
+            res = await ConductorClient(client, s).run(
+                Task(question="What is 6*7?", reference="42", verifier="exact"))
+    finally:
+        # every span exported, then the provider stopped: nothing retries against the
+        # receiver once this test has closed it
+        telemetry.shutdown_tracing()
 
     spans = []
     for body in bodies:
