@@ -123,7 +123,7 @@ async def test_latency_is_honoured_and_repeatable_and_a_cancel_stops_the_wait() 
     spec = sim_agent(latency_s=0.3)
     started = time.monotonic()
     await complete(spec, request(info()))
-    assert 0.3 <= time.monotonic() - started < 1.0
+    assert 0.3 <= time.monotonic() - started < 10, "waits its latency (the bound: a safety net)"
 
     jittery = sim_agent(latency_s=1.0, latency_jitter_s=2.0)
     assert jittery.sim is not None
@@ -137,7 +137,7 @@ async def test_latency_is_honoured_and_repeatable_and_a_cancel_stops_the_wait() 
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10, "stopped waiting, far short of its 30 s latency"
 
 
 async def test_usage_follows_the_settings_and_cost_the_pool_prices() -> None:

@@ -201,7 +201,8 @@ async def test_hung_agent_times_out_retryably(server: AgentServer, provider: str
     spec = spec_for(server, provider, timeout_s=0.3)
     started = time.monotonic()
     err = await failure(spec)
-    assert time.monotonic() - started < 2.0
+    # the kind proves the timeout fired (the reply would have come at 3 s); the bound is a net
+    assert time.monotonic() - started < 30
     assert err.retryable and err.kind == E.TIMEOUT
     assert "timeout_s=0.3" in err.message
     assert server.calls("m") == 1

@@ -116,7 +116,7 @@ def test_math_with_an_unparsable_reference_is_a_verifier_error() -> None:
 def test_math_gives_up_on_a_runaway_comparison_in_time() -> None:
     started = time.monotonic()
     v = verify("$10^{10^{10}}$", "$10^{10^{9}}$", "math", timeout_s=3)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20, "given up (the comparison itself would never end)"
     assert v.correct is False and v.reason.startswith("verifier error:")
 
 

@@ -412,7 +412,7 @@ async def test_cancellation_through_heartbeats_abandons_the_call(
     with pytest.raises(asyncio.CancelledError):
         await env.run(activities_for(server, provider, WebSearch()).call_agent, step())
 
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 15, "dropped, not waited out (the reply comes at 30 s)"
     (seen,) = server.requests("m")
     deadline = time.monotonic() + 2.0
     while not seen.hung_up and time.monotonic() < deadline:
