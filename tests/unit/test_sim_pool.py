@@ -99,3 +99,18 @@ def test_conductor_sim_pool_writes_a_pool_and_tasks_that_load(tmp_path: Path) ->
     assert "competent at" in proc.stdout
     bad = run_conductor("sim", "pool", "--skills", "some", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error:")
+
+
+def test_training_order_deals_the_tags_in_turn_keeps_every_task_and_repeats(
+        tmp_path: Path) -> None:
+    from conductor_engine.engine.contracts.training import interleave_tags
+
+    _, loaded = write(SimPoolSpec(seed=4, tasks_per_tag=5), tmp_path)
+    bunched = sorted(loaded, key=lambda t: t.tags[0])  # a plain file, one kind after another
+    order = interleave_tags(bunched, seed=3)
+    assert sorted(t.id for t in order) == sorted(t.id for t in loaded)
+    for k in range(0, len(order), 4):  # every window of 4 holds each of the 4 tags once
+        assert len({t.tags[0] for t in order[k:k + 4]}) == 4
+    assert [t.id for t in interleave_tags(list(reversed(bunched)), seed=3)] == \
+        [t.id for t in order], "the order depends on the seed and ids, not the file's order"
+    assert [t.id for t in interleave_tags(bunched, seed=4)] != [t.id for t in order]
