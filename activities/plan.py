@@ -164,6 +164,7 @@ class PlanActivities:
             token_ids=completion.token_ids,
             logprobs=completion.logprobs,
             forced_positions=completion.forced_positions,
+            choice_tokens=completion.choice_tokens,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )
         try:

@@ -25,6 +25,15 @@ micro-batches' gradients gives exactly the full-batch gradient for every loss ty
 so a long completion is not down-weighted per token as under `grpo` (the length bias Dr. GRPO and
 DAPO point out), and the normaliser adapts to the batch, unlike dr_grpo's constant.
 
+At a choice, where the plan grammar allowed only a few tokens C_it (which agent, which access:
+Sample.choices), the sampling policy was the model renormalised over them, and so is pi here:
+
+    logp_it = z_it[o_it] - log sum_{c in C_it} exp z_it[c]      z = logits / temperature
+
+Over the whole vocabulary the right agent's token may carry e^-15, and a step that barely moves
+the choice can multiply that by e^5: the clipped ratio would then measure a distance the
+decision never travelled.
+
 Where the trace has no behaviour log-probs (an API conductor), old = logp.detach(): the ratio is 1
 and its gradient is the plain policy gradient A * grad logp. The KL term is weighted by r_it as
 TRL does by default (`use_bias_correction_kl=True`, DeepSeek-V3.2): the unbiased gradient of the
@@ -71,6 +80,9 @@ class Sample:
     # (the model under the grammar) gave it probability 1, so its policy gradient is 0 and it
     # stays out of the loss and the token count; it is still read as context.
     forced: list[bool] | None = None
+    # completion token index -> the few tokens the plan grammar allowed there (a choice); the
+    # token's log-prob is over those, as it was sampled (see the module docstring)
+    choices: dict[int, list[int]] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -80,6 +92,10 @@ class Sample:
             if values is not None and len(values) != len(self.completion_ids):
                 raise ValueError(f"{len(values)} {name} for {len(self.completion_ids)} "
                                  f"completion tokens")
+        for k, allowed in (self.choices or {}).items():
+            if not 0 <= k < len(self.completion_ids) or self.completion_ids[k] not in allowed:
+                raise ValueError(f"choice at completion token {k} does not hold the token "
+                                 f"sampled there")
 
     @property
     def trained_tokens(self) -> int:
@@ -134,6 +150,7 @@ class Batch:
     old_logprobs: Tensor  # [B, T]   behaviour log-probs (0 where unknown)
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
     truncated: Tensor  # [B] bool
+    choice_ids: Tensor  # [B, T, K]  at a choice, the allowed token ids (-1 pads); K may be 0
 
     @property
     def prompt_len(self) -> int:
@@ -167,7 +184,18 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
                          "right", dtype=torch.float32),
         has_old=torch.tensor([s.behaviour_logprobs is not None for s in samples]),
         truncated=torch.tensor([s.truncated for s in samples]),
+        choice_ids=_choice_ids(samples, completion_mask.shape[1]),
     )
+
+
+def _choice_ids(samples: Sequence[Sample], width: int) -> Tensor:
+    """[B, T, K]: at each choice the allowed token ids, padded with -1 (K = the largest set)."""
+    k = max((len(a) for s in samples for a in (s.choices or {}).values()), default=0)
+    out = torch.full((len(samples), width, k), -1, dtype=torch.long)
+    for row, s in enumerate(samples):
+        for t, allowed in (s.choices or {}).items():
+            out[row, t, : len(allowed)] = torch.tensor(allowed)
+    return out
 
 
 # -------------------------------------------------------------------------------- log-probs
@@ -198,14 +226,15 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     mask = batch.loss_mask.bool()
     h = hidden[mask]  # [N, H] hidden states before each completion token
     targets = batch.input_ids[:, p:][mask]  # [N]
+    choices = batch.choice_ids[mask]  # [N, K]
     head = hf.get_output_embeddings()
     step = max(1, _LOGIT_CHUNK // head.weight.shape[0])
     if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
-        logps = _token_logprobs(head, h, targets, temperature)
+        logps = _token_logprobs(head, h, targets, choices, temperature)
     else:
         logps = torch.cat([
             checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
-                       temperature, use_reentrant=False)
+                       choices[i : i + step], temperature, use_reentrant=False)
             for i in range(0, h.shape[0], step)
         ])
     out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
@@ -257,11 +286,19 @@ def _hidden_with_shared_prompt(hf: Any, batch: Batch) -> Tensor:
     return torch.cat([last_prompt, completion], 1)
 
 
-def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, temperature: float
-                    ) -> Tensor:
+def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, choices: Tensor,
+                    temperature: float) -> Tensor:
     # z / T = head(h / T) for a head without bias: divide [n, H], not [n, V]
     z = head(h / temperature) if head.bias is None else head(h) / temperature
-    return -torch.nn.functional.cross_entropy(z.float(), targets, reduction="none")
+    z = z.float()
+    logps = -torch.nn.functional.cross_entropy(z, targets, reduction="none")
+    if choices.shape[-1] == 0:
+        return logps
+    # at a choice: log softmax over the allowed tokens only (pads, -1, contribute nothing)
+    allowed = z.gather(1, choices.clamp(min=0)).masked_fill(choices < 0, float("-inf"))
+    is_choice = choices[:, 0] >= 0
+    among = z.gather(1, targets[:, None])[:, 0] - torch.logsumexp(allowed, dim=-1)
+    return torch.where(is_choice, among, logps)
 
 
 # ------------------------------------------------------------------------------------- loss

@@ -112,20 +112,27 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
     completion_ids = attempt.token_ids
     logprobs = attempt.logprobs
     forced_at = set(attempt.forced_positions or ())
+    choices = attempt.choice_tokens
     if completion_ids is None:  # an API conductor: re-tokenize what it wrote
         completion_ids = tokenizer(attempt.raw_text, add_special_tokens=False)["input_ids"]
         if attempt.finish_reason == "stop" and tokenizer.eos_token_id is not None:
             completion_ids = [*completion_ids, tokenizer.eos_token_id]
         logprobs = None
         forced_at = set()
+        choices = None
     if not completion_ids:
         return None
     if logprobs is not None and len(logprobs) != len(completion_ids):
         logprobs = None
+    if choices and any(not 0 <= k < len(completion_ids) or completion_ids[k] not in allowed
+                       for k, allowed in choices.items()):
+        # not this completion's: its log-probs are in a space the trainer cannot rebuild
+        choices, logprobs = None, None
     return Sample(
         prompt_ids=list(prompt_ids), completion_ids=list(completion_ids), advantage=advantage,
         behaviour_logprobs=logprobs, truncated=attempt.finish_reason == "length",
         forced=[k in forced_at for k in range(len(completion_ids))] if forced_at else None,
+        choices=choices or None,
     )
 
 

@@ -40,6 +40,10 @@ class PlanAttempt(BaseModel):
     forced_positions: list[int] | None = Field(
         default=None, description="indices into token_ids the plan grammar forced"
     )
+    choice_tokens: dict[int, list[int]] | None = Field(
+        default=None, description="index into token_ids -> the few tokens the plan grammar "
+        "allowed there; logprobs at those indices are over them (see Completion)",
+    )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
     )

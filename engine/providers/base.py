@@ -112,6 +112,11 @@ class Completion(BaseModel):
         default=None, description="indices into token_ids of tokens a JSON grammar forced (it "
         "allowed no other); a trainer leaves them out of the loss",
     )
+    choice_tokens: dict[int, list[int]] | None = Field(
+        default=None, description="index into token_ids -> the few tokens a JSON grammar "
+        "allowed there (a choice: which agent, which access); `logprobs` at those indices are "
+        "renormalised over them, and a trainer scores them so",
+    )
     citations: list[Citation] = Field(
         default_factory=list, description="web sources cited, when web search was on"
     )

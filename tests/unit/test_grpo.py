@@ -183,6 +183,58 @@ def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5)
 
 
+def with_choices(samples: list[Sample], seed: int = 0) -> list[Sample]:
+    """The samples with every other completion token a choice among a few tokens (its own and
+    2 to 5 others), as a plan grammar leaves at an agent or access."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in samples:
+        choices = {}
+        for k in range(0, len(s.completion_ids), 2):
+            others = torch.randperm(PAD, generator=g)[: 2 + k % 4].tolist()
+            choices[k] = sorted({s.completion_ids[k], *others})
+        out.append(dataclasses.replace(s, choices=choices))
+    return out
+
+
+@pytest.mark.parametrize("groups", [0, 1], ids=["own-prompts", "one-shared-prompt"])
+def test_a_choice_is_scored_over_the_tokens_its_grammar_allowed(groups: int) -> None:
+    """At a choice, log pi = z[token] - logsumexp(z[allowed]): the distribution the grammar-
+    constrained sampler drew from; elsewhere the whole vocabulary, as before. Gradients match
+    the hand-written renormalisation, so no gradient reaches a token the grammar ruled out."""
+    model = tiny_model()
+    samples = with_choices(random_samples(4, groups=groups, completion_len=(3, 7)))
+    got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
+    got.sum().backward()
+    fast = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    rows = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        z = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1] / 0.7
+        lp = z.log_softmax(-1).gather(-1, ids[0, len(s.prompt_ids):, None])[:, 0]
+        for k, allowed in (s.choices or {}).items():
+            lp = lp.clone()
+            lp[k] = z[k, s.completion_ids[k]] - torch.logsumexp(z[k, allowed], 0)
+        rows.append(lp)
+    want = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    want.sum().backward()
+
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = per_token_logprobs(model, collate(random_samples(4, groups=groups,
+                                                             completion_len=(3, 7)), PAD),
+                               temperature=0.7)
+    assert not torch.allclose(got[:, ::2], plain[:, ::2])  # renormalised: higher than plain
+    for g, w in zip(fast, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5)
+
+
+def test_a_choice_that_does_not_hold_the_sampled_token_is_refused() -> None:
+    with pytest.raises(ValueError, match="choice at completion token 1 does not hold"):
+        Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=1.0, choices={1: [4, 5]})
+
+
 # -------------------------------------------------------------------------- gradient accumulation
 
 

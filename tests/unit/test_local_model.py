@@ -25,7 +25,11 @@ from conductor_engine.engine.providers.base import AgentCallError, CompletionReq
 from conductor_engine.engine.providers.local import batching
 from conductor_engine.engine.providers.local import model as local_model
 from conductor_engine.engine.providers.local.chat import prompt_ids
-from conductor_engine.engine.providers.local.grammar import compile_grammar, grammar_compiler
+from conductor_engine.engine.providers.local.grammar import (
+    CHOICE_MAX,
+    compile_grammar,
+    grammar_compiler,
+)
 from conductor_engine.engine.providers.local.sampling import Sampler, nucleus, sample_rows
 from conductor_engine.engine.providers.pool import AgentSpec
 
@@ -83,21 +87,33 @@ def check_tokens(completion: Any, loaded: local.LoadedModel) -> None:
 
 
 def check_forced(completion: Any, loaded: local.LoadedModel, schema: dict[str, Any]) -> None:
-    """Wherever the grammar forced text, the row got that text's own first token and says so:
-    replaying the tokens through the grammar, a position is in forced_positions exactly when
-    the grammar had forced text there, and its token is the tokenizer's first for that text."""
+    """Replaying the tokens through the grammar: a position is in forced_positions exactly when
+    the grammar forced text there (and the row got that text's own first token) or allowed one
+    token only; it is in choice_tokens, with the allowed tokens, exactly when the grammar
+    allowed a few (2 to CHOICE_MAX) and no forced text."""
+    import torch
     import xgrammar as xgr
 
     grammar = grammar_compiler(loaded).compile_json_schema(schema, any_whitespace=False)
-    matcher, expected = xgr.GrammarMatcher(grammar), []
+    matcher, expected, choices = xgr.GrammarMatcher(grammar), [], {}
+    bitmask = xgr.allocate_token_bitmask(1, loaded.vocab_size)
     for k, token in enumerate(completion.token_ids):
         text = matcher.find_jump_forward_string()
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        bits = (bitmask[0][:, None] >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = bits.flatten()[: loaded.vocab_size].nonzero()[:, 0].tolist()
         if text:
             expected.append(k)
             assert token == loaded.tokenizer(text, add_special_tokens=False)["input_ids"][0], (
                 f"token {k} of {completion.text!r} is not the first of {text!r}")
+        elif len(allowed) == 1:
+            expected.append(k)
+        elif len(allowed) <= CHOICE_MAX:
+            choices[k] = allowed
+        assert token in allowed
         assert matcher.accept_token(token)
     assert completion.forced_positions == expected
+    assert completion.choice_tokens == choices
     assert expected[:1] == [0], "a JSON plan opens with forced text"
 
 
@@ -208,15 +224,18 @@ async def test_a_reasoning_first_plan_schema_constrains_the_local_model(
 
 
 def solo_logprobs(loaded: local.LoadedModel, request: CompletionRequest, completion: Any) -> Any:
-    """The completion's raw log-probs recomputed for it alone: no batch, no padding."""
+    """The completion's log-probs recomputed for it alone (no batch, no padding): over the whole
+    vocabulary, and over the allowed tokens only at a choice."""
     import torch
 
     prompt = prompt_ids(loaded.tokenizer, request)
     ids = torch.tensor([prompt + completion.token_ids])
     with torch.inference_mode():
         logits = loaded.model(ids).logits[0, len(prompt) - 1 : -1].float()
-    picked = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
-    return picked[:, 0]
+    picked = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+    for k, allowed in (completion.choice_tokens or {}).items():
+        picked[k] = logits[k, completion.token_ids[k]] - torch.logsumexp(logits[k, allowed], 0)
+    return picked
 
 
 @needs_local_extra

@@ -195,13 +195,15 @@ def _run_batch(jobs: list[Job]) -> None:
             ))
         return
     logprobs = sampling.sampled_logprobs(
-        out.logits, out.sequences[:, width:], first.request.temperature)
+        out.logits, out.sequences[:, width:], first.request.temperature,
+        mask.choices if mask else None)
     for r, j in enumerate(jobs):
         try:
             if j.cancelled.is_set():
                 raise AgentCallError(f"agent {j.spec.id}: cancelled", retryable=True)
             j.future.set_result(
-                _completion(j, out, r, width, mask.forced[r] if mask else [], logprobs[r]))
+                _completion(j, out, r, width, mask.forced[r] if mask else [],
+                            mask.choices[r] if mask else {}, logprobs[r]))
         except Exception as e:  # settle every future, whatever happens: a caller waits on it
             j.future.set_exception(e if isinstance(e, AgentCallError) else AgentCallError(
                 f"agent {j.spec.id}: reading the local generation failed: {e!r}",
@@ -210,11 +212,13 @@ def _run_batch(jobs: list[Job]) -> None:
 
 
 def _completion(
-    job: Job, out: Any, row: int, width: int, forced: list[int], logprobs: Any
+    job: Job, out: Any, row: int, width: int, forced: list[int],
+    choices: dict[int, list[int]], logprobs: Any,
 ) -> Completion:
     """Row `row` of a batch's output: its tokens up to its end of turn or its own limit;
     `forced`, the steps at which the row was given the next token of its grammar's forced text
-    (the only token it was allowed); `logprobs`, the row of `sampling.sampled_logprobs`."""
+    (the only token it was allowed); `choices`, the steps at which its grammar allowed only a
+    few tokens, and those tokens; `logprobs`, the row of `sampling.sampled_logprobs`."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
     for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
@@ -230,6 +234,8 @@ def _completion(
         token_ids=token_ids,
         logprobs=logprobs[: len(token_ids)].tolist(),
         forced_positions=[k for k in forced if k < len(token_ids)] if job.grammar else None,
+        choice_tokens={k: v for k, v in choices.items() if k < len(token_ids)}
+        if job.grammar else None,
     )
 
 

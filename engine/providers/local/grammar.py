@@ -24,6 +24,9 @@ log = structlog.get_logger(__name__)
 
 _compiler_lock = threading.Lock()
 
+CHOICE_MAX = 256
+"""A step whose grammar allows at most this many tokens is a choice (see GrammarMask)."""
+
 
 class Rows(Protocol):
     """Which rows of the batch are finished (batching.Rows, the batch's stopping criterion)."""
@@ -86,6 +89,14 @@ class GrammarMask:
     xgrammar.contrib.hf because that one asserts on a rejected token, moves the logits between
     devices, and knows nothing of rows that have finished.
 
+    Where the grammar leaves a small set of tokens to choose from (at most `CHOICE_MAX`: which
+    agent, which access, one more step or not), it records the set (`choices`, per row: step ->
+    allowed ids). Those are the plan's decisions, and the model that sampled them is the model
+    under the grammar: its probability of a choice is renormalised over the set, which is how
+    the behaviour log-probabilities and the trainer score them (sampling.sampled_logprobs,
+    trainer/grpo.py). Over the whole vocabulary a right choice may carry e^-15 and its
+    importance ratio swing by orders of magnitude while the choice itself barely moves.
+
     Where the grammar forces the text that comes next (the JSON keys and brackets around the
     choices), the row gets that text's own tokenization, one token at a time, instead of sampling
     one of the many token splits the grammar would accept (`{"` or `{` then `"`, `ch` `arl` `ie`
@@ -106,6 +117,8 @@ class GrammarMask:
         self._started = False
         self._step = 0  # the index of the token each unfinished row generates next
         self.forced: list[list[int]] = [[] for _ in grammars]  # per row: steps it was forced
+        self.choices: list[dict[int, list[int]]] = [{} for _ in grammars]  # per row: see above
+        self._bits: Any = None  # [32] int32 shifts, for unpacking the bitmask
         self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
@@ -122,6 +135,8 @@ class GrammarMask:
             forced = self._forced_token(matcher, r)
             if forced is not None:
                 forcing.append((r, forced))
+            else:
+                self._record_choice(r)
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
         # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
@@ -138,6 +153,22 @@ class GrammarMask:
             self.forced[r].append(self._step)
         self._step += 1
         return scores
+
+    def _record_choice(self, row: int) -> None:
+        """Keep the row's allowed tokens at this step when they are few (a decision); a step
+        with one allowed token (the end of turn after the closing brace) is forced."""
+        import torch
+
+        if self._bits is None:
+            self._bits = torch.arange(32, dtype=torch.int32)
+        words = self._bitmask[row]
+        if int((words != 0).sum()) > CHOICE_MAX:  # more words set than a choice may have
+            return
+        allowed = ((words[:, None] >> self._bits) & 1).flatten()[: self._vocab_size].nonzero()
+        if allowed.shape[0] == 1:
+            self.forced[row].append(self._step)
+        elif allowed.shape[0] <= CHOICE_MAX:
+            self.choices[row][self._step] = allowed[:, 0].tolist()
 
     def _forced_token(self, matcher: Any, row: int) -> int | None:
         """The first token of the text the grammar forces next, when the grammar allows it."""

@@ -3,7 +3,8 @@
 transformers samples with `torch.multinomial`, which on a CPU costs more per step for a batch of
 plans than the forward pass of a small model. `Sampler` draws from the same distribution by
 inverse CDF and leaves `generate` running greedy (bench_local_sampling.py measures the gain).
-`sampled_logprobs` are computed from the raw logits, as the trainer recomputes them.
+`sampled_logprobs` are computed from the raw logits (renormalised over a grammar's few allowed
+tokens at a choice), as the trainer recomputes them.
 """
 
 from __future__ import annotations
@@ -98,19 +99,28 @@ def sampling_options(
     return {"do_sample": False}, [Sampler(request.temperature, top_p, seeds)]
 
 
-def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | None) -> Any:
+def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | None,
+                     choices: list[dict[int, list[int]]] | None = None) -> Any:
     """Log-probability of each sampled token (`tokens`, batch × steps) under the model at the
     sampling temperature, batch × steps: one log-softmax over the batch per step.
 
-    From the raw logits, before the grammar mask and top-p: the distribution the trainer
-    recomputes, so the GRPO importance ratio is exactly 1 for an on-policy rollout (vLLM's
-    default `raw_logprobs` mode reports the same). Tokens a JSON grammar forces therefore carry
-    their unconstrained probability, not 1.
+    From the raw logits, before the grammar mask and top-p, except at a row's choices (row ->
+    step -> the few tokens its grammar allowed, grammar.GrammarMask): there the softmax runs
+    over the allowed tokens only, the distribution the choice was drawn from. The trainer
+    scores each token in the same space (trainer/grpo.py), so the GRPO importance ratio is
+    exactly 1 for an on-policy rollout. Tokens a JSON grammar forces carry their unconstrained
+    probability; the trainer leaves them out.
     """
     import torch
 
     scale = temperature if temperature and temperature > 0 else 1.0
-    return torch.stack([
+    out = torch.stack([
         torch.log_softmax(step.float() / scale, dim=-1).gather(1, tokens[:, k, None])[:, 0]
         for k, step in enumerate(logits)
     ], dim=1)
+    for r, steps in enumerate(choices or []):
+        for k, allowed in steps.items():
+            if k < len(logits):
+                z = logits[k][r].float() / scale
+                out[r, k] = z[tokens[r, k]] - torch.logsumexp(z[allowed], dim=0)
+    return out
