@@ -156,7 +156,7 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
     target = 0.9 * best_routing_reward(pool)
     recipe = Recipe(
         policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
-        loss=LossConfig(learning_rate=7e-3, micro_batch_size=32, max_grad_norm=1.0,
+        loss=LossConfig(learning_rate=4e-3, micro_batch_size=32, max_grad_norm=1.0,
                         steps_per_update=4, epsilon_high=0.28),
         rollouts=RolloutConfig(group_size=4, groups_per_update=16, max_staleness=0,
                                scale_rewards=False),
