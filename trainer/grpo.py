@@ -61,7 +61,7 @@ from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 
 __all__ = [
     "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",
-    "loss_normaliser", "make_optimizer", "per_token_logprobs", "train_step",
+    "loss_normaliser", "make_optimizer", "misfit_choice", "per_token_logprobs", "train_step",
 ]
 
 # ---------------------------------------------------------------------------------- samples
@@ -92,15 +92,25 @@ class Sample:
             if values is not None and len(values) != len(self.completion_ids):
                 raise ValueError(f"{len(values)} {name} for {len(self.completion_ids)} "
                                  f"completion tokens")
-        for k, allowed in (self.choices or {}).items():
-            if not 0 <= k < len(self.completion_ids) or self.completion_ids[k] not in allowed:
-                raise ValueError(f"choice at completion token {k} does not hold the token "
-                                 f"sampled there")
+        misfit = misfit_choice(self.choices, self.completion_ids)
+        if misfit is not None:
+            raise ValueError(f"choice at completion token {misfit} does not hold the token "
+                             f"sampled there")
 
     @property
     def trained_tokens(self) -> int:
         """Completion tokens in the loss: all but the forced ones."""
         return len(self.completion_ids) - sum(self.forced or ())
+
+
+def misfit_choice(choices: dict[int, list[int]] | None, completion_ids: Sequence[int]
+                  ) -> int | None:
+    """The first choice position that is past the completion or does not hold the token sampled
+    there (so the record is not this completion's), or None when every choice fits."""
+    for k, allowed in (choices or {}).items():
+        if not 0 <= k < len(completion_ids) or completion_ids[k] not in allowed:
+            return k
+    return None
 
 
 def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:

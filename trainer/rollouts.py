@@ -33,7 +33,7 @@ from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import Group, TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef, Trace
-from conductor_engine.trainer.grpo import Sample, group_advantages
+from conductor_engine.trainer.grpo import Sample, group_advantages, misfit_choice
 
 
 async def select_groups(
@@ -124,8 +124,7 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
         return None
     if logprobs is not None and len(logprobs) != len(completion_ids):
         logprobs = None
-    if choices and any(not 0 <= k < len(completion_ids) or completion_ids[k] not in allowed
-                       for k, allowed in choices.items()):
+    if misfit_choice(choices, completion_ids) is not None:
         # not this completion's: its log-probs are in a space the trainer cannot rebuild
         choices, logprobs = None, None
     return Sample(

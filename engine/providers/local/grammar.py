@@ -139,7 +139,7 @@ class GrammarMask:
                 self._record_choice(r)
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
-        # the behaviour logprobs are computed from (the trainer's unconstrained distribution)
+        # the behaviour logprobs are computed from (renormalised over `choices` where recorded)
         scores = scores.clone()
         if masked:
             self._xgr.apply_token_bitmask_inplace(
