@@ -267,15 +267,15 @@ class TrainingWorkflow:
         rewards: list[float] = []
         valid: list[bool] = []
         left_out: list[LeftOutReason] = []
-        drawn = self._group_agents(inp, tasks)
+        drawn = self._drawn_agents(inp, tasks)
 
         async def one(task: Task, sample: int) -> None:
             async with slots:
                 await rollout(task, sample)
 
         async def rollout(task: Task, sample: int) -> None:
-            if task.id in drawn:  # the group's agents: one draw per task, shared by its G runs
-                task = task.model_copy(update={"agents": drawn[task.id]})
+            if (task.id, sample) in drawn:  # the run's agents: the group's, or its own draw
+                task = task.model_copy(update={"agents": drawn[task.id, sample]})
             update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample,
                       "result": "summary",  # the trainer reads the whole run from its trace
                       "seeded": True}  # the same rollouts whatever the load
@@ -355,16 +355,18 @@ class TrainingWorkflow:
             accuracy=sum(correct) / n if n else None, mean_reward=sum(rewards) / n if n else None,
             valid_plan_rate=sum(valid) / n if n else None, left_out=count_reasons(left_out)))
 
-    def _group_agents(self, inp: TrainInput, tasks: list[Task]) -> dict[str, list[str]]:
-        """Each task's rollout group's agents, where the recipe varies the pool: a random
-        subset (and order) of the pool, or of the task's own `agents`, drawn from (recipe
-        seed, name, iteration, task id) alone (engine/contracts/training.py `group_agents`),
-        so a replay or a rerun draws the same. The rollouts' tasks carry it, so each trace
-        records the agents its conductor was offered (and its recorded prompt shows them)."""
+    def _drawn_agents(self, inp: TrainInput, tasks: list[Task]
+                      ) -> dict[tuple[str, int], list[str]]:
+        """Each rollout's agents by (task id, sample), where the recipe varies the pool: a
+        random subset (and order) of the pool, or of the task's own `agents`, one draw per
+        group or per rollout (`vary_pool_per`), from (recipe seed, name, iteration, task
+        id[, sample]) alone (engine/contracts/training.py `group_agents`), so a replay or a
+        rerun draws the same. The rollouts' tasks carry it, so each trace records the agents
+        its conductor was offered (and its recorded prompt shows them)."""
         cfg = inp.recipe.rollouts
         if not cfg.varies_pool:
             return {}
-        out: dict[str, list[str]] = {}
+        out: dict[tuple[str, int], list[str]] = {}
         for task in tasks:
             pool = task.agents or inp.agents
             if not pool:
@@ -374,10 +376,12 @@ class TrainingWorkflow:
                     "train start` or fill TrainInput.agents from the pool",
                     type="NoPoolAgents", non_retryable=True,
                 )
-            agents = group_agents(pool, cfg, seed=inp.recipe.seed, name=inp.name,
-                                  iteration=self._progress.iteration, task_id=task.id)
-            if agents is not None:
-                out[task.id] = agents
+            for sample in range(cfg.group_size):
+                agents = group_agents(pool, cfg, seed=inp.recipe.seed, name=inp.name,
+                                      iteration=self._progress.iteration, task_id=task.id,
+                                      sample=sample)
+                if agents is not None:
+                    out[task.id, sample] = agents
         return out
 
     async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:

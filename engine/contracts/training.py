@@ -81,6 +81,14 @@ class RolloutConfig(_TrlNames):
         description="show each group its agents in a random order, not the pool file's: no "
         "bias for whichever agent comes first",
     )
+    vary_pool_per: Literal["group", "rollout"] = Field(
+        default="group",
+        description="'group': one subset and order per task, shared by its G runs, so the "
+        "advantages compare plans made with the same agents; 'rollout': each run draws its "
+        "own, as the paper trains: a run sees the pool as some other run did not, so an "
+        "agent the untrained conductor favours (by name or by place) is sometimes absent or "
+        "elsewhere, and the others get tried",
+    )
 
     @field_validator("scale_rewards", mode="before")
     @classmethod
@@ -279,20 +287,24 @@ class UpdateResult(BaseModel):
 
 def group_agents(
     pool: Sequence[str], cfg: RolloutConfig, *, seed: int, name: str, iteration: int,
-    task_id: str,
+    task_id: str, sample: int = 0,
 ) -> list[str] | None:
-    """The agents one rollout group plans with (Task.agents), or None for the whole pool in
-    its own order (the recipe varies nothing, or no pool is known).
+    """The agents one rollout plans with (Task.agents), or None for the whole pool in its own
+    order (the recipe varies nothing, or no pool is known).
 
     A subset of `pool` of a size in [pool_subset_min, pool_subset_max] (clamped to the pool),
-    in the pool's order, or in a random one with `shuffle_pool`. Every rollout of the group
-    gets the same agents, so GRPO's advantages compare plans made with the same choice. The
-    draw is a pure function of (recipe seed, training name, iteration, task id), from SHA-256
-    rather than `random`, whose methods other than random() may change between Python
-    versions: a replay, a rerun and a resumed run draw the same subsets on any worker."""
+    in the pool's order, or in a random one with `shuffle_pool`. With `vary_pool_per` 'group'
+    every rollout of the group gets the same agents (`sample` is ignored); with 'rollout' the
+    run `sample` of the group draws its own. The draw is a pure function of (recipe seed,
+    training name, iteration, task id[, sample]), from SHA-256 rather than `random`, whose
+    methods other than random() may change between Python versions: a replay, a rerun and a
+    resumed run draw the same subsets on any worker."""
     if not cfg.varies_pool or not pool:
         return None
-    key = "\x1f".join(map(str, ("pool", seed, name, iteration, task_id)))
+    parts: tuple[object, ...] = ("pool", seed, name, iteration, task_id)
+    if cfg.vary_pool_per == "rollout":
+        parts += (sample,)
+    key = "\x1f".join(map(str, parts))
 
     def draw(*what: object) -> int:
         text = "\x1f".join(map(str, (key, *what)))

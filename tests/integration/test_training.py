@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from temporalio import activity
@@ -457,13 +457,15 @@ def _first_listed_agent(prompt: str) -> str:
     return plan_json((min(listed, key=prompt.index), "Answer it.", []))
 
 
-async def test_each_rollout_group_plans_with_one_random_subset_of_the_pool_its_traces_record(
+@pytest.mark.parametrize("per", ["group", "rollout"])
+async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_it(
     client: Client, settings: Settings, agent_server: AgentServer, trace_store: TraceStore,
+    per: Literal["group", "rollout"],
 ) -> None:
-    """One iteration of three groups of 4 with pool_subset 1..2 and shuffle_pool: every run of
-    a group is offered the same agents (drawn from seed, name, iteration and task), in the
-    drawn order; its trace records them with the task and in the prompt; and the workflow's
-    history replays."""
+    """One iteration of three groups of 4 with pool_subset 1..2 and shuffle_pool: each run is
+    offered the agents drawn for it (from seed, name, iteration, task and, per rollout, its
+    sample), in the drawn order, one draw shared by a group's runs or one each; its trace
+    records them with the task and in the prompt; and the workflow's history replays."""
     agent_server.set_responder("conductor", _first_listed_agent)
     for agent in ("gpt", "claude", "gemini"):
         agent_server.set_responder(agent, lambda _: "42")
@@ -471,7 +473,7 @@ async def test_each_rollout_group_plans_with_one_random_subset_of_the_pool_its_t
     tasks = [Task(id=f"sub{i}-{uuid.uuid4().hex[:6]}", question=f"What is {i} + 42 - {i}?",
                   reference="42", verifier="exact") for i in range(3)]
     cfg = RolloutConfig(group_size=4, groups_per_update=3, pool_subset_min=1, pool_subset_max=2,
-                        shuffle_pool=True)
+                        shuffle_pool=True, vary_pool_per=per)
     inp = TrainInput(name=f"subsets-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
                      tasks=tasks, iterations=1, recipe=Recipe(rollouts=cfg, seed=7),
                      agents=["gpt", "claude", "gemini"],
@@ -489,14 +491,20 @@ async def test_each_rollout_group_plans_with_one_random_subset_of_the_pool_its_t
     groups = await trace_store.groups(policy, size=4, task_ids=[t.id for t in tasks])
     assert len(groups) == 3
     for g in groups:
-        drawn = group_agents(inp.agents, cfg, seed=7, name=inp.name, iteration=0,
-                             task_id=g.task_id)
-        assert drawn is not None and 1 <= len(drawn) <= 2
-        assert [t.task.agents for t in g.traces] == [drawn] * 4, "one subset per group"
         for t in g.traces:
+            drawn = group_agents(inp.agents, cfg, seed=7, name=inp.name, iteration=0,
+                                 task_id=g.task_id, sample=t.task.options.sample)
+            assert drawn is not None and 1 <= len(drawn) <= 2
+            assert t.task.agents == drawn
             system = t.rounds[0].attempts[0].prompt[0].content
             assert all((a in system) == (a in drawn) for a in ("gpt", "claude", "gemini"))
             assert [s.agent for s in t.steps] == drawn[:1], "the first agent shown"
+        seen = {tuple(t.task.agents or []) for t in g.traces}
+        if per == "group":
+            assert len(seen) == 1, "one subset per group"
+    if per == "rollout":  # four runs of each of three groups all drawing alike: p < 1e-7
+        assert any(len({tuple(t.task.agents or []) for t in g.traces}) > 1 for g in groups), \
+            "runs of a group draw apart"
     await Replayer(workflows=[TrainingWorkflow], data_converter=data_converter(settings)
                    ).replay_workflow(history)
 

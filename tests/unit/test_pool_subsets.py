@@ -1,6 +1,6 @@
 """Randomised pools and self-call context, without a server: a task's own `agents`, training's
-per-group subsets of the pool (engine/contracts/training.py `group_agents`), and the prompts a
-self-call's sub-plan and its agents get."""
+per-group or per-rollout subsets of the pool (engine/contracts/training.py `group_agents`),
+and the prompts a self-call's sub-plan and its agents get."""
 
 from __future__ import annotations
 
@@ -142,6 +142,22 @@ def test_shuffle_pool_alone_keeps_every_agent_in_a_random_order_per_group() -> N
     orders = [draw(cfg, task_id=f"t{i}") for i in range(30)]
     assert all(sorted(o or []) == sorted(POOL) for o in orders)
     assert len({(o or [""])[0] for o in orders}) > 3, "no agent is always shown first"
+
+
+def test_per_rollout_each_run_of_a_group_draws_its_own_and_group_mode_shares_one() -> None:
+    def runs(per: str, task_id: str) -> list[list[str] | None]:
+        cfg = RolloutConfig(pool_subset_min=2, pool_subset_max=4, shuffle_pool=True,
+                            vary_pool_per=per)  # type: ignore[arg-type]
+        return [group_agents(POOL, cfg, seed=0, name="run", iteration=0, task_id=task_id,
+                             sample=s) for s in range(8)]
+
+    assert runs("group", "t0") == [PINNED] * 8, "one draw per group, the pinned one"
+    per_run = [runs("rollout", f"t{i}") for i in range(10)]
+    assert all(len({tuple(r or []) for r in group}) > 3 for group in per_run), \
+        "a group's runs see different subsets and orders"
+    assert per_run == [runs("rollout", f"t{i}") for i in range(10)], "the same on a replay"
+    firsts = Counter((r or [""])[0] for group in per_run for r in group)
+    assert set(firsts) == set(POOL), "every agent is sometimes shown first"
 
 
 def test_bounds_clamp_to_the_pool_and_min_over_max_is_refused() -> None:
