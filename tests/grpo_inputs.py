@@ -54,21 +54,23 @@ def tiny_model_dir(out: Path, seed: int = 0) -> Path:
 
 
 def random_samples(n: int, seed: int = 0, *, old: bool | None = None, truncated: int = 0,
-                   zero: int = 0, groups: int = 0, completion_len: tuple[int, int] = (2, 9)
-                   ) -> list[Sample]:
+                   zero: int = 0, groups: int = 0, completion_len: tuple[int, int] = (2, 9),
+                   header: int = 0) -> list[Sample]:
     """n samples of varied prompt and completion lengths; advantages of both signs (the first
     `zero` are 0); behaviour log-probs on every row (old=True), none (False) or every other
     row (None); the last `truncated` samples truncated. With `groups`, sample i has the prompt
-    of group i % groups, as GRPO groups do; otherwise every prompt is its own."""
+    of group i % groups, as GRPO groups do; otherwise every prompt is its own. Every prompt
+    starts with the same `header` tokens, as prompts that share instructions do."""
     rng = random.Random(seed)
+    first = [rng.randrange(PAD) for _ in range(header)]
     prompts = [[rng.randrange(PAD) for _ in range(rng.randint(3, 8))] for _ in range(groups)]
     out = []
     for i in range(n):
         completion = [rng.randrange(PAD) for _ in range(rng.randint(*completion_len))]
         has_old = old if old is not None else i % 2 == 0
         out.append(Sample(
-            prompt_ids=prompts[i % groups] if groups else
-            [rng.randrange(PAD) for _ in range(rng.randint(3, 8))],
+            prompt_ids=first + (prompts[i % groups] if groups else
+                                [rng.randrange(PAD) for _ in range(rng.randint(3, 8))]),
             completion_ids=completion,
             advantage=0.0 if i < zero else rng.choice([-1, 1]) * rng.uniform(0.3, 1.5),
             behaviour_logprobs=[rng.uniform(-6.0, -2.0) for _ in completion] if has_old else None,

@@ -228,8 +228,9 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     unwrap = getattr(model, "get_base_model", None)  # a peft model: LoRA layers sit inside
     hf: Any = unwrap() if unwrap is not None else model
     p = batch.prompt_len
-    if _shares_one_prompt(hf, batch):
-        hidden = _hidden_with_shared_prompt(hf, batch)  # [B, T, H], already shifted
+    shared = _shared_prefix_len(hf, batch)
+    if shared:
+        hidden = _hidden_with_shared_prefix(hf, batch, shared)  # [B, T, H], already shifted
     else:
         hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                use_cache=False).last_hidden_state[:, p - 1 : -1]  # [B, T, H]
@@ -251,17 +252,30 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     return out.masked_scatter(mask, logps)
 
 
-def _shares_one_prompt(hf: Any, batch: Batch) -> bool:
-    """Every row has the same prompt (a GRPO group) and the prefix can be run once for all.
+def _prompt_starts(batch: Batch) -> Tensor:
+    """Column where each row's prompt begins (prompts are padded on the left), [B]."""
+    return batch.prompt_len - batch.attention_mask[:, : batch.prompt_len].sum(1)
 
-    Not under gradient checkpointing, which turns the KV cache off while training."""
-    p = batch.prompt_len
-    return (
-        batch.input_ids.shape[0] > 1
-        and not _checkpointing(hf)
-        and bool(batch.attention_mask[:, :p].all())
-        and bool((batch.input_ids[:, :p] == batch.input_ids[:1, :p]).all())
-    )
+
+def _shared_prefix_len(hf: Any, batch: Batch) -> int:
+    """How many tokens every row's prompt starts with, to run once for all rows: 0 for one
+    row, or under gradient checkpointing (which turns the KV cache off while training).
+
+    A GRPO group's G rows share their whole prompt; rows of different tasks, or runs offered
+    the pool in different orders, still share the conductor's instructions. The prefix stops
+    one token short of the shortest prompt, so every row's last prompt token, whose hidden
+    state predicts its first completion token, is in the part run per row."""
+    b, p = batch.input_ids.shape[0], batch.prompt_len
+    if b < 2 or _checkpointing(hf):
+        return 0
+    starts = _prompt_starts(batch)
+    room = p - int(starts.max()) - 1  # the shortest prompt, less its last token
+    if room < 1:
+        return 0
+    cols = starts[:, None] + torch.arange(room, device=starts.device)  # [B, room]
+    aligned = batch.input_ids.gather(1, cols)  # each prompt's first `room` tokens
+    differs = (aligned != aligned[:1]).any(0).nonzero()
+    return int(differs[0]) if len(differs) else room
 
 
 def _checkpointing(model: Any) -> bool:
@@ -273,27 +287,34 @@ def _checkpointing(model: Any) -> bool:
     return False
 
 
-def _hidden_with_shared_prompt(hf: Any, batch: Batch) -> Tensor:
-    """The hidden states before each completion token, [B, T, H], running the shared prompt once.
+def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
+    """The hidden states before each completion token, [B, T, H], running the `shared` prefix
+    tokens every prompt starts with once.
 
-    A group's G completions share their prompt, and the prompt is usually most of the tokens
-    (the conductor's instructions and pool, then a plan of a few dozen tokens), so the prompt
-    runs once with batch 1 and its keys and values are repeated for the G completions, which
-    attend to them as a KV cache. Gradients flow back through the repeated cache into the one
-    prompt pass, so loss and gradients are those of G full passes (tests/test_grpo.py checks)
-    at a fraction of the compute.
+    The prompt is most of the tokens (the conductor's instructions and pool, then a plan of a
+    few dozen tokens), and its opening is the same on every row, so it runs once with batch 1
+    and its keys and values are repeated for the B rows, which attend to them as a KV cache.
+    Each row's rest (its own prompt tail and completion) runs with its left padding moved
+    after the cache: masked, and with explicit positions so every token keeps the position it
+    has in a full pass. Gradients flow back through the repeated cache into the one prefix
+    pass, so loss and gradients are those of B full passes (tests/unit/test_grpo.py checks) at
+    a fraction of the compute.
     """
-    p, b = batch.prompt_len, batch.input_ids.shape[0]
-    prompt = hf.base_model(input_ids=batch.input_ids[:1, :p], use_cache=True)
-    last_prompt = prompt.last_hidden_state[:, -1:].expand(b, -1, -1)
-    if batch.input_ids.shape[1] == p + 1:  # one completion token: the prompt predicts it
-        return last_prompt
-    cache = prompt.past_key_values
+    p, (b, width) = batch.prompt_len, batch.input_ids.shape
+    prefix = hf.base_model(input_ids=batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared],
+                           use_cache=True)
+    # row i without its prefix columns [start_i, start_i + shared): left pads, tail, completion
+    cols = torch.arange(width - shared, device=batch.input_ids.device).expand(b, -1)
+    cols = cols + shared * (cols >= _prompt_starts(batch)[:, None])
+    rest_ids = batch.input_ids.gather(1, cols)[:, :-1]  # the last token predicts nothing
+    rest_mask = batch.attention_mask.gather(1, cols)[:, :-1]
+    positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
+    cache = prefix.past_key_values
     cache.batch_repeat_interleave(b)
-    completion = hf.base_model(input_ids=batch.input_ids[:, p:-1],
-                               attention_mask=batch.attention_mask[:, :-1],
-                               past_key_values=cache, use_cache=True).last_hidden_state
-    return torch.cat([last_prompt, completion], 1)
+    rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
+                         attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask], 1),
+                         use_cache=True).last_hidden_state
+    return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
 
 
 def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, choices: Tensor,
@@ -493,7 +514,7 @@ def _micro_batches(samples: Sequence[Sample], size: int, *, by_prompt: bool
     """Micro-batches of at most `size` samples, sorted by length so they carry little padding.
 
     With `by_prompt`, the samples of one prompt (a group) go together, so that each micro-batch
-    runs its prompt once (see _hidden_with_shared_prompt); prompts with one sample are batched
+    runs its prompt once (see _hidden_with_shared_prefix); prompts with one sample are batched
     as usual.
     """
     def chunks(rows: list[Sample]) -> list[list[Sample]]:

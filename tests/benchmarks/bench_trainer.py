@@ -89,17 +89,19 @@ def build_model(shape: dict[str, Any], dtype: torch.dtype, device: str, seed: in
 
 
 def make_samples(n: int, vocab: int, prompt_len: int, completion_len: int, group_size: int,
-                 seed: int = 0) -> list[Sample]:
+                 seed: int = 0, header: int = 0) -> list[Sample]:
     """Rollouts as a GRPO update sees them: groups of `group_size` completions of one prompt of
     about `prompt_len` tokens, completions of 1/4 to all of `completion_len`, advantages of both
-    signs, behaviour log-probs recorded."""
+    signs, behaviour log-probs recorded. Every prompt opens with the same `header` tokens (the
+    conductor's instructions, before a pool listing each run may see in its own order)."""
     rng = random.Random(seed)
     out = []
     prompt: list[int] = []
+    opening = [rng.randrange(3, vocab) for _ in range(header)]
     for i in range(n):
         if i % group_size == 0:
-            prompt = [rng.randrange(3, vocab) for _ in
-                      range(rng.randint(prompt_len * 3 // 4, prompt_len))]
+            prompt = opening + [rng.randrange(3, vocab) for _ in
+                                range(rng.randint(prompt_len * 3 // 4, prompt_len) - header)]
         completion = [rng.randrange(3, vocab) for _ in
                       range(rng.randint(completion_len // 4, completion_len))]
         out.append(Sample(
@@ -245,7 +247,7 @@ def setup(which: str, args: argparse.Namespace, shape: dict[str, Any], device: s
     cfg = LossConfig(loss_type=args.loss_type, micro_batch_size=args.micro_batch,
                      epsilon_high=0.28, max_completion_length=args.completion_len)
     samples = make_samples(args.samples, shape["vocab_size"], args.prompt_len,
-                           args.completion_len, args.group_size)
+                           args.completion_len, args.group_size, header=args.header)
     model = build_model(shape, dtype, device)
     return ours(model, samples, cfg) if which == "ours" else trl(model, samples, cfg, tmp)
 
@@ -424,6 +426,10 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=16, help="rollouts per update")
     parser.add_argument("--group-size", type=int, default=8,
                         help="completions per prompt (1: every prompt its own)")
+    parser.add_argument("--header", type=int, default=0,
+                        help="tokens every prompt opens with (the ours side runs them once per "
+                        "micro-batch); try --group-size 1 --header 96 --prompt-len 240, "
+                        "prompts as runs offered the pool in their own orders have them")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--completion-len", type=int, default=128, help="the longest completion")
@@ -446,7 +452,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         print(f"{args.samples} rollouts per update in groups of {args.group_size} "
-              f"(prompts ~{args.prompt_len} tokens, "
+              f"(prompts ~{args.prompt_len} tokens, the first {args.header} alike, "
               f"completions up to {args.completion_len}), micro-batches of {args.micro_batch}, "
               f"loss {args.loss_type}; {args.runs} timed updates each after {args.warmup} "
               f"warm-up, interleaved; torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig  # noqa: E402
 from conductor_engine.trainer.grpo import (  # noqa: E402
     Sample,
+    _shared_prefix_len,
     collate,
     group_advantages,
     grpo_loss,
@@ -163,14 +164,19 @@ def full_pass_logprobs(model: Any, samples: list[Sample], temperature: float) ->
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
 
-@pytest.mark.parametrize("groups", [0, 1], ids=["own-prompts", "one-shared-prompt"])
+@pytest.mark.parametrize(("groups", "header"), [(0, 0), (1, 0), (0, 12), (2, 9)],
+                         ids=["own-prompts", "one-shared-prompt", "one-shared-header",
+                              "two-groups-one-header"])
 @pytest.mark.parametrize("completion_len", [(2, 9), (1, 1)], ids=["varied", "one-token"])
 def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
-    groups: int, completion_len: tuple[int, int]
+    groups: int, header: int, completion_len: tuple[int, int]
 ) -> None:
-    """Also when a group's prompt runs once and its completions read it as a KV cache."""
+    """Also when the prefix all prompts share (a group's whole prompt, or the instructions
+    prompts of different lengths open with) runs once and the rows read it as a KV cache."""
     model = tiny_model()
-    samples = random_samples(5, groups=groups, completion_len=completion_len)
+    samples = random_samples(5, groups=groups, completion_len=completion_len, header=header)
+    shared = _shared_prefix_len(model, collate(samples, PAD))
+    assert shared == (min(len(s.prompt_ids) for s in samples) - 1 if groups == 1 else header)
     got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
     got.sum().backward()
     fast = [p.grad.clone() for p in model.parameters()]
