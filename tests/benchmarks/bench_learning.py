@@ -248,7 +248,7 @@ async def main(args: argparse.Namespace) -> int:
         first, last = curve[0], curve[-1]
         rows.append([r["seed"], r["crossed"] if r["crossed"] is not None else "not reached",
                      f"{first[2]:.2f} → {last[2]:.2f}",
-                     f"{last[2] / max(first[2], 1e-9):.2f}x",
+                     f"{last[2] / first[2]:.2f}x" if first[2] else "none routed at v0",
                      f"{last[2] * args.agents:.2f}x", f"{last[3]:.2f}",
                      f"{r['seconds_per_iteration']:.0f}s"])
         print(f"seed {r['seed']} curve (iteration: routed, reward/oracle): "
