@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -112,3 +113,13 @@ def test_a_setting_given_twice_or_unsupported_is_an_error(text: str, message: st
 def test_report_to_none_is_empty() -> None:
     assert load('report_to = "none"').report_to == []
     assert Recipe().report_to == []
+
+
+def test_every_recipe_shipped_under_examples_reads() -> None:
+    """A field renamed or a value out of range in a shipped recipe fails here, not in a
+    user's first `conductor train start`."""
+    root = Path(__file__).resolve().parents[2] / "examples"
+    recipes = sorted(root.rglob("recipe*.toml"))
+    assert recipes, "examples/sim/recipe.toml at least"
+    for path in recipes:
+        Recipe.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
