@@ -136,7 +136,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
     train = interleave_tags(train, 0)  # as `conductor train start --seed 0` orders them
     pool = Pool.load(pool_file)
-    name = f"s{seed}-{uuid.uuid4().hex[:6]}"
+    # a fixed name: every run has a fresh stack, and the recipe's pool draws are keyed on the
+    # training's name, so a random one would give every run its own curve
+    name = f"sim-pool-{seed}"
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
         update={"id": f"conductor-{name}"})})
     judge = Judge(spec, pool)
