@@ -85,25 +85,32 @@ def deciding_attempts(trace: Trace) -> list[PlanAttempt]:
 
 
 def group_samples(
-    group: Group, age: int, tokenizer: Any, cfg: RolloutConfig
+    group: Group, age: int, tokenizer: Any, cfg: RolloutConfig, temperature: float = 1.0
 ) -> list[Sample]:
     """The samples of one group: group-relative advantages over its rollouts' rewards, the
-    runs left out taking no part; none for a group too small to train."""
+    runs left out taking no part; none for a group too small to train. `temperature` is the
+    one the trainer scores tokens at: a run sampled at another (a stored run trained with
+    `--from-traces`) keeps its tokens but not its log-probs, which are in another
+    distribution, so its update is on-policy."""
     if not group.trainable:
         return []
     advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
     weight = cfg.stale_discount**age
     out: list[Sample] = []
     for trace, advantage in zip(group.traces, advantages, strict=True):
+        same = trace.task.options.temperature == temperature
         for attempt in deciding_attempts(trace):
-            sample = attempt_sample(attempt, tokenizer, advantage * weight)
+            sample = attempt_sample(attempt, tokenizer, advantage * weight,
+                                    behaviour_logprobs=same)
             if sample is not None:
                 out.append(sample)
     return out
 
 
-def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sample | None:
-    """One plan attempt as a Sample, or None when it has no prompt or no completion."""
+def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float, *,
+                   behaviour_logprobs: bool = True) -> Sample | None:
+    """One plan attempt as a Sample, or None when it has no prompt or no completion;
+    without its log-probs when `behaviour_logprobs` is false."""
     if not attempt.prompt:
         return None
     prompt_ids = tokenizer(
@@ -122,7 +129,7 @@ def attempt_sample(attempt: PlanAttempt, tokenizer: Any, advantage: float) -> Sa
         choices = None
     if not completion_ids:
         return None
-    if logprobs is not None and len(logprobs) != len(completion_ids):
+    if not behaviour_logprobs or (logprobs is not None and len(logprobs) != len(completion_ids)):
         logprobs = None
     if misfit_choice(choices, completion_ids) is not None:
         # not this completion's: its log-probs are in a space the trainer cannot rebuild

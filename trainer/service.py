@@ -109,7 +109,8 @@ class Trainer:
             return _nothing_to_train(req, stats, started)
         held = await self._hold(req, registry, store)
         samples = [s for g, age in groups
-                   for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts)]
+                   for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts,
+                                          req.recipe.loss.temperature)]
         self._held = None  # the weights are about to change: unusable until published
         step = await asyncio.to_thread(seeded, req, self._train, held, samples, req.recipe)
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided

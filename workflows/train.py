@@ -1,6 +1,6 @@
 """TrainingWorkflow: the conductor learns from its own rollouts, one GRPO iteration per run.
 
-    pick tasks ─▶ G ConductWorkflow rollouts per task at temperature 1.0, pinned to version K
+    pick tasks ─▶ G ConductWorkflow rollouts per task at the recipe's temperature, pinned to K
                ─▶ wait ─▶ grpo_update on the trainer task queue ─▶ version K+1 published
                ─▶ continue-as-new (one iteration per run keeps every history short)
 
@@ -32,7 +32,7 @@ import asyncio
 from datetime import timedelta
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import (
@@ -150,7 +150,9 @@ class TrainInput(BaseModel):
     task_list: TaskList | None = Field(
         default=None, description="the tasks in the blob store (what the client sends)")
     iterations: int = Field(default=20, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0,
+                               description="the rollouts' temperature: the recipe's [loss] "
+                               "temperature when not given (see _rollouts_at_loss_temperature)")
     from_traces: bool = Field(default=False, description="train on stored traces, no rollouts")
     recipe: Recipe = Field(default_factory=Recipe)
     concurrency: Annotated[int, BeforeValidator(recorded_concurrency)] = Field(
@@ -176,6 +178,23 @@ class TrainInput(BaseModel):
         "fills it from its pool when training starts. A task that names its own `agents` "
         "draws from those instead",
     )
+
+    @model_validator(mode="after")
+    def _rollouts_at_loss_temperature(self) -> TrainInput:
+        """The trainer scores each rollout's tokens at the recipe's `[loss] temperature` (TRL's
+        `temperature`, its sampling temperature too), and divides by the log-probs the sampler
+        recorded: rollouts sampled at another temperature would make every importance ratio
+        wrong from the first step. So the rollouts take the recipe's, and a caller who names
+        another is told rather than trained wrongly."""
+        wanted = self.recipe.loss.temperature
+        if "temperature" not in self.model_fields_set:
+            self.temperature = wanted
+        elif self.temperature != wanted:
+            raise ValueError(
+                f"rollout temperature {self.temperature} differs from the recipe's [loss] "
+                f"temperature {wanted}, at which the trainer scores the rollouts: set the "
+                "recipe's temperature instead")
+        return self
 
 
 def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:

@@ -130,7 +130,9 @@ class LossConfig(_TrlNames):
                                  validation_alias=_trl("mask_truncated",
                                                        "mask_truncated_completions"))
     max_completion_length: int = Field(default=512, gt=0, description="dr_grpo's normaliser")
-    temperature: float = Field(default=1.0, gt=0, description="the rollouts' temperature")
+    temperature: float = Field(default=1.0, gt=0, le=2.0,
+                               description="the rollouts' sampling temperature, at which the "
+                               "trainer also scores their tokens")
     learning_rate: float = Field(default=1e-6, gt=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=8, ge=1, description="gradient accumulation unit",

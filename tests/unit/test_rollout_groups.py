@@ -271,3 +271,25 @@ def test_train_status_and_progress_say_how_many_runs_were_left_out_and_why() -> 
     rows = console.file.getvalue().splitlines()
     assert "left out" in rows[2]
     assert any("5 (verifier_error 4, step_failed 1)" in r for r in rows)
+
+
+@pytest.mark.parametrize(("sampled_at", "kept"), [(1.5, True), (1.0, False)],
+                         ids=["same-temperature", "other-temperature"])
+def test_a_run_sampled_at_another_temperature_trains_without_its_logprobs(
+    sampled_at: float, kept: bool
+) -> None:
+    """Its recorded log-probs are of another distribution than the one the trainer scores at:
+    dividing by them would skew every ratio, so that run's update is on-policy instead."""
+    pytest.importorskip("transformers")
+    from conductor_engine.engine.contracts.training import RolloutConfig
+    from conductor_engine.trainer.rollouts import group_samples
+    from tests.grpo_inputs import tiny_tokenizer
+
+    g = group([1.0, 0.5], [])
+    for t in g.traces:
+        t.task.options.temperature = sampled_at
+        t.rounds[0].attempts[0].prompt = [Message(role="user", content="w1 w2")]
+    samples = group_samples(g, 0, tiny_tokenizer(), RolloutConfig(group_size=2), 1.5)
+    assert len(samples) == 2
+    assert all((s.behaviour_logprobs is not None) is kept for s in samples)
+    assert all(s.completion_ids == list(range(120)) for s in samples), "the tokens stay"
