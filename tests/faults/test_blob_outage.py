@@ -40,6 +40,7 @@ def big(answer: Callable[[str], str]) -> Responder:
     return lambda prompt: Reply.ok(answer(prompt) + " " + "x" * (2 * THRESHOLD)).after(0.2)
 
 
+@pytest.mark.slow  # a whole batch through a fault, 30-60 s: `pytest -m slow`; CI runs it
 async def test_the_blob_store_unreachable_mid_batch_loses_nothing_and_repays_nothing(
     agent_server, client: Client, settings: Settings, trace_store: TraceStore,
     moto_url: str, monkeypatch: pytest.MonkeyPatch,

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY, batch_child_workflow_id
@@ -54,6 +55,7 @@ async def record_attempts(client: Client, workflow_id: str) -> int:
     return attempt
 
 
+@pytest.mark.slow  # a whole batch through a fault, 30-60 s: `pytest -m slow`; CI runs it
 async def test_postgres_stopped_mid_batch_loses_nothing_and_fails_nothing(
     agent_server, client: Client, settings: Settings, reachable_tmp: Path,
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.runtime.client import ConductorClient
@@ -23,6 +24,7 @@ N = 200
 TIMEOUT_S = 3.0  # one attempt of any agent: a hung reply costs this; far above a busy reply
 
 
+@pytest.mark.slow  # a whole batch through a fault, 30-60 s: `pytest -m slow`; CI runs it
 async def test_a_200_task_batch_in_a_provider_storm_loses_nothing_and_repays_nothing(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
     trace_store: TraceStore,

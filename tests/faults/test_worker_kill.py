@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import batch_child_workflow_id
@@ -28,6 +29,7 @@ N = 30
 AGENT_TIMEOUT_S = 5.0  # a call held when the worker died is retried after this
 
 
+@pytest.mark.slow  # a whole batch through a fault, 30-60 s: `pytest -m slow`; CI runs it
 async def test_a_worker_killed_mid_batch_loses_nothing_and_repays_nothing(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
     trace_store: TraceStore, tmp_path: Path,

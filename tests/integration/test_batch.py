@@ -10,6 +10,7 @@ import re
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.runtime.client import ConductorClient
@@ -46,6 +47,7 @@ def _tasks(prefix: str) -> list[Task]:
             for i in range(N)]
 
 
+@pytest.mark.slow  # a whole batch through a fault, 30-60 s: `pytest -m slow`; CI runs it
 async def test_a_200_task_batch_survives_a_worker_restart_and_a_resubmission(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
     trace_store: TraceStore,
