@@ -183,18 +183,23 @@ class TrainInput(BaseModel):
     def _rollouts_at_loss_temperature(self) -> TrainInput:
         """The trainer scores each rollout's tokens at the recipe's `[loss] temperature` (TRL's
         `temperature`, its sampling temperature too), and divides by the log-probs the sampler
-        recorded: rollouts sampled at another temperature would make every importance ratio
-        wrong from the first step. So the rollouts take the recipe's, and a caller who names
-        another is told rather than trained wrongly."""
-        wanted = self.recipe.loss.temperature
+        recorded, so the rollouts take the recipe's temperature unless one is named. A caller
+        naming another is refused when it starts (`temperature_error`); a history recorded
+        before this rule still reads, and the trainer trains its mismatched runs on-policy
+        (trainer/rollouts.group_samples)."""
         if "temperature" not in self.model_fields_set:
-            self.temperature = wanted
-        elif self.temperature != wanted:
-            raise ValueError(
-                f"rollout temperature {self.temperature} differs from the recipe's [loss] "
+            self.temperature = self.recipe.loss.temperature
+        return self
+
+    def temperature_error(self) -> str | None:
+        """Why these rollouts would be sampled at another temperature than the one the trainer
+        scores them at, or None."""
+        wanted = self.recipe.loss.temperature
+        if self.from_traces or self.temperature == wanted:
+            return None
+        return (f"rollout temperature {self.temperature} differs from the recipe's [loss] "
                 f"temperature {wanted}, at which the trainer scores the rollouts: set the "
                 "recipe's temperature instead")
-        return self
 
 
 def pick_tasks(tasks: list[Task], iteration: int, k: int) -> list[Task]:

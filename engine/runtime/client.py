@@ -282,9 +282,10 @@ class ConductorClient:
         call started it (False: one is running already). Inline tasks go to the blob store
         first; the workflow's input holds only a reference to them. ValueError (one line) for
         a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), for an inline task
-        with text that cannot be stored, or for a recipe that varies the pool with no agents
-        to draw from, before anything is written or started."""
-        problem = concurrency_error(inp.concurrency)
+        with text that cannot be stored, for a recipe that varies the pool with no agents
+        to draw from, or for rollouts at another temperature than the recipe's, before anything
+        is written or started."""
+        problem = concurrency_error(inp.concurrency) or inp.temperature_error()
         if problem:
             raise ValueError(problem)
         if (inp.recipe.rollouts.varies_pool and not inp.from_traces and not inp.agents

@@ -475,7 +475,8 @@ async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_i
     cfg = RolloutConfig(group_size=4, groups_per_update=3, pool_subset_min=1, pool_subset_max=2,
                         shuffle_pool=True, vary_pool_per=per)
     inp = TrainInput(name=f"subsets-{uuid.uuid4().hex[:6]}", policy=pool.conductor.id,
-                     tasks=tasks, iterations=1, recipe=Recipe(rollouts=cfg, seed=7),
+                     tasks=tasks, iterations=1,
+                     recipe=Recipe(rollouts=cfg, loss=LossConfig(temperature=0.7), seed=7),
                      agents=["gpt", "claude", "gemini"],
                      trainer_task_queue=f"{settings.task_queue}-trainer")
     async with running_worker(client, settings, pool), Worker(
@@ -499,6 +500,7 @@ async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_i
             system = t.rounds[0].attempts[0].prompt[0].content
             assert all((a in system) == (a in drawn) for a in ("gpt", "claude", "gemini"))
             assert [s.agent for s in t.steps] == drawn[:1], "the first agent shown"
+        assert {t.task.options.temperature for t in g.traces} == {0.7}, "the recipe's"
         seen = {tuple(t.task.agents or []) for t in g.traces}
         if per == "group":
             assert len(seen) == 1, "one subset per group"
@@ -515,4 +517,12 @@ async def test_a_recipe_that_varies_the_pool_needs_agents_to_draw_from(
     inp = TrainInput(name="no-agents", policy="p", tasks=[Task(question="q")],
                      recipe=Recipe(rollouts=RolloutConfig(shuffle_pool=True)))
     with pytest.raises(ValueError, match="no agents to draw from"):
+        await ConductorClient(client, settings).start_training(inp)
+
+
+async def test_rollouts_at_another_temperature_than_the_recipe_scores_are_refused(
+    client: Client, settings: Settings,
+) -> None:
+    inp = TrainInput(name="hot", policy="p", tasks=[Task(question="q")], temperature=1.3)
+    with pytest.raises(ValueError, match=r"recipe's \[loss\] temperature 1.0"):
         await ConductorClient(client, settings).start_training(inp)

@@ -127,8 +127,8 @@ def test_every_recipe_shipped_under_examples_reads() -> None:
 
 def test_rollouts_are_sampled_at_the_temperature_the_trainer_scores_them_at() -> None:
     """TRL's `temperature` is its sampling temperature: a recipe that sets it gets rollouts at
-    it, and a training input that names another one is refused, not trained with skewed
-    importance ratios."""
+    it, and a training input that names another one is refused when it starts (a history
+    recorded before still reads), not trained with skewed importance ratios."""
     from conductor_engine.workflows.train import TrainInput
 
     recipe = Recipe.model_validate(tomllib.loads("[loss]\ntemperature = 1.4"))
@@ -137,7 +137,10 @@ def test_rollouts_are_sampled_at_the_temperature_the_trainer_scores_them_at() ->
     assert TrainInput.model_validate_json(inp.model_dump_json()).temperature == 1.4, \
         "as a workflow history reads it back"
     assert TrainInput(name="t", policy="conductor").temperature == 1.0
-    with pytest.raises(ValidationError, match=r"set the recipe's temperature"):
-        TrainInput(name="t", policy="conductor", recipe=recipe, temperature=1.0)
+    assert inp.temperature_error() is None
+    named = TrainInput(name="t", policy="conductor", recipe=recipe, temperature=1.0)
+    assert "set the recipe's temperature" in (named.temperature_error() or "")
+    assert named.model_copy(update={"from_traces": True}).temperature_error() is None, \
+        "no rollouts to sample"
     with pytest.raises(ValidationError, match="less than or equal to 2"):
         LossConfig(temperature=2.5)  # a conductor run cannot sample above 2
