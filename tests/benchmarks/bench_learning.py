@@ -30,6 +30,7 @@ import sys
 import time
 import tomllib
 import uuid
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,18 +109,25 @@ class Judge:
                                                   reference=reference))
         return 1.0 if right else 0.5
 
-    async def judge(self, store: TraceStore, e: HeldOutEval) -> tuple[float, float, float]:
-        """(routed share, mean reward, oracle mean reward) of one held-out evaluation."""
+    async def judge(self, store: TraceStore, e: HeldOutEval
+                    ) -> tuple[float, float, float, str]:
+        """(routed share, mean reward, oracle mean reward, which agents each tag went to) of
+        one held-out evaluation: the last says which tag a stalled curve is missing."""
         traces = await store.batch_traces(e.batch, resolve_blobs=False)
         routed, rewards, oracle = [], [], []
+        picks: dict[str, Counter[str]] = defaultdict(Counter)
         for t in traces:
             steps = [s for r in t.rounds for s in r.steps]
             final = steps[-1].agent if steps else None
             routed.append(final in competent(self.matrix, t.task.tags))
             rewards.append(t.reward.value if t.reward and t.reward.value is not None else 0.0)
             oracle.append(self.oracle(t.task.id, t.task.tags, t.task.reference))
+            good = "*" if final in competent(self.matrix, t.task.tags) else ""
+            picks["/".join(t.task.tags)][f"{final}{good}"] += 1
         n = max(len(traces), 1)
-        return sum(routed) / n, sum(rewards) / n, sum(oracle) / n
+        shown = " · ".join(f"{tag} " + ", ".join(f"{a} {k}" for a, k in sorted(c.items()))
+                           for tag, c in sorted(picks.items()))
+        return sum(routed) / n, sum(rewards) / n, sum(oracle) / n, shown
 
 
 async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
@@ -166,11 +174,12 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                       f"{st.update_seconds:.0f}s", flush=True)
             shown = len(p.history)
             for e in p.evals[evals:]:
-                routed, reward, oracle = await judge.judge(store, e)
+                routed, reward, oracle, picks = await judge.judge(store, e)
                 ratio = reward / oracle if oracle else 0.0
                 curve.append((e.iteration, e.version, routed, ratio))
                 print(f"  held out {e.version}: routed {routed:.2f} · reward {reward:.3f} / "
-                      f"oracle {oracle:.3f} = {ratio:.2f}", flush=True)
+                      f"oracle {oracle:.3f} = {ratio:.2f}\n    picks (* competent): {picks}",
+                      flush=True)
                 if crossed is None and routed >= ROUTED_BAR and ratio >= REWARD_BAR:
                     crossed = e.iteration
                     if not args.full:
