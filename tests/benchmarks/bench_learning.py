@@ -119,11 +119,11 @@ class Judge:
         for t in traces:
             steps = [s for r in t.rounds for s in r.steps]
             final = steps[-1].agent if steps else None
-            routed.append(final in competent(self.matrix, t.task.tags))
+            right = final in competent(self.matrix, t.task.tags)
+            routed.append(right)
             rewards.append(t.reward.value if t.reward and t.reward.value is not None else 0.0)
             oracle.append(self.oracle(t.task.id, t.task.tags, t.task.reference))
-            good = "*" if final in competent(self.matrix, t.task.tags) else ""
-            picks["/".join(t.task.tags)][f"{final}{good}"] += 1
+            picks["/".join(t.task.tags)][f"{final}{'*' if right else ''}"] += 1
         n = max(len(traces), 1)
         shown = " · ".join(f"{tag} " + ", ".join(f"{a} {k}" for a, k in sorted(c.items()))
                            for tag, c in sorted(picks.items()))
