@@ -233,11 +233,17 @@ class Bench:
     def device(self) -> torch.device:
         return self.policy.device
 
+    @property
+    def trained(self) -> Any:
+        """What train_step runs: the model (a trainer that wraps it for several ranks keeps the
+        wrapper in `Policy.trained`; in one process that is the model itself)."""
+        return getattr(self.policy, "trained", None) or self.policy.model
+
     def update(self, samples: Sequence[Sample]) -> StepMetrics:
         """One update as Trainer._train runs it (beta = 0 in the paper recipe: no reference)."""
         for group in self.optimizer.param_groups:  # the service's _set_learning_rate
             group["lr"] = self.recipe.loss.learning_rate
-        step = train_step(self.policy.model, self.optimizer, samples, self.recipe.loss,
+        step = train_step(self.trained, self.optimizer, samples, self.recipe.loss,
                           pad_id=self.policy.pad_id)
         if step.skipped is not None:
             raise RuntimeError(f"train_step took no step: {step.skipped}")
