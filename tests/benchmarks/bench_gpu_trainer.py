@@ -259,11 +259,12 @@ class Bench:
                                       self.device)
                 return size
             except torch.cuda.OutOfMemoryError:
-                self.policy.model.zero_grad(set_to_none=True)
-                _free(self.device)
                 if size == 1:
                     raise
-                size //= 2
+            # outside the except block, so the failed pass's frames and tensors are gone
+            self.policy.model.zero_grad(set_to_none=True)
+            _free(self.device)
+            size //= 2
 
 
 def load(shape: Shape, model_dir: Path, seed: int = SEED) -> Bench:
@@ -438,7 +439,8 @@ def settings_in_effect(bench: Bench) -> dict[str, Any]:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+        memory = torch.cuda.get_device_properties(device).total_memory / 2**30
+        return f"{torch.cuda.get_device_name(device)}, {memory:.0f} GiB (CUDA {torch.version.cuda})"
     return f"CPU {platform.machine()} ({torch.get_num_threads()} threads)"
 
 
