@@ -46,7 +46,7 @@ if [[ "${1:-}" == "wheels" ]]; then
   exit 0
 fi
 
-OUT=${OUT:-$PWD/.bench-out}
+OUT=${OUT:-$(mktemp -d /tmp/bench-gpu-out.XXXX)}  # the device tool sets OUT; elsewhere a temp dir
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 LORA7B_S=${LORA7B_S:-270}
@@ -89,5 +89,5 @@ for shape in lora7b full1.5b; do
   [[ $rc -eq 0 ]] || { say "$shape exited $rc (124: timed out)"; status=1; }
   nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>&1 | tee -a "$LOG"
 done
-say "done in $(( $(date +%s) - started )) s"
+say "done in $(( $(date +%s) - started )) s; figures and log in $OUT"
 exit $status
