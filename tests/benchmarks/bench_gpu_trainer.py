@@ -111,10 +111,6 @@ class Shape:
     micro_batch: int | None = None  # None: the recipe's
     loss_overrides: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def rollouts(self) -> int:
-        return self.groups * self.group_size
-
 
 SHAPES = {
     "lora7b": Shape("lora7b", QWEN25_7B, lora=True, groups=4,
@@ -517,7 +513,8 @@ def report(r: dict[str, Any]) -> str:
         f"  ours / bare = {r['ratio_update_to_bare']:.2f}x the time",
         f"  peak memory: {r['peak_memory_is']}",
         f"  settings: kind {s['kind']}, trainable {s['trainable_params_by_dtype']}, frozen "
-        f"{s['frozen_params_by_dtype']}, gradient checkpointing {s['gradient_checkpointing']}, "
+        f"{s['frozen_params_by_dtype']}, gradient checkpointing (the model's flag after the "
+        f"updates) {s['gradient_checkpointing']}, "
         f"fp32 matmul precision {s['float32_matmul_precision']} (TF32 "
         f"{s['cuda_matmul_allow_tf32']}), {s['optimizer']}",
         f"  computed (first decoder layer's linear, during the update): {r['compute_seen']}",
