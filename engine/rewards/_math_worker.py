@@ -48,6 +48,43 @@ def _parsed(found: list[Any]) -> bool:
     return any(not isinstance(item, str) for item in found)
 
 
+def _integer(gold: list[Any]) -> int | None:
+    """The reference's value when it is an integer (`1000000007`, `10^9+7`), else None."""
+    from sympy import Integer
+
+    found = [g for g in gold if not isinstance(g, str)]
+    return int(found[0]) if found and isinstance(found[0], Integer) else None
+
+
+def _is_exactly(answer: list[Any], value: int) -> bool:
+    """Whether the parsed answer is exactly the integer `value`.
+
+    math-verify compares a number written with a point at its float precision (about 15
+    digits): `1.0 \\times 10^{18}` equals 10^18+1 there. Here each float in the answer is read
+    as the decimal it was written as (an exact rational), the answer evaluated exactly, and
+    only that integer passes. An "x = 5" is read by its right side, "5%" also as 5 (as
+    math-verify does). A float-free symbolic answer (`\\log_2 32`) keeps math-verify's symbolic
+    verdict, which is exact; a symbolic answer holding a float cannot prove an integer."""
+    from math_verify.grader import get_pct_val
+    from sympy import Eq, Float, Rational
+
+    expr = next((a for a in answer if not isinstance(a, str)), None)
+    if expr is None:
+        return False
+    if isinstance(expr, Eq):
+        expr = expr.rhs
+    forms = [expr, *([pct] if (pct := get_pct_val(expr)) is not None else [])]
+    for form in forms:
+        floats = form.atoms(Float)
+        exact = form.xreplace({f: Rational(str(f)) for f in floats}).doit()
+        if exact.is_Rational:
+            if exact == value:
+                return True
+        elif not floats:
+            return True
+    return False
+
+
 def check(request: dict[str, Any]) -> dict[str, Any]:
     from math_verify import parse, verify
 
@@ -59,6 +96,9 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "gold_unparsed": True, "gold": [], "answer": []}
     answer = parse(request["answer"], parsing_timeout=timeout)
     correct = bool(answer) and verify(gold, answer, timeout_seconds=timeout)
+    integer = _integer(gold)
+    if correct and integer is not None:  # no float tolerance for an integer: see _is_exactly
+        correct = _is_exactly(answer, integer)
     return {"ok": True, "correct": correct, "gold": [str(g) for g in gold],
             "answer": [str(a) for a in answer]}
 
