@@ -273,7 +273,8 @@ def tuples_to_lists(value: Any) -> Any:
     return value
 
 
-_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+_TOKEN = re.compile(r"[^ \t\n\r\f\v]+")
+_OTHER_SEPARATORS = "\x1c\x1d\x1e\x1f"
 _INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 """The only number tokens: ASCII digits, a sign, a point, an exponent. No underscores
@@ -314,7 +315,13 @@ def _same_token(expected: str, got: str) -> bool:
 
 
 def _tokens(lines: list[str]) -> list[str]:
-    return [t for t in _SPACE.split(" ".join(lines)) if t]
+    """Tokens separated by ASCII whitespace only (str.split() also splits at a no-break space,
+    U+2003 and the ASCII separators 0x1C-0x1F). str.split() where it means the same, as it is
+    several times faster than a regular expression."""
+    text = " ".join(lines)
+    if text.isascii() and not any(c in text for c in _OTHER_SEPARATORS):
+        return text.split()
+    return _TOKEN.findall(text)
 
 
 def same_output(expected: str, got: str) -> bool:

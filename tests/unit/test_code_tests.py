@@ -93,6 +93,7 @@ def test_non_finite_values_match_only_themselves() -> None:
     ("0.5", "0.5\u200b"),  # a zero-width space
     ("1 2", "1\u00a02"),  # no-break space: only ASCII whitespace separates tokens
     ("1 2", "1\u20032"),
+    ("1 2", "1\x1c2"),  # an ASCII separator str.split() would split at
     ("1.5", "1,5"),
     ("10", "0x0a"),
     ("1", "True"),
