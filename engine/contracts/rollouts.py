@@ -70,7 +70,7 @@ def left_out_reason(status: str, reward: Reward | None,
         return "no_reward"
     if verifier_failed(reward):
         return "verifier_error"
-    if reward.verdict is not None and reward.verdict.details.get("trusted") is False:
+    if reward.verdict is not None and reward.verdict.untrusted:
         return "untrusted"
     return None
 

@@ -3,6 +3,11 @@
 Read from the trace store, not from workflow state, so an eval resumed after a crash, or
 submitted again, reports every run. A task whose run has no verdict (no reference, a failed
 run) counts as wrong, as in the batch report.
+
+An untrusted verdict (assert-style code tests, which run inside the candidate's process and
+which it can forge: `code_tests.UNTRUSTED`) is counted apart, never as correct: `accuracy` and
+`mean_reward` are over the other runs, and `untrusted` says how many were set aside. Tokens,
+cost, latency and calls are over every run: those were spent either way.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
@@ -28,8 +33,8 @@ class SystemRow(BaseModel):
 
     system: str
     tasks: int
-    accuracy: float
-    mean_reward: float
+    accuracy: float = Field(description="correct / (tasks - untrusted); 0 when all are untrusted")
+    mean_reward: float = Field(description="over the tasks whose verdict is trusted")
     input_tokens_per_task: float
     output_tokens_per_task: float
     tokens_per_task: float
@@ -38,6 +43,8 @@ class SystemRow(BaseModel):
     p95_s: float
     calls_per_task: float
     delta_to_best_single: float | None = None
+    untrusted: int = Field(default=0, description="runs whose verdict the candidate could have "
+                           "forged (assert-style code tests), kept out of accuracy")
 
 
 def _quantile(values: list[float], q: int) -> float:
@@ -55,17 +62,26 @@ def _calls(t: Trace) -> int:
     return plans + sum(1 for s in t.steps if s.status in ("done", "failed"))
 
 
+def untrusted(t: Trace) -> bool:
+    """Whether the run's verdict says the candidate could have forged it (the mark
+    `verify_code` sets, which training reads too: engine/contracts/rollouts.py)."""
+    return bool(t.reward and t.reward.verdict and t.reward.verdict.untrusted)
+
+
 def system_row(system: str, traces: list[Trace]) -> SystemRow:
     n = len(traces)
+    judged = [t for t in traces if not untrusted(t)]
     correct = sum(bool(t.reward and t.reward.verdict and t.reward.verdict.correct)
-                  for t in traces)
+                  for t in judged)
     rewards = [t.reward.value if t.reward and t.reward.value is not None else 0.0
-               for t in traces]
+               for t in judged]
+    scored = max(1, len(judged))
     seconds = sorted(t.totals.seconds for t in traces)
     tokens_in = sum(t.totals.usage.input_tokens for t in traces)
     tokens_out = sum(t.totals.usage.output_tokens for t in traces)
     return SystemRow(
-        system=system, tasks=n, accuracy=correct / n, mean_reward=sum(rewards) / n,
+        system=system, tasks=n, accuracy=correct / scored, mean_reward=sum(rewards) / scored,
+        untrusted=n - len(judged),
         input_tokens_per_task=tokens_in / n, output_tokens_per_task=tokens_out / n,
         tokens_per_task=(tokens_in + tokens_out) / n,
         cost_per_task=sum(t.totals.cost_usd for t in traces) / n,
@@ -99,13 +115,15 @@ def _order(row: SystemRow) -> tuple[int, str]:
     return _RANK.get(row.system.split(" ", 1)[0], 6), row.system
 
 
-HEADER = ("system", "accuracy", "mean reward", "tokens in / task", "tokens out / task",
-          "cost / task ($)", "p50 s", "p95 s", "calls / task", "Δ acc. vs best single")
+HEADER = ("system", "accuracy", "untrusted", "mean reward", "tokens in / task",
+          "tokens out / task", "cost / task ($)", "p50 s", "p95 s", "calls / task",
+          "Δ acc. vs best single")
+"""`accuracy` and `mean reward` are over the trusted verdicts; `untrusted` counts the rest."""
 
 
 def cells(r: SystemRow) -> tuple[str, ...]:
     delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
-    return (r.system, f"{r.accuracy:.3f}", f"{r.mean_reward:.3f}",
+    return (r.system, f"{r.accuracy:.3f}", str(r.untrusted), f"{r.mean_reward:.3f}",
             f"{r.input_tokens_per_task:,.0f}", f"{r.output_tokens_per_task:,.0f}",
             f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", f"{r.p95_s:.2f}",
             f"{r.calls_per_task:.1f}", delta)
@@ -113,12 +131,14 @@ def cells(r: SystemRow) -> tuple[str, ...]:
 
 NARROW_HEADER = ("system", "accuracy", "reward", "tokens / task", "$ / task", "p50 s",
                  "Δ vs best")
-"""The columns a narrow terminal shows (table.md and --json keep every one)."""
+"""The columns a narrow terminal shows (table.md and --json keep every one); the untrusted
+count goes in the accuracy cell, "0.520 (3 untrusted)", when there are any."""
 
 
 def narrow_cells(r: SystemRow) -> tuple[str, ...]:
     delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
-    return (r.system, f"{r.accuracy:.3f}", f"{r.mean_reward:.3f}", f"{r.tokens_per_task:,.0f}",
+    accuracy = f"{r.accuracy:.3f}" + (f" ({r.untrusted} untrusted)" if r.untrusted else "")
+    return (r.system, accuracy, f"{r.mean_reward:.3f}", f"{r.tokens_per_task:,.0f}",
             f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", delta)
 
 

@@ -48,8 +48,50 @@ def _parsed(found: list[Any]) -> bool:
     return any(not isinstance(item, str) for item in found)
 
 
+def _integer(gold: list[Any]) -> int | None:
+    """The reference's value when it is an integer (`1000000007`, `10^9+7`), else None."""
+    from sympy import Integer
+
+    found = [g for g in gold if not isinstance(g, str)]
+    return int(found[0]) if found and isinstance(found[0], Integer) else None
+
+
+def _exact_verdict(answer: list[Any], value: int) -> bool | None:
+    """Whether the parsed answer is exactly the integer `value`; None to leave it to
+    math-verify.
+
+    math-verify compares a number written with a point at its float precision (about 15
+    digits): `1.0 \\times 10^{18}` equals 10^18+1 there, and a right `9.007199254740989
+    \\times 10^{15}` can fail. Here each float in the answer is read as the decimal it was
+    written as (an exact rational) and the answer evaluated exactly: a rational value is right
+    only if it is that integer. "x = 5" is read by its right side, "5%" also as 5 (as
+    math-verify does). A float-free answer that is not a rational (`\\log_2 32`, a set) is
+    left to math-verify's symbolic comparison, which is exact; one holding a float cannot
+    prove an integer and is wrong."""
+    from math_verify.grader import get_pct_val
+    from sympy import Eq, Float, Rational
+
+    expr = next((a for a in answer if not isinstance(a, str)), None)
+    if expr is None:  # nothing sympy could read: math-verify compares the text
+        return None
+    if isinstance(expr, Eq):
+        expr = expr.rhs
+    forms = [expr, *([pct] if (pct := get_pct_val(expr)) is not None else [])]
+    symbolic = False
+    for form in forms:
+        floats = form.atoms(Float)
+        exact = form.xreplace({f: Rational(str(f)) for f in floats}).doit()
+        if exact.is_Rational:
+            if exact == value:
+                return True
+        elif not floats:
+            symbolic = True
+    return None if symbolic else False
+
+
 def check(request: dict[str, Any]) -> dict[str, Any]:
     from math_verify import parse, verify
+    from math_verify.utils import timeout as math_timeout
 
     timeout = max(1, int(request.get("timeout", 5)))
     gold = parse(_wrap_gold(request["gold"]), parsing_timeout=timeout)
@@ -58,7 +100,12 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
     if not _parsed(gold):
         return {"ok": False, "gold_unparsed": True, "gold": [], "answer": []}
     answer = parse(request["answer"], parsing_timeout=timeout)
-    correct = bool(answer) and verify(gold, answer, timeout_seconds=timeout)
+    integer = _integer(gold)
+    exact = None  # an integer reference: no float tolerance (_exact_verdict)
+    if integer is not None and answer:
+        exact = math_timeout(timeout)(_exact_verdict)(answer, integer)
+    correct = exact if exact is not None else bool(answer) and verify(
+        gold, answer, timeout_seconds=timeout)
     return {"ok": True, "correct": correct, "gold": [str(g) for g in gold],
             "answer": [str(a) for a in answer]}
 

@@ -10,8 +10,10 @@ A `code` reference is one of:
   test code runs beside the candidate and its verdict is marked untrusted (see UNTRUSTED).
 
 For io and call cases the expected values never enter the sandbox: the candidate's stdout or
-JSON return value comes back and is compared here, on plain data, so an object whose `__eq__`
-always says True, an early exit or a forged result line earns nothing.
+return value (typed, see `typed_values`) comes back and is compared here, on plain data, so an
+object whose `__eq__` always says True, an early exit or a forged result line earns nothing.
+The comparison is exact for integers and type-strict (`same_value`, `same_output`; the rules
+are below and in docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -52,6 +55,9 @@ class CodeTests(BaseModel):
     io: list[IoCase] = Field(default_factory=list)
     calls: list[CallCase] = Field(default_factory=list)
     asserts: str = ""
+    tuples_as_lists: bool = Field(
+        default=False, description="JSON call cases: a returned tuple compares as a list (JSON "
+        "has no tuples; LiveCodeBench's grader does the same). Python asserts keep them apart.")
 
     @property
     def trusted(self) -> bool:
@@ -83,7 +89,7 @@ def _from_json(data: Any) -> CodeTests:
             args = [json.loads(line) for line in str(case["input"]).splitlines() if line.strip()]
             case = {"args": args, "expected": json.loads(str(case["output"]))}
         calls.append(CallCase.model_validate({"function": spec.function, **case}))
-    return CodeTests(form="call", calls=calls)
+    return CodeTests(form="call", calls=calls, tuples_as_lists=True)
 
 
 def _literal_call(stmt: ast.stmt) -> CallCase | None:
@@ -99,7 +105,7 @@ def _literal_call(stmt: ast.stmt) -> CallCase | None:
     try:
         args = [_jsonable(ast.literal_eval(a)) for a in call.args]
         kwargs = {k.arg: _jsonable(ast.literal_eval(k.value)) for k in call.keywords if k.arg}
-        expected = _jsonable(ast.literal_eval(cmp.comparators[0]))
+        expected = _literal(ast.literal_eval(cmp.comparators[0]))
     except (ValueError, TypeError, SyntaxError, RecursionError):
         return None
     if len(kwargs) != len(call.keywords):
@@ -119,6 +125,23 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _jsonable(v) for k, v in value.items()}
+    raise TypeError(type(value).__name__)
+
+
+def _literal(value: Any) -> Any:
+    """An expected literal kept with its Python types (tuple, set, dict keys of any plain
+    type), since the candidate's value comes back typed (`typed_values`); TypeError for what
+    the comparison does not know (complex, bytes, Ellipsis)."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_literal(v) for v in value)
+    if isinstance(value, set | frozenset):
+        return frozenset(_literal(v) for v in value)
+    if isinstance(value, dict):
+        return {_literal(k): _literal(v) for k, v in value.items()}
     raise TypeError(type(value).__name__)
 
 
@@ -161,47 +184,151 @@ def looks_like_cases(reference: str) -> bool:
 
 
 # --- comparison (trusted: plain data on both sides) --------------------------------------
+#
+# The rules, for every trusted form (docs/verdicts.md has them as a table):
+# - integers compare exactly, as Python ints of any size: no tolerance ever applies to an
+#   integer expected value;
+# - a float expected value accepts an int or float within FLOAT_TOLERANCE, relative OR absolute
+#   (`math.isclose(rel_tol=1e-6, abs_tol=1e-6)`); NaN matches only NaN, an infinity only
+#   itself, and a non-finite answer never matches a finite expected value;
+# - the tolerance belongs to the expected value: the reference says "float" by being one.
+
+
+def _close(expected: float, got: float) -> bool:
+    if not (math.isfinite(expected) and math.isfinite(got)):
+        return expected == got or (math.isnan(expected) and math.isnan(got))
+    return math.isclose(expected, got, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
+
+
+def _strict_key(value: Any) -> Any:
+    """A hashable stand-in for a dict key or set member that keeps its type: `1`, `1.0`,
+    `True` and `"1"` are four different keys here (Python would merge the first three)."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, float):
+        return ("float", "nan" if math.isnan(value) else value)
+    if isinstance(value, str):
+        return ("str", value)
+    if value is None:
+        return ("none",)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_strict_key(v) for v in value))
+    if isinstance(value, frozenset | set):
+        return ("set", frozenset(_strict_key(v) for v in value))
+    raise TypeError(f"{type(value).__name__} is not a plain key")
 
 
 def same_value(expected: Any, got: Any) -> bool:
-    """JSON values equal: types must agree (True is not 1), floats within FLOAT_TOLERANCE."""
+    """A returned value equals the expected one, both plain data (`typed_values.decode`).
+
+    Type-strict: bool is never int (True is not 1); an int expected value accepts an int of
+    exactly that value, or a float that is exactly that integer (`6.0` for `6`, as the
+    benchmarks' own `==` does, but never `1.1826458e17` for `118264581564861424`); a float
+    expected value accepts an int or float within the tolerance (see above); str and None only
+    themselves. Containers: a list only a list, a tuple only a tuple (JSON cases, which have no
+    tuples, turn returned tuples into lists first: `tuples_to_lists`), a set/frozenset only a
+    set/frozenset with the same members by `_strict_key`, a dict only a dict with the same keys
+    by `_strict_key` (`{1: 2}` is not `{"1": 2}`) and values compared recursively."""
     if isinstance(expected, bool) or isinstance(got, bool):
         return type(expected) is type(got) and expected == got
-    if isinstance(expected, int | float) and isinstance(got, int | float):
-        if isinstance(expected, int) and isinstance(got, int):
-            return expected == got
-        return math.isclose(expected, got, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
-    if isinstance(expected, list) and isinstance(got, list):
-        return len(expected) == len(got) and all(map(same_value, expected, got))
-    if isinstance(expected, dict) and isinstance(got, dict):
-        return expected.keys() == got.keys() and all(same_value(v, got[k])
-                                                      for k, v in expected.items())
+    if isinstance(expected, int):
+        if isinstance(got, float):
+            return math.isfinite(got) and got.is_integer() and int(got) == expected
+        return isinstance(got, int) and expected == got
+    if isinstance(expected, float):
+        if isinstance(got, int):
+            try:
+                got = float(got)
+            except OverflowError:
+                return False
+        return isinstance(got, float) and _close(expected, got)
+    if isinstance(expected, list | tuple):
+        return (type(got) is type(expected) and len(expected) == len(got)
+                and all(map(same_value, expected, got)))
+    if isinstance(expected, set | frozenset):
+        return isinstance(got, set | frozenset) and _keys(expected) == _keys(got)
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or len(got) != len(expected):
+            return False
+        have = {_strict_key(k): v for k, v in got.items()}
+        want = {_strict_key(k): v for k, v in expected.items()}
+        return have.keys() == want.keys() and all(same_value(v, have[k])
+                                                  for k, v in want.items())
     return type(expected) is type(got) and expected == got
 
 
+def _keys(values: Any) -> frozenset[Any]:
+    return frozenset(_strict_key(v) for v in values)
+
+
+def tuples_to_lists(value: Any) -> Any:
+    """A returned value as LiveCodeBench's grader sees it against JSON: tuples as lists (dict
+    keys, which a list cannot be, kept as they are)."""
+    if isinstance(value, list | tuple):
+        return [tuples_to_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: tuples_to_lists(v) for k, v in value.items()}
+    return value
+
+
+_TOKEN = re.compile(r"[^ \t\n\r\f\v]+")
+_OTHER_SEPARATORS = "\x1c\x1d\x1e\x1f"
+_INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""The only number tokens: ASCII digits, a sign, a point, an exponent. No underscores
+(`1_000`), no other scripts' digits (`١٢٣`), no `inf`/`nan` (those match only themselves),
+which Python's float() would all accept."""
+
+
 def _lines(text: str) -> list[str]:
-    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    lines = [line.rstrip(" \t\r\f\v") for line in text.replace("\r\n", "\n").split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     return lines
 
 
-def _same_token(a: str, b: str) -> bool:
-    if a == b:
+def _integer(token: str) -> str | None:
+    """An integer token in one canonical spelling (no plus sign, no leading zeros, no "-0"),
+    compared as text: exact at any size, without Python's int() digit limit."""
+    m = _INTEGER.fullmatch(token)
+    if m is None:
+        return None
+    digits = m.group(2).lstrip("0") or "0"
+    return "-" + digits if m.group(1) == "-" and digits != "0" else digits
+
+
+def _same_token(expected: str, got: str) -> bool:
+    """One output token against the expected one. An integer token accepts only an integer
+    token of the same value (`3.0`, `3e0` and `2.9999999` are not `3`); a decimal token (point
+    or exponent) accepts a number token within the tolerance; any other token only itself."""
+    if expected == got:
         return True
-    try:
-        x, y = float(a), float(b)
-    except ValueError:
+    want = _integer(expected)
+    if want is not None:
+        return _integer(got) == want
+    if _NUMBER.fullmatch(expected) is None or _NUMBER.fullmatch(got) is None:
         return False
-    return math.isfinite(x) and math.isclose(x, y, rel_tol=FLOAT_TOLERANCE,
-                                             abs_tol=FLOAT_TOLERANCE)
+    x, y = float(expected), float(got)  # an overflow is inf: never close to anything
+    return math.isfinite(x) and math.isfinite(y) and _close(x, y)
+
+
+def _tokens(lines: list[str]) -> list[str]:
+    """Tokens separated by ASCII whitespace only (str.split() also splits at a no-break space,
+    U+2003 and the ASCII separators 0x1C-0x1F). str.split() where it means the same, as it is
+    several times faster than a regular expression."""
+    text = " ".join(lines)
+    if text.isascii() and not any(c in text for c in _OTHER_SEPARATORS):
+        return text.split()
+    return _TOKEN.findall(text)
 
 
 def same_output(expected: str, got: str) -> bool:
     """Stdout equal line by line, ignoring trailing spaces and trailing blank lines; failing
-    that, token by token with numbers within FLOAT_TOLERANCE."""
+    that, token by token (split on ASCII whitespace only) by `_same_token`."""
     want, have = _lines(expected), _lines(got)
     if want == have:
         return True
-    a, b = " ".join(want).split(), " ".join(have).split()
+    a, b = _tokens(want), _tokens(have)
     return len(a) == len(b) and all(map(_same_token, a, b))

@@ -34,8 +34,15 @@ class Verdict(BaseModel):
     details: dict[str, Any] = Field(
         default_factory=dict,
         description='extracted answer, normalised forms, test output; "error" marks a verifier '
-        "failure (as opposed to a wrong answer)",
+        'failure (as opposed to a wrong answer); "trusted": false a verdict the candidate could '
+        "have forged (assert-style code tests)",
     )
+
+    @property
+    def untrusted(self) -> bool:
+        """Whether the candidate could have forged this verdict (`code_tests.UNTRUSTED`):
+        training leaves it out, eval and batch reports count it apart, never as correct."""
+        return self.details.get("trusted") is False
 
 
 class Reward(BaseModel):

@@ -20,7 +20,6 @@ crash, timeout of the verifier itself) returns correct=False, score 0, a reason 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from conductor_engine.engine.rewards.code_tests import (
     parse_reference,
     same_output,
     same_value,
+    tuples_to_lists,
 )
 from conductor_engine.engine.rewards.extract import (
     answer_candidates,
@@ -49,6 +49,12 @@ from conductor_engine.engine.rewards.sandbox import (
     run_call_cases,
     run_io_cases,
     run_python_tests,
+)
+from conductor_engine.engine.rewards.typed_values import (
+    CALL_FUNCTION,
+    MalformedValue,
+    decode,
+    with_typed_call,
 )
 from conductor_engine.engine.text import shorten
 
@@ -254,24 +260,35 @@ def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str
             out.append((False, shorten(_last_line(call.error or "", "error"), 120)))
         else:
             try:
-                got = json.loads(call.value)
-            except (ValueError, RecursionError):
-                out.append((False, "the return value is not JSON"))
+                got = decode(call.value)
+            except MalformedValue:
+                out.append((False, "the return value is not plain data"))
                 continue
+            if tests.tuples_as_lists:
+                got = tuples_to_lists(got)
             if same_value(call_case.expected, got):
                 out.append((True, ""))
             else:
-                out.append((False, f"expected {shorten(json.dumps(call_case.expected), 60)}, "
-                                   f"got {shorten(call.value, 60)}"))
+                out.append((False, f"expected {_shown(call_case.expected)}, got {_shown(got)}"))
     return out
+
+
+def _shown(value: Any) -> str:
+    """A value for a reason line, as Python writes it (JSON cannot show a tuple or an int
+    key); an int past Python's digit limit by its size."""
+    try:
+        return shorten(repr(value), 60)
+    except ValueError:
+        return "an integer of over 4300 digits"
 
 
 def _run_code(code: str, tests: CodeTests, limits: SandboxLimits) -> SandboxResult:
     if tests.form == "io":
         return run_io_cases(code, [c.input for c in tests.io], limits)
-    if tests.form == "call":
-        return run_call_cases(code, [(c.function, c.args, c.named) for c in tests.calls],
-                              limits)
+    if tests.form == "call":  # the value comes back with its types: see typed_values
+        return run_call_cases(with_typed_call(code),
+                              [(CALL_FUNCTION, [c.function, c.args, c.named], {})
+                               for c in tests.calls], limits)
     return run_python_tests(code, tests.asserts, limits)
 
 

@@ -43,12 +43,21 @@ def result_row(t: Trace) -> dict[str, Any]:
     }
 
 
+def _untrusted(t: Trace) -> bool:
+    return bool(t.reward and t.reward.verdict and t.reward.verdict.untrusted)
+
+
 def summarize(name: str, traces: list[Trace]) -> dict[str, Any]:
+    """The batch's figures. Accuracy and mean reward leave out untrusted verdicts (assert-style
+    code tests the candidate could forge), which `untrusted` counts."""
     by_status: dict[str, int] = defaultdict(int)
     for t in traces:
         by_status[t.status] += 1
-    judged = [t for t in traces if t.task.reference is not None]  # no answer counts as wrong
-    rewards = [t.reward.value for t in traces if t.reward and t.reward.value is not None]
+    with_reference = [t for t in traces if t.task.reference is not None]
+    # no answer counts as wrong; a verdict the candidate could forge is counted apart
+    judged = [t for t in with_reference if not _untrusted(t)]
+    rewards = [t.reward.value for t in traces
+               if t.reward and t.reward.value is not None and not _untrusted(t)]
     agents: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
                  "seconds": []})
@@ -67,7 +76,8 @@ def summarize(name: str, traces: list[Trace]) -> dict[str, Any]:
         "by_status": dict(by_status),
         "accuracy": (sum(1 for t in judged if t.reward and t.reward.verdict
                          and t.reward.verdict.correct) / len(judged)) if judged else None,
-        "with_reference": len(judged),
+        "with_reference": len(with_reference),
+        "untrusted": len(with_reference) - len(judged),
         "mean_reward": statistics.fmean(rewards) if rewards else None,
         "input_tokens": sum(t.totals.usage.input_tokens for t in traces),
         "output_tokens": sum(t.totals.usage.output_tokens for t in traces),
@@ -88,7 +98,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines = [
         f"# Batch {s['batch']}", "",
         f"- tasks: {s['tasks']} ({', '.join(f'{k} {v}' for k, v in s['by_status'].items())})",
-        f"- accuracy: {num(s['accuracy'])} over {s['with_reference']} task(s) with a reference",
+        f"- accuracy: {num(s['accuracy'])} over {s['with_reference']} task(s) with a reference"
+        + (f", less {s['untrusted']} whose verdict is untrusted (assert-style tests the "
+           "candidate could forge; not counted)" if s.get("untrusted") else ""),
         f"- mean reward: {num(s['mean_reward'])}",
         f"- tokens in/out: {s['input_tokens']}/{s['output_tokens']} · cost: "
         f"${s['cost_usd']:.4f}",

@@ -397,7 +397,7 @@ def test_the_eval_table_stays_whole_at_80_columns() -> None:
     rows = [SystemRow(system=s, tasks=50, accuracy=0.52, mean_reward=0.76,
                       input_tokens_per_task=12345.0, output_tokens_per_task=678.0,
                       tokens_per_task=13023.0, cost_per_task=0.01234, p50_s=3.2, p95_s=11.5,
-                      calls_per_task=4.5, delta_to_best_single=0.04)
+                      calls_per_task=4.5, delta_to_best_single=0.04, untrusted=12)
             for s in ("conductor r0", "single claude-sonnet-4", "best single (claude-sonnet-4)",
                       "moa", "random", "chain")]
     table = [cells(r) for r in rows]
@@ -412,3 +412,4 @@ def test_the_eval_table_stays_whole_at_80_columns() -> None:
                        fitted_table("eval e1: 50 tasks", header, cells_, width))
         assert_fits(text, width, [*words, *(f"{w}:" for w in words)])
         assert "(claude-sonnet-4)" in text and "+0.040" in text
+        assert "untrusted" in text and "12" in text, "forgeable verdicts are counted apart"

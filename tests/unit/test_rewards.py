@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from decimal import Decimal
 
 import pytest
 
@@ -111,6 +112,39 @@ def test_math_with_an_unparsable_reference_is_a_verifier_error() -> None:
     v = verify("5", "\\frac{", "math")
     assert v.correct is False and v.reason.startswith("verifier error:")
     assert "cannot parse the reference" in v.reason
+
+
+@pytest.mark.parametrize("answer", [
+    "$x = 5$", "5\\%", "$\\sqrt{25}$", "$5.0$", "$\\log_2 32$", "$2.5 \\cdot 2$", "$\\frac{10}{2}$",
+])
+def test_an_integer_reference_takes_exact_forms_of_that_integer(answer: str) -> None:
+    assert verify(answer, "5", "math").correct
+
+
+def _scientific(n: int) -> tuple[str, int]:
+    """`n` as a float writes it (16 significant digits), in LaTeX, and its exact value."""
+    mantissa, exponent = f"{float(n):.15e}".split("e")
+    value = int(Decimal(mantissa) * 10 ** int(exponent))
+    return f"${mantissa} \\times 10^{{{int(exponent)}}}$", value
+
+
+def test_an_integer_reference_takes_only_that_integer_near_2_53_and_2_63() -> None:
+    """math-verify compares a number written with a point at float precision: without the
+    guard `1.0 \\times 10^{18}` equals 10^18+1. Every wrong neighbour must fail, in every form."""
+    for base in (2**53, 2**63, 10**18):
+        for n in (base + k for k in range(-3, 4)):
+            for m in (n - 1, n, n + 1):
+                assert verify(str(m), str(n), "math").correct is (m == n), (n, m)
+                assert verify(f"${m}.0$", str(n), "math").correct is (m == n), (n, m)
+            written, value = _scientific(n)
+            assert verify(written, str(n), "math").correct is (value == n), (n, written)
+    assert not verify("$1.0 \\times 10^{18}$", str(10**18 + 1), "math").correct
+    assert not verify("1.1826458e17", "118264581564861424", "math").correct
+
+
+def test_a_float_reference_keeps_its_tolerance() -> None:
+    assert verify("2.5000001", "2.5", "math").correct and verify("5/2", "2.5", "math").correct
+    assert not verify("2.6", "2.5", "math").correct
 
 
 def test_math_gives_up_on_a_runaway_comparison_in_time() -> None:
