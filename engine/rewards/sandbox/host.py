@@ -88,7 +88,8 @@ def _writable(path: Path) -> bool:
 
 def cgroup_parents() -> dict[str, str]:
     """controller → a directory where this process may make a child cgroup that has it: its own
-    cgroup first (limits above it keep holding), then the hierarchy's root."""
+    cgroup first (limits above it keep holding), then its parent (a delegated cgroup v2 keeps the
+    worker in a leaf below it), then the hierarchy's root."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -102,12 +103,10 @@ def cgroup_parents() -> dict[str, str]:
         for controller in CONTROLLERS:
             if controller in found:
                 continue
-            if fields[2] == "cgroup":
-                if controller not in options:
-                    continue
-                places = [target / own.get(controller, "/").lstrip("/"), target]
-            else:
-                places = [target / own.get("", "/").lstrip("/"), target]
+            if fields[2] == "cgroup" and controller not in options:
+                continue
+            mine = target / own.get(controller if fields[2] == "cgroup" else "", "/").lstrip("/")
+            places = [mine, mine.parent, target] if mine != target else [target]
             for place in places:
                 control = place / "cgroup.subtree_control"
                 if fields[2] == "cgroup2" and not (

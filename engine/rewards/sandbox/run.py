@@ -113,10 +113,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         for pid in _descendants(proc.pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
     for _ in range(3):
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -28,7 +28,7 @@ import errno
 import tempfile
 from functools import cache
 
-ALLOWED = """
+_ALLOWED = """
 accept accept4 access alarm arch_prctl bind brk capget chdir chmod chown clock_getres
 clock_gettime clock_nanosleep close close_range connect copy_file_range creat dup dup2 dup3
 epoll_create epoll_create1 epoll_ctl epoll_pwait epoll_pwait2 epoll_wait eventfd eventfd2 execve
@@ -53,7 +53,8 @@ signalfd signalfd4 splice stat statfs statx symlink symlinkat sync sync_file_ran
 tee tgkill time timer_create timer_delete timer_getoverrun timer_gettime timer_settime
 timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask uname unlink unlinkat
 utime utimensat utimes vfork vmsplice wait4 waitid write writev
-""".split()
+"""
+ALLOWED = _ALLOWED.split()
 AF_UNIX = 1
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 \
