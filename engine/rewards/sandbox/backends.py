@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 Backend = Literal["bwrap", "namespaces", "unconfined"]
 RUNNER = Path(__file__).with_name("_runner.py")
 SETUP = Path(__file__).with_name("_setup.py")
+REAPER = Path(__file__).with_name("_reaper.py")
 SANDBOX_DIR = "/sandbox"
 RUNNER_MARK = "# conductor code sandbox runner"
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -94,10 +95,12 @@ def runner_command(v: View) -> list[str]:
 
 def bwrap_command(bwrap: str, scratch_mb: int) -> list[str]:
     """bubblewrap, unprivileged: every namespace, no nested user namespaces, no capabilities,
-    a new session (no TIOCSTI into a terminal), killed with its parent."""
+    a new session (no TIOCSTI into a terminal), killed with its parent; started by `_reaper.py`,
+    which reaps the init bwrap's monitor leaves behind."""
     v = view()
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL"]
+    _, python = _runtime()
+    argv = [python, "-I", "-S", "-B", str(REAPER), bwrap, "--unshare-all", "--unshare-user",
+            "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for source, dest in v.binds:
         argv += ["--ro-bind", source, dest]
     for target, dest in v.symlinks:
