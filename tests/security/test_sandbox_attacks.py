@@ -83,8 +83,12 @@ def host() -> Iterator[Host]:
     h.close()
 
 
+OWN_TOOLS = str(PROJECT / "engine" / "rewards" / "sandbox")  # _setup.py, _reaper.py
+
+
 def leftovers() -> list[str]:
-    """Sandbox processes still alive (runner or candidate), after a short grace for reaping."""
+    """Sandbox processes of this checkout still alive (runner, candidate, setup), after a short
+    grace for reaping."""
     deadline = time.monotonic() + 5
     while True:
         found = []
@@ -93,7 +97,7 @@ def leftovers() -> list[str]:
                 text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if RUNNER_MARK in text or "_runner.py" in text:
+            if RUNNER_MARK in text or OWN_TOOLS in text:
                 found.append(text)
         if not found or time.monotonic() > deadline:
             return found
@@ -209,3 +213,45 @@ def test_timed_out_runs_leave_no_zombie(unprivileged: bool, backend: str) -> Non
     proc = subprocess.run(argv, cwd=PROJECT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"zombies": 0}
+
+
+@pytest.fixture
+def unconfined() -> Iterator[None]:
+    sandbox.configure(sandbox.SandboxConfig(backend="unconfined"))
+    yield
+    sandbox.configure(sandbox.SandboxConfig())
+
+
+def test_a_run_killed_by_a_real_time_signal_is_the_candidate_s_failure(unconfined: None) -> None:
+    """Signal 35 has no name in Python's signal.Signals: still the candidate's doing, scored."""
+    res = sandbox.run_call_cases("import os\nos.kill(os.getpid(), 35)\n", [("f", [], {})])
+    assert res.error is None
+    assert res.failure == "killed by signal 35"
+
+
+def test_without_libseccomp_no_candidate_code_runs() -> None:
+    """Fail closed: no filter, no sandbox; the refusal says what to install."""
+    script = ("import sys; sys.modules['pyseccomp'] = None\n"
+              "from conductor_engine.engine.rewards import sandbox\n"
+              "iso = sandbox.isolation()\n"
+              "print(iso.backend, iso.problems)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.startswith("None "), proc.stderr[-2000:]
+    assert "install libseccomp2" in proc.stdout
+
+
+def test_a_filter_the_kernel_refuses_stops_the_run_before_the_candidate(
+        host: Host, unconfined: None) -> None:
+    """The runner loads the filter before any candidate code: a broken one is a verifier error
+    at setup, and the candidate (which would write a file on the host) never ran."""
+    from conductor_engine.engine.rewards.sandbox import run
+
+    iso = sandbox.isolation()
+    marker = Path(host.context()["writable"], "conductor-attack")
+    job = {"mode": "call", "solution": f"open({str(marker)!r}, 'w').close()\ndef f():\n  pass\n",
+           "cases": [{"function": "f", "args": [], "kwargs": {}}]}
+    res = run.execute(iso, "unconfined", job, sandbox.SandboxLimits(), program=b"\0" * 3)
+    assert res.error is not None and res.error.startswith("sandbox failed to start")
+    assert "prctl" in res.error
+    assert not marker.exists()

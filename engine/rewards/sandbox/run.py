@@ -356,12 +356,13 @@ def _assemble(job: dict[str, Any], events: list[Any], protocol: str, stderr: byt
 
 
 def execute(iso: Isolation, backend: Backend, job: dict[str, Any],
-            limits: SandboxLimits) -> SandboxResult:
-    """Run one job under `backend`. Raises OSError when the sandbox cannot be set up."""
+            limits: SandboxLimits, program: bytes | None = None) -> SandboxResult:
+    """Run one job under `backend`. Raises OSError when the sandbox cannot be set up.
+    `program`: the seccomp filter, the allow-list unless given (the benchmark's baseline)."""
     launch = _Launch(iso, backend, limits)
     try:
         job = {**job, "block_sockets": limits.block_sockets,
-               "seccomp": base64.b64encode(syscalls.program()).decode(), "limits": {
+               "seccomp": base64.b64encode(program or syscalls.program()).decode(), "limits": {
             "cpu_s": int(limits.timeout_s) + 1, "memory_bytes": limits.memory_mb << 20,
             "file_bytes": limits.max_file_mb << 20, "open_files": limits.open_files,
             "processes": launch.processes,
