@@ -8,7 +8,7 @@
    audit hook and seccomp only).
 2. Seccomp and the memory cgroup: the same backend, with each turned off in turn (the filter
    replaced by one that allows every call, the run's cgroups without the memory one), on the
-   same task and on a system-call-heavy one (the worst case for a filter: 20,000 stat calls).
+   same task and on a system-call-heavy one (the worst case for a filter: 200,000 stat calls).
 Runs alternate, and each figure is a median and a ratio against its baseline.
 """
 
@@ -36,7 +36,7 @@ ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"
 SMALL = {"mode": "call", "solution": "def add(a, b):\n    return a + b\n",
          "cases": [{"function": "add", "args": [1, 2], "kwargs": {}}]}
 SYSCALLS = {"mode": "call", "solution": (
-    "import os\ndef add(a, b):\n    for _ in range(20000):\n        os.stat('.')\n"
+    "import os\ndef add(a, b):\n    for _ in range(200000):\n        os.stat('.')\n"
     "    return a + b\n"), "cases": [{"function": "add", "args": [1, 2], "kwargs": {}}]}
 # one BPF instruction: BPF_RET | BPF_K, SECCOMP_RET_ALLOW
 ALLOW_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000)
