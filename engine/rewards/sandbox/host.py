@@ -56,8 +56,9 @@ class Isolation(BaseModel):
     def refusal(self) -> str:
         tried = "; ".join(f"{b}: {why}" for b, why in self.problems.items()) or "none found"
         return (f"no code sandbox is available ({tried}). Install bubblewrap (Debian: "
-                "`apt-get install bubblewrap`) or allow user namespaces (unshare), or run the "
-                "worker as root; to run model-written code without isolation anyway, set "
+                "`apt-get install bubblewrap`) or allow user namespaces (unshare), and give the "
+                "worker cgroups it may write (run it as root, or delegate it one), and "
+                "libseccomp2; to run model-written code without isolation anyway, set "
                 "code_sandbox = \"unconfined\" (never for training: the policy can forge "
                 "rewards and read the host)")
 
