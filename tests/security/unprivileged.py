@@ -1,22 +1,29 @@
 """Run a Python module as an unprivileged user (uid 65534), the way a non-root worker runs.
 
-Usage (as root): python -m tests.security.unprivileged [--break TOOL ...] -- MODULE ARGS...
+Usage (as root): python -m tests.security.unprivileged [--break TOOL ...] [--no-cgroup] --
+MODULE ARGS...
 
 It enters a private mount namespace, makes the interpreter, the virtual environment and the
 project reachable by that uid without touching the host's permissions (each is bound into a
 fresh tmpfs laid over the first ancestor the uid cannot traverse), optionally replaces sandbox
 tools by /bin/false (`--break unshare` simulates a host where user namespaces are forbidden),
-then drops to the uid with setpriv and runs the module.
+delegates a pids and a memory cgroup to the uid (as systemd's `Delegate=yes` or a container
+runtime would; `--no-cgroup` leaves it without) and moves into it, then drops to the uid with
+setpriv, runs the module, and removes the delegated cgroups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
+
+from conductor_engine.engine.rewards.sandbox.host import cgroup_parents
 
 UID = 65534
 
@@ -58,6 +65,41 @@ def expose(paths: list[Path]) -> None:
         _mount("--bind", str(stage), str(path))
 
 
+def delegate(uid: int) -> list[tuple[Path, Path]]:
+    """(delegated cgroup, where this process was) per hierarchy: a cgroup owned by `uid` that
+    this process joins. v1: the cgroup itself; v2: a leaf `worker` below a cgroup that hands
+    its controllers down."""
+    made: list[tuple[Path, Path]] = []
+    name = f"conductor-delegated-{uuid.uuid4().hex[:8]}"
+    for parent in sorted({Path(p) for p in cgroup_parents().values()}):
+        group = parent / name
+        group.mkdir()
+        leaf = group
+        if (parent / "cgroup.subtree_control").exists():  # v2
+            leaf = group / "worker"
+            leaf.mkdir()
+        for path in {group, leaf}:
+            os.chown(path, uid, uid)
+            for control in ("cgroup.procs", "tasks", "cgroup.subtree_control", "cgroup.threads"):
+                if (path / control).exists():
+                    os.chown(path / control, uid, uid)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        if leaf != group:
+            (group / "cgroup.subtree_control").write_text("+pids +memory")
+        made.append((group, parent))
+    return made
+
+
+def undelegate(made: list[tuple[Path, Path]]) -> None:
+    for group, parent in made:
+        with contextlib.suppress(OSError):
+            (parent / "cgroup.procs").write_text(str(os.getpid()))
+        for path in sorted(group.rglob("*"), key=lambda p: -len(p.parts)) + [group]:
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+
 def main() -> None:
     args = sys.argv[1:]
     split = args.index("--")
@@ -73,9 +115,15 @@ def main() -> None:
         if opt == "--break" and (tool := shutil.which(options[i + 1])) is not None:
             _mount("--bind", "/bin/false", tool)
     os.chdir(project)
-    os.execv("/usr/bin/setpriv", [
-        "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all",
-        "--bounding-set=-all", "--", sys.executable, "-m", *command])
+    made = [] if "--no-cgroup" in options else delegate(UID)
+    try:
+        code = subprocess.run([
+            "/usr/bin/setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--", sys.executable, "-m", *command,
+        ]).returncode
+    finally:
+        undelegate(made)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,21 @@ def test_long_running_services_have_health_checks_and_restart_policies(
             assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
 
 
+def test_the_engine_s_services_run_under_an_init_that_reaps_orphans(
+        spec: dict[str, Any]) -> None:
+    """The worker starts sandboxed runs; killed at a timeout, their processes are orphaned to
+    PID 1, which must reap them (a zombie per run otherwise): compose's init and the image's."""
+    engine = {name for name, svc in spec["services"].items()
+              if (svc.get("build") or {}).get("dockerfile") == "infra/Dockerfile"}
+    assert engine >= {"worker", "trainer"}
+    for name in engine:
+        assert spec["services"][name].get("init") is True, name
+    dockerfile = (ROOT / "infra/Dockerfile").read_text()
+    entrypoint = next(line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT"))
+    assert json.loads(entrypoint.split(None, 1)[1])[:3] == ["tini", "-s", "--"]
+    assert re.search(r"apt-get install[^\n]*\btini\b", dockerfile)
+
+
 def test_services_wait_for_what_they_need(spec: dict[str, Any]) -> None:
     services = spec["services"]
 

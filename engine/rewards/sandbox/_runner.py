@@ -1,8 +1,13 @@
-"""Runs inside the code sandbox, started by path with `python -I -B`; standard library only.
+"""Runs inside the code sandbox, started by path with `python -I -S -B`: the standard library
+only (no site-packages on sys.path, for the runner or the candidate).
 
-It reads one job (JSON on stdin), caps its own resources (soft = hard; the sandbox has dropped
-the capabilities that could raise them again), optionally installs an audit hook that refuses
-network use, and reports what happened as JSON lines on a private copy of stdout.
+It reads one job (JSON on stdin), leaves the session of the sandbox's own processes (a candidate
+signalling its process group, or -1, reaches nothing but the run), makes itself undumpable (no
+ptrace, no /proc/PID/mem of the runner from a candidate's child), loads the seccomp allow-list
+the worker compiled (`syscalls.py`; failing that, it exits before the candidate exists), caps its
+own resources (soft = hard; the sandbox has dropped the capabilities that could raise them
+again), optionally installs an audit hook that refuses network use, and reports what happened as
+JSON lines on a private copy of stdout.
 
 It never sees an expected value. It runs the candidate and reports what the candidate *did*:
 - `io`: each case's stdin fed to the candidate program run as `__main__` in a process of its
@@ -17,8 +22,10 @@ The trusted parent compares, validates every line strictly, and decides.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
+import ctypes
 import importlib
 import json
 import os
@@ -37,6 +44,7 @@ OUTPUT_FILE = "output.txt"
 OUTPUT_TAIL = 2000
 ERROR_CHARS = 1500
 
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 4, 22, 38, 2
 _NETWORK_EVENTS = {
     "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
     "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
@@ -67,6 +75,25 @@ def _apply_limits(limits: dict[str, int | None]) -> None:
     _limit(resource.RLIMIT_CORE, 0)
     # Past the file-size limit a write fails with an error instead of killing the process.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _confine(program: bytes) -> None:
+    """Own session, undumpable, then the seccomp filter (raises, before any candidate code, if
+    the kernel refuses it). The filter holds for every process started after it."""
+    with contextlib.suppress(OSError):  # already a session leader (unconfined): nothing above
+        os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    for option, args in ((PR_SET_DUMPABLE, (0, 0, 0, 0)), (PR_SET_NO_NEW_PRIVS, (1, 0, 0, 0)),
+                         (PR_SET_SECCOMP, (SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0))):
+        if libc.prctl(option, *args) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl({option}) failed: {os.strerror(err)}")
 
 
 def _solution_path() -> str:
@@ -210,7 +237,7 @@ def run_io(job: dict[str, Any], report: Reporter) -> None:
             f.write(stdin)
         with open("stdin.txt", "rb") as inp, open("stdout.txt", "wb") as out, \
                 open("stderr.txt", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-I", "-B", f"{SOLUTION_MODULE}.py"],
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", f"{SOLUTION_MODULE}.py"],
                                     stdin=inp, stdout=out, stderr=err, start_new_session=True)
             timed_out = False
             try:
@@ -231,6 +258,7 @@ MODES = {"asserts": run_asserts, "call": run_call, "io": run_io}
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
+    _confine(base64.b64decode(job["seccomp"]))
     report = Reporter()
     _capture_output()
     _apply_limits(job["limits"])

@@ -3,12 +3,14 @@
 One view, two builders. The candidate's file system is a read-only tmpfs holding only:
 - `/usr` (and the host's `/bin`, `/lib`, ... as the same symlinks or read-only binds),
   `/etc/ld.so.cache`, and the Python runtime (`sys.base_prefix`) read-only, at their own paths;
-- `/runner.py` (the trusted runner), read-only;
 - a minimal `/dev` (null, zero, full, random, urandom), a fresh `/proc` of its own PID namespace;
 - `/sandbox`, its working directory and `$HOME`: a size-limited tmpfs, nosuid and nodev.
 Not `$HOME`, not the data directory, not `/tmp`, not `/run`: no host Unix socket is reachable by
 path, and the network namespace (no device but a loopback that is down) hides abstract ones.
-Every process the candidate starts inherits all of it: namespaces, mounts, limits, uid.
+Every process the candidate starts inherits all of it: namespaces, mounts, limits, uid, and the
+seccomp filter the runner loads. The runner itself goes in as `python -c SOURCE`, not a bind of
+its file: nothing in the sandbox's mount table names a host path it does not also see at that
+path, and a cgroup namespace shows the run's cgroups as `/`.
 
 - `bwrap` (bubblewrap, Flatpak's maintained sandbox tool) when the worker is not root and
   bubblewrap is installed: it builds the view itself, inside a user namespace.
@@ -36,8 +38,9 @@ from pydantic import BaseModel, Field
 Backend = Literal["bwrap", "namespaces", "unconfined"]
 RUNNER = Path(__file__).with_name("_runner.py")
 SETUP = Path(__file__).with_name("_setup.py")
+REAPER = Path(__file__).with_name("_reaper.py")
 SANDBOX_DIR = "/sandbox"
-RUNNER_PATH = "/runner.py"
+RUNNER_MARK = "# conductor code sandbox runner"
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -77,20 +80,27 @@ def view() -> View:
     prefix, python = _runtime()
     if not prefix.startswith("/usr/") and prefix != "/usr":
         binds.append((prefix, prefix))
-    binds.append((str(RUNNER), RUNNER_PATH))
     return View(binds=binds, symlinks=symlinks, python=python)
 
 
+@cache
+def _runner_source() -> str:
+    return f"{RUNNER_MARK}\n{RUNNER.read_text(encoding='utf-8')}"
+
+
 def runner_command(v: View) -> list[str]:
-    return [v.python, "-I", "-B", RUNNER_PATH]
+    """The standard library only (`-S`: no site-packages), no environment (`-I`)."""
+    return [v.python, "-I", "-S", "-B", "-c", _runner_source()]
 
 
 def bwrap_command(bwrap: str, scratch_mb: int) -> list[str]:
     """bubblewrap, unprivileged: every namespace, no nested user namespaces, no capabilities,
-    a new session (no TIOCSTI into a terminal), killed with its parent."""
+    a new session (no TIOCSTI into a terminal), killed with its parent; started by `_reaper.py`,
+    which reaps the init bwrap's monitor leaves behind."""
     v = view()
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL"]
+    _, python = _runtime()
+    argv = [python, "-I", "-S", "-B", str(REAPER), bwrap, "--unshare-all", "--unshare-user",
+            "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for source, dest in v.binds:
         argv += ["--ro-bind", source, dest]
     for target, dest in v.symlinks:
@@ -111,7 +121,7 @@ def namespaces_command(tools: dict[str, str], root: bool, uid: int, gid: int,
     if not root:
         unshare += ["--user", "--map-root-user"]
     unshare += ["--net", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts",
-                "--propagation", "private"]
+                "--cgroup", "--propagation", "private"]
     owner = (uid, gid) if root else (0, 0)
     spec = {"newroot": newroot, "binds": v.binds, "symlinks": v.symlinks, "devices": DEVICES,
             "sandbox": SANDBOX_DIR, "scratch_mb": scratch_mb, "owner": owner}
@@ -119,10 +129,10 @@ def namespaces_command(tools: dict[str, str], root: bool, uid: int, gid: int,
     if root:
         drop += [f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
     drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"]
-    return [*unshare, v.python, "-I", "-B", str(SETUP), json.dumps(spec), "--", *drop,
+    return [*unshare, v.python, "-I", "-S", "-B", str(SETUP), json.dumps(spec), "--", *drop,
             *runner_command(v)]
 
 
 def unconfined_command() -> list[str]:
     _, python = _runtime()
-    return [python, "-I", "-B", str(RUNNER)]
+    return [python, "-I", "-S", "-B", "-c", _runner_source()]

@@ -6,10 +6,14 @@ run probes again (a tool may have been installed, a transient failure may have p
 backend working, runs are refused (a verifier error that says what to do) unless the user opted
 into `unconfined` explicitly: fail closed.
 
-Process count (fork bombs): RLIMIT_NPROC is not enforced for root, so a root worker puts each
-run in a pids cgroup of its own (v1 `pids` hierarchy or cgroup v2 with the pids controller) and
-refuses to run code without one. Non-root workers run the candidate in a user namespace, where
-RLIMIT_NPROC counts only the sandbox's own processes.
+Processes and memory of a whole run: each run gets cgroups of its own, a `pids` one (RLIMIT_NPROC
+is not enforced for root) and a `memory` one (RLIMIT_AS is per process: six children of 400 MB
+would hold 2.4 GB under a 512 MB limit), v1 hierarchies or cgroup v2. They are made where this
+process may write: under its own cgroup (a container's, or one delegated to a non-root worker),
+else at the hierarchy's root. A sandbox backend without both is refused (fail closed): a run's
+`memory_mb` that cannot be enforced is not silently weakened to a per-process limit. Non-root
+workers also run the candidate in a user namespace, where RLIMIT_NPROC counts only the sandbox's
+own processes.
 """
 
 from __future__ import annotations
@@ -44,15 +48,17 @@ class Isolation(BaseModel):
     backend: Backend | None = None
     root: bool = False
     tools: dict[str, str] = Field(default_factory=dict)
-    pids_cgroup: str | None = None
+    cgroups: dict[str, str] = Field(
+        default_factory=dict, description="controller (pids, memory) → where a run's cgroup goes")
     problems: dict[str, str] = Field(default_factory=dict, description="backend → why not")
 
     @property
     def refusal(self) -> str:
         tried = "; ".join(f"{b}: {why}" for b, why in self.problems.items()) or "none found"
         return (f"no code sandbox is available ({tried}). Install bubblewrap (Debian: "
-                "`apt-get install bubblewrap`) or allow user namespaces (unshare), or run the "
-                "worker as root; to run model-written code without isolation anyway, set "
+                "`apt-get install bubblewrap`) or allow user namespaces (unshare), and give the "
+                "worker cgroups it may write (run it as root, or delegate it one), and "
+                "libseccomp2; to run model-written code without isolation anyway, set "
                 "code_sandbox = \"unconfined\" (never for training: the policy can forge "
                 "rewards and read the host)")
 
@@ -61,26 +67,66 @@ def _which(name: str) -> str | None:
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), SYSTEM_PATH]))
 
 
-def pids_cgroup_root() -> str | None:
-    """Where this root process may make a pids cgroup: the v1 `pids` hierarchy or a cgroup v2
-    root that hands the pids controller to its children."""
+CONTROLLERS = ("pids", "memory")
+
+
+def _own_cgroups() -> dict[str, str]:
+    """hierarchy ('' for v2, else its controllers) → this process's cgroup path in it."""
+    own: dict[str, str] = {}
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, names, path = line.split(":", 2)
+            for name in names.split(",") if names else [""]:
+                own[name] = path
+    except (OSError, ValueError):
+        pass
+    return own
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def cgroup_parents() -> dict[str, str]:
+    """controller → a directory where this process may make a child cgroup that has it: its own
+    cgroup first (limits above it keep holding), then its parent (a delegated cgroup v2 keeps the
+    worker in a leaf below it), then the hierarchy's root."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
-        return None
+        return {}
+    own, found = _own_cgroups(), {}
     for line in mounts:
         fields = line.split()
-        if len(fields) < 4:
+        if len(fields) < 4 or fields[2] not in ("cgroup", "cgroup2"):
             continue
-        target, fstype, options = fields[1], fields[2], fields[3].split(",")
-        if fstype == "cgroup" and "pids" in options and os.access(target, os.W_OK):
-            return target
-        if fstype == "cgroup2":
-            control = Path(target, "cgroup.subtree_control")
-            if control.exists() and "pids" in control.read_text().split() \
-                    and os.access(target, os.W_OK):
-                return target
-    return None
+        target, options = Path(fields[1]), fields[3].split(",")
+        for controller in CONTROLLERS:
+            if controller in found:
+                continue
+            if fields[2] == "cgroup" and controller not in options:
+                continue
+            mine = target / own.get(controller if fields[2] == "cgroup" else "", "/").lstrip("/")
+            places = [mine, mine.parent, target] if mine != target else [target]
+            for place in places:
+                control = place / "cgroup.subtree_control"
+                if fields[2] == "cgroup2" and not (
+                        control.exists() and controller in control.read_text().split()):
+                    continue
+                if _writable(place):
+                    found[controller] = str(place)
+                    break
+    return found
+
+
+def cgroup_problem(iso: Isolation) -> str:
+    """'' when runs can get both cgroups, else what is missing and what to do."""
+    if missing := [c for c in CONTROLLERS if c not in iso.cgroups]:
+        who = "root" if iso.root else f"uid {os.getuid()}"
+        return (f"no writable {' and '.join(missing)} cgroup for {who}: a run's processes and "
+                "memory (memory_mb) cannot be bounded; run the worker as root with /sys/fs/cgroup "
+                "writable, or in a cgroup delegated to its uid")
+    return ""
 
 
 def candidates(config: SandboxConfig, root: bool) -> list[Backend]:
@@ -93,7 +139,7 @@ def survey() -> Isolation:
     """Tools and cgroups, before any probe."""
     root = os.geteuid() == 0 if hasattr(os, "geteuid") else False
     tools = {n: p for n in ("bwrap", "unshare", "setpriv", "sh") if (p := _which(n))}
-    return Isolation(root=root, tools=tools, pids_cgroup=pids_cgroup_root() if root else None)
+    return Isolation(root=root, tools=tools, cgroups=cgroup_parents())
 
 
 class _State:

@@ -26,7 +26,9 @@ class SandboxLimits(BaseModel):
     timeout_s: float = Field(default=10.0, gt=0, description="wall clock, start-up included")
     case_timeout_s: float | None = Field(
         default=None, gt=0, description="io cases: one case's process (default: timeout_s)")
-    memory_mb: int = Field(default=512, ge=64, description="address space (RLIMIT_AS)")
+    memory_mb: int = Field(default=512, ge=64,
+                           description="the whole run's memory, all its processes together (a "
+                           "memory cgroup, no swap), and each process's address space (RLIMIT_AS)")
     max_processes: int = Field(default=32, ge=4,
                                description="processes and threads, the runner's own included")
     max_file_mb: int = Field(default=16, ge=1, description="largest file written (RLIMIT_FSIZE)")

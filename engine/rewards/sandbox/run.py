@@ -2,8 +2,12 @@
 
 - The job goes in on stdin; the runner's events come back on stdout. Both output pipes are read
   by threads with a byte cap, so a candidate that floods its output cannot exhaust the worker.
-- A wall-clock timeout kills the run: the whole process group, and with it the PID namespace
-  (every process the candidate started, `setsid` ones included, dies with its init).
+- A wall-clock timeout kills the run: the sandbox's processes from the inside out (the PID
+  namespace's init first, so every process the candidate started, `setsid` ones included, dies
+  with it, and `unshare`/`bwrap` reap it), then what is left of the process group; the worker
+  waits for its own child, so a timed-out run leaves no zombie.
+- The run's cgroups bound its processes (`pids.max`) and its memory, all processes together
+  (`memory.max` / `memory.limit_in_bytes`, swap excluded); they are removed after the run.
 - Each event line is validated (`models.Event`); the first malformed or out-of-order line ends
   the reading and fails the run as the candidate's doing, never as a verifier error: nothing the
   candidate can cause may turn its run into an infrastructure failure (which would leave it out
@@ -12,6 +16,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -27,9 +32,15 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from conductor_engine.engine.rewards.sandbox import backends
+from conductor_engine.engine.rewards.sandbox import backends, syscalls
 from conductor_engine.engine.rewards.sandbox.backends import SANDBOX_DIR, Backend
-from conductor_engine.engine.rewards.sandbox.host import STATE, Isolation, candidates, survey
+from conductor_engine.engine.rewards.sandbox.host import (
+    STATE,
+    Isolation,
+    candidates,
+    cgroup_problem,
+    survey,
+)
 from conductor_engine.engine.rewards.sandbox.models import (
     CallEvent,
     Collected,
@@ -49,7 +60,9 @@ STDOUT_CAP = 8 << 20
 STDERR_CAP = 64 << 10
 PROCESS_OVERHEAD = 3  # bwrap's monitor and init, or unshare and setup, beside the runner
 _EVENT: TypeAdapter[Any] = TypeAdapter(Event)
-_JOIN_CGROUP = 'echo 0 > "$0/cgroup.procs" && exec "$@"'
+# sh -c JOIN sh CGROUP... -- COMMAND...: enter each cgroup, then become the command
+_JOIN_CGROUPS = ('for g; do shift; [ "$g" = -- ] && break; echo 0 > "$g/cgroup.procs" || exit 125; '
+                 'done; exec "$@"')
 
 
 def _env(home: str) -> dict[str, str]:
@@ -80,21 +93,70 @@ class _Capped:
         return bytes(self.data)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the run's process group; the namespace's processes die with its init."""
+def _descendants(pid: int) -> list[int]:
+    """The living descendants of `pid`, parents before children (/proc/PID/task/*/children)."""
+    found, queue = [], [pid]
+    while queue:
+        for task in Path(f"/proc/{queue.pop(0)}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                kids = [int(k) for k in task.read_text().split()]
+                found += kids
+                queue += kids
+    return found
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the run and reap the worker's own child. The sandbox's processes go first, so
+    `unshare`/`bwrap` see their child die and exit by themselves: killed together, the PID
+    namespace's init would be orphaned to PID 1, a zombie where the worker is PID 1."""
+    if proc.poll() is None:  # not reaped yet, so its pid (and its children's) is still its own
+        for pid in _descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)
     for _ in range(3):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            return
+            break
         time.sleep(0.01)
+    proc.wait()
 
 
-def _make_cgroup(root: str, limits: SandboxLimits) -> str:
-    path = str(Path(root, f"conductor-sandbox-{uuid.uuid4().hex[:12]}"))
-    os.mkdir(path)
-    Path(path, "pids.max").write_text(str(limits.max_processes + PROCESS_OVERHEAD))
-    return path
+def _make_cgroups(parents: dict[str, str], limits: SandboxLimits) -> list[str]:
+    """A pids and a memory cgroup for one run (one directory where v2 holds both)."""
+    made: dict[str, str] = {}
+    name = f"conductor-sandbox-{uuid.uuid4().hex[:12]}"
+    try:
+        for controller, parent in parents.items():
+            path = made.get(parent) or str(Path(parent, name))
+            if parent not in made:
+                os.mkdir(path)
+                made[parent] = path
+            if controller == "pids":
+                Path(path, "pids.max").write_text(str(limits.max_processes + PROCESS_OVERHEAD))
+            elif controller == "memory":
+                _limit_memory(Path(path), limits.memory_mb << 20)
+    except OSError:
+        for path in made.values():
+            _remove_cgroup(path)
+        raise
+    return list(made.values())
+
+
+def _limit_memory(group: Path, limit: int) -> None:
+    """The run's memory, all its processes together, swap excluded: v2 `memory.max` and
+    `memory.swap.max`, or v1 `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes` (memory
+    plus swap, so equal to the limit means no swap)."""
+    if (group / "memory.max").exists():
+        (group / "memory.max").write_text(str(limit))
+        if (group / "memory.swap.max").exists():
+            (group / "memory.swap.max").write_text("0")
+        return
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    if (group / "memory.memsw.limit_in_bytes").exists():
+        (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
 
 
 def _remove_cgroup(path: str) -> None:
@@ -125,7 +187,7 @@ class _Launch:
 
     def __init__(self, iso: Isolation, backend: Backend, limits: SandboxLimits) -> None:
         self.tmp = tempfile.mkdtemp(prefix="conductor-sandbox-")
-        self.cgroup: str | None = None
+        self.cgroups: list[str] = []
         self.processes: int | None = None
         config, tools = STATE.config, iso.tools
         if backend == "bwrap":
@@ -140,17 +202,18 @@ class _Launch:
             self.cwd = home = self.tmp
         self.env = _env(home)
         self.isolation = _describe(backend, iso, limits)
-        if iso.root and iso.pids_cgroup:
-            self.cgroup = _make_cgroup(iso.pids_cgroup, limits)
-            self.argv = [tools.get("sh", "/bin/sh"), "-c", _JOIN_CGROUP, self.cgroup, *self.argv]
-        elif not iso.root:
+        if backend != "unconfined" and iso.cgroups:
+            self.cgroups = _make_cgroups(iso.cgroups, limits)
+            self.argv = [tools.get("sh", "/bin/sh"), "-c", _JOIN_CGROUPS, "sh", *self.cgroups,
+                         "--", *self.argv]
+        if not iso.root:
             # in a user namespace only the sandbox's processes count; outside one, all the user's
             self.processes = limits.max_processes + (
                 _user_thread_count() if backend == "unconfined" else 0)
 
     def close(self) -> None:
-        if self.cgroup:
-            _remove_cgroup(self.cgroup)
+        for path in self.cgroups:
+            _remove_cgroup(path)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -177,8 +240,9 @@ def _describe(backend: Backend, iso: Isolation, limits: SandboxLimits) -> dict[s
         "backend": backend, "network": "none (own network namespace)",
         "filesystem": f"read-only runtime, {limits.scratch_mb} MB tmpfs at {SANDBOX_DIR}",
         "user": who, "privileges": "no capabilities, no_new_privs",
-        "processes": (f"pids cgroup (max {limits.max_processes})" if iso.root
-                      else f"RLIMIT_NPROC {limits.max_processes} in a user namespace"),
+        "processes": f"pids cgroup (max {limits.max_processes})",
+        "memory": f"memory cgroup ({limits.memory_mb} MB for the whole run, no swap)",
+        "syscalls": "seccomp allow-list",
         "cleanup": "pid namespace",
     }
 
@@ -199,11 +263,19 @@ def _read(stdout: bytes, overflow: bool) -> tuple[list[Any], str]:
     return events, ""
 
 
+def _signal_name(number: int) -> str:
+    """SIGKILL, or the number of a signal Python has no name for (real-time ones: 34-64)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
 def _unfinished(timed_out: bool, code: int | None, limits: SandboxLimits) -> str:
     if timed_out:
         return f"timed out after {limits.timeout_s:g}s"
     if code is not None and code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
+        return f"killed by signal {_signal_name(-code)}"
     return f"the interpreter exited (code {code}) before the run finished"
 
 
@@ -284,11 +356,13 @@ def _assemble(job: dict[str, Any], events: list[Any], protocol: str, stderr: byt
 
 
 def execute(iso: Isolation, backend: Backend, job: dict[str, Any],
-            limits: SandboxLimits) -> SandboxResult:
-    """Run one job under `backend`. Raises OSError when the sandbox cannot be set up."""
+            limits: SandboxLimits, program: bytes | None = None) -> SandboxResult:
+    """Run one job under `backend`. Raises OSError when the sandbox cannot be set up.
+    `program`: the seccomp filter, the allow-list unless given (the benchmark's baseline)."""
     launch = _Launch(iso, backend, limits)
     try:
-        job = {**job, "block_sockets": limits.block_sockets, "limits": {
+        job = {**job, "block_sockets": limits.block_sockets,
+               "seccomp": base64.b64encode(program or syscalls.program()).decode(), "limits": {
             "cpu_s": int(limits.timeout_s) + 1, "memory_bytes": limits.memory_mb << 20,
             "file_bytes": limits.max_file_mb << 20, "open_files": limits.open_files,
             "processes": launch.processes,
@@ -307,8 +381,7 @@ def execute(iso: Isolation, backend: Backend, job: dict[str, Any],
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _kill_group(proc)
-            proc.wait()
+            _stop(proc)
         stdout, stderr = out.join(KILL_GRACE_S), err.join(KILL_GRACE_S)
         events, protocol = _read(stdout, out.overflow)
         res = _assemble(job, events, protocol, stderr, proc.returncode, timed_out, limits)
@@ -329,8 +402,10 @@ def _probe(iso: Isolation, backend: Backend) -> str:
         return f"missing {', '.join(missing)}"
     if backend == "bwrap" and iso.root:
         return "not used as root (see backends)"
-    if iso.root and not iso.pids_cgroup:
-        return "running as root without a writable pids cgroup: cannot bound processes"
+    if problem := syscalls.available():
+        return problem
+    if backend != "unconfined" and (problem := cgroup_problem(iso)):
+        return problem
     try:
         res = execute(iso, backend, PROBE_JOB, SandboxLimits(timeout_s=30.0))
     except OSError as exc:
