@@ -96,9 +96,10 @@ is read whole."""
 
 
 def size_label(n: int) -> str:
-    """Bytes as a person reads them: `812 B`, `64.0 KiB`, `30.0 MiB`."""
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 * 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / (1024 * 1024):.1f} MiB"
+    """Bytes exactly, and as a person reads them: `31,457,321 bytes (30.0 MiB)`. Exact, so a
+    size one byte over a bound never reads the same as the bound."""
+    if n >= 1024 * 1024:
+        return f"{n:,} bytes ({n / (1024 * 1024):.1f} MiB)"
+    if n >= 1024:
+        return f"{n:,} bytes ({n / 1024:.1f} KiB)"
+    return f"{n:,} bytes"
