@@ -50,6 +50,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
+from conductor_engine.engine.storage.private import private_dir
+
 SUPERUSER = "postgres"  # the database role (not a system user)
 SETPRIV = shutil.which("setpriv") or next(
     (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.path.exists(p)), None)
@@ -452,7 +454,7 @@ class EmbeddedPostgres:
         running = self.url()
         if running:
             return running
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         with locked(self.data_dir):
             return self._start_locked()
 
