@@ -49,11 +49,32 @@ def _narrow(path: Path, mode: int) -> bool:
     return True
 
 
+def _postgres_runs_in(path: Path) -> bool:
+    """Whether, run as root, an embedded PostgreSQL runs in `path/postgres`. It runs as another
+    user, and one started while the directory was open (by an earlier version) has no capability
+    to pass it closed: its checkpointer opens files by absolute path and would PANIC."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        pid = int((path / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError) as e:
+        return isinstance(e, PermissionError)
+    return True
+
+
 def private_dir(path: Path) -> list[Path]:
     """Create `path` 0700 (parents as the umask says: they are not ours), or narrow it and the
-    files directly in it; returns what was narrowed."""
+    files directly in it; returns what was narrowed. A directory an embedded PostgreSQL still
+    runs in, as root, is left open until that server stops (`_postgres_runs_in`), and says so."""
     path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-    narrowed = [path] if _narrow(path, PRIVATE_DIR) else []
+    narrowed = []
+    if path.stat().st_mode & 0o077 and _postgres_runs_in(path):
+        log.warning("left the data directory open while the embedded PostgreSQL an earlier "
+                    "version started runs in it (closing it would crash that server); run "
+                    "`conductor down`, then start again to close it", path=str(path))
+    elif _narrow(path, PRIVATE_DIR):
+        narrowed.append(path)
     for child in path.iterdir():
         if child.is_file() and not child.is_symlink() and _narrow(child, PRIVATE_FILE):
             narrowed.append(child)
