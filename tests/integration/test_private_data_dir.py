@@ -9,12 +9,15 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 import structlog
 
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.engine.storage import postgres_server as pg
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.postgres_server import EmbeddedPostgres
 from tests.conftest import free_port
+from tests.integration.test_embedded_postgres import trust_cluster
 
 
 def _mode(path: Path) -> int:
@@ -97,3 +100,36 @@ def test_postgres_password_and_blobs_are_private_too(reachable_tmp: Path) -> Non
     assert _mode(blob) == 0o600
     assert {_mode(p) for p in blob.parents if p.is_relative_to(data / "blobs")} == {0o700}
     assert os.stat(blob).st_uid == os.geteuid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server runs as another user only as root")
+def test_a_directory_is_not_closed_under_a_postgres_an_earlier_version_started(
+    reachable_tmp: Path,
+) -> None:
+    """That server runs as `embedded_postgres` without the capability to pass a closed
+    directory, and its checkpointer opens files by absolute path: closing the directory under
+    it made its shutdown PANIC. So a start leaves the directory open, says why, and the next
+    PostgreSQL start closes it once that server is stopped."""
+    data = reachable_tmp / "data"
+    trust_cluster(data, running=True)  # as an earlier version left it: open, running
+    data.chmod(0o755)
+    with structlog.testing.capture_logs() as logs:
+        _start_and_stop_temporal_in_open(data)
+    assert any("left the data directory open" in e["event"] for e in logs)
+    assert _mode(data) == 0o755
+    postmaster = pg.read_postmaster(data / "postgres")
+    assert postmaster is not None and postmaster.alive
+    server = EmbeddedPostgres(data)
+    try:
+        assert server.start().startswith("postgresql://")  # stops it, closes, starts secured
+        assert _mode(data) == 0o700
+    finally:
+        server.stop()
+    log = (data / "postgres" / "log").read_text()
+    assert "PANIC" not in log and "abnormal" not in log, log[-2000:]
+
+
+def _start_and_stop_temporal_in_open(data: Path) -> None:
+    server = EmbeddedTemporal(data, free_port(), free_port())
+    server.start(detached=False)
+    server.stop()
