@@ -178,8 +178,8 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
             if first["type"] == "json_invalid":
                 why = str(first["msg"]).removeprefix("Invalid JSON: ")
                 raise ApiError(400, f"the request body is not JSON this server reads: {why} "
-                               "(JSON nests at most 200 levels here, and an integer has at "
-                               "most 4,300 digits)", "invalid_request_error") from None
+                               "(here JSON nests about 200 levels deep at most, and an integer has "
+                               "at most 4,300 digits)", "invalid_request_error") from None
             where = ".".join(str(p) for p in first["loc"])
             more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
             raise ApiError(400, f"{where or 'body'}: {first['msg']}{more}",
