@@ -35,7 +35,7 @@ import structlog
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from temporalio.service import RPCError
@@ -121,11 +121,15 @@ async def read_body(request: Request, limit: int = MAX_JSON_REQUEST_BYTES) -> by
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer; no traceback for a client that left
+        raise ApiError(400, "the client hung up before the whole body arrived",
+                       "invalid_request_error") from None
     return b"".join(chunks)
 
 
