@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.plan.language import saw_label
     from conductor_engine.engine.providers.base import TaskInfo
     from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.tasks.checks import oversize_error
     from conductor_engine.engine.tasks.model import Task, VisibleStep
     from conductor_engine.engine.text import shorten
 
@@ -101,6 +102,13 @@ class ConductWorkflow:
 
     @workflow.run
     async def run(self, task: Task) -> RunResult:
+        if task.depth == 0 and (too_large := oversize_error(task)) is not None:
+            # Clients refuse such a task; one started some other way (the `temporal` CLI, an
+            # older client) would carry it into payloads past the storage driver's cap, fail
+            # that workflow task, and be retried forever. Fail now, with the reason, and leave
+            # no trace (the trace would carry the same text). A self-call's context is its
+            # parent's step outputs, which the run already carries, so it is not bounded here.
+            raise ApplicationError(too_large, type="TaskTooLarge", non_retryable=True)
         info = workflow.info()
         result = self._result = RunResult(
             task_id=task.id, workflow_id=info.workflow_id, run_id=info.run_id

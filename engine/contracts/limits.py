@@ -73,3 +73,33 @@ def recorded_concurrency(value: object, info: ValidationInfo) -> object:
     if info.mode == "json" and isinstance(value, int) and value > MAX_CONCURRENCY:
         return MAX_CONCURRENCY
     return value
+
+
+MAX_TASK_BYTES = 1024 * 1024
+"""The most bytes one task may be as JSON (the form it travels in): question, context,
+reference, options and tags together. Every client refuses a larger one before anything starts
+(engine/tasks/checks.py), and ConductWorkflow fails a larger one at once, non-retryably.
+
+Why a bound, and why this one: a task travels whole in several payloads of one run (the
+workflow's input, every plan request, the record request and the result each hold it), and the
+SDK's storage driver refuses any payload over 50 MiB. A 30 MB question made the workflow task
+that schedules the record activity fail on that cap, and a failed workflow task is retried
+forever: the run stayed Running and a cancel could never be processed. 1 MiB keeps the largest
+of these payloads a few MiB (far below that cap, and below Temporal's 2 MB limit for the task
+alone), and is more text than any conductor model reads (about 250k tokens)."""
+
+MAX_JSON_REQUEST_BYTES = 8 * MAX_TASK_BYTES
+"""The most bytes of JSON text that may carry one task: an HTTP request body of `conductor
+serve`, a line of a task file. JSON may spell each byte of a task as a six-byte escape
+(`\\u0041`), so room for that and the request's own fields; a larger body is refused before it
+is read whole."""
+
+
+def size_label(n: int) -> str:
+    """Bytes exactly, and as a person reads them: `31,457,321 bytes (30.0 MiB)`. Exact, so a
+    size one byte over a bound never reads the same as the bound."""
+    if n >= 1024 * 1024:
+        return f"{n:,} bytes ({n / (1024 * 1024):.1f} MiB)"
+    if n >= 1024:
+        return f"{n:,} bytes ({n / 1024:.1f} KiB)"
+    return f"{n:,} bytes"

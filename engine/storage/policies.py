@@ -26,10 +26,11 @@ import asyncpg
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.storage.blobs import BlobStore
+from conductor_engine.engine.text import shorten
 
 BASE = "base"
 LATEST = "latest"
-_LABEL = re.compile(r"^v?(\d+)$")
+_LABEL = re.compile(r"^v?([0-9]{1,9})$")  # ASCII digits, bounded: int() of 5,000 raises
 
 
 class PolicyError(RuntimeError):
@@ -57,7 +58,8 @@ def parse_version(label: str) -> int | None:
         return None
     match = _LABEL.match(label)
     if match is None:
-        raise PolicyError(f"policy version {label!r} is not 'base', 'latest', or vN like 'v3'")
+        raise PolicyError(f"policy version {shorten(label, 40)!r} is not 'base', 'latest', or vN "
+                          "like 'v3' (N at most 9 digits)")
     return int(match.group(1))
 
 

@@ -50,6 +50,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
+from conductor_engine.engine.storage.private import private_dir
+
 SUPERUSER = "postgres"  # the database role (not a system user)
 SETPRIV = shutil.which("setpriv") or next(
     (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.path.exists(p)), None)
@@ -452,7 +454,7 @@ class EmbeddedPostgres:
         running = self.url()
         if running:
             return running
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with locked(self.data_dir):
             return self._start_locked()
 
@@ -461,14 +463,17 @@ class EmbeddedPostgres:
         return None if user is None else reaching_user(self.pgdata, user)
 
     def _start_locked(self) -> str:
-        user = self._user()
         postmaster = read_postmaster(self.pgdata)
         if postmaster is not None and postmaster.alive:
             if postmaster.ready and secured(self.pgdata) and self.password_file.is_file():
                 return connection_url(postmaster, read_password(self.password_file))
             # started by an earlier version with trust auth (or by a start still under way
             # that someone killed): stop it, and start it again secured
-            pg_ctl_stop(self.pgdata, user, postmaster)
+            pg_ctl_stop(self.pgdata, self._user(), postmaster)
+        # private once no server of an earlier version runs here (engine/storage/private.py);
+        # the user is chosen after, so as root it passes the closed directory
+        private_dir(self.data_dir)
+        user = self._user()
         password, new_password = ensure_password(self.password_file)
         prepare_directory(self.pgdata, user)
         if not (self.pgdata / "PG_VERSION").exists():

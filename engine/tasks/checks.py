@@ -1,4 +1,5 @@
-"""Text a task may carry: every string must be storable as PostgreSQL `text`.
+"""Text a task may carry: every string must be storable as PostgreSQL `text`, and the whole task
+at most MAX_TASK_BYTES as JSON (engine/contracts/limits.py says why).
 
 PostgreSQL text cannot hold NUL (U+0000), and no UTF-8 encoder can write a lone surrogate
 (U+D800-U+DFFF, which a JSON `\\ud800` escape produces). A task holding either loads and runs,
@@ -14,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+
+from conductor_engine.engine.contracts.limits import MAX_TASK_BYTES, size_label
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
@@ -60,3 +63,37 @@ def check_storable(value: Any, field: str = "") -> None:
     found = unstorable_text(value, field)
     if found is not None:
         raise ValueError(f"field {found[0]}: {found[1]}")
+
+
+class TaskTooLarge(ValueError):
+    """A task over MAX_TASK_BYTES as JSON; the message is one line saying what to shorten."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+def task_bytes(task: BaseModel) -> int:
+    """How many bytes `task` is as JSON: what Temporal carries in each payload holding it."""
+    return len(task.__pydantic_serializer__.to_json(task))
+
+
+FIX = "shorten its question, context or reference"
+
+
+def _oversize(size: int, what: str, fix: str) -> str:
+    return (f"{what} is {size_label(size)} as JSON, over the {size_label(MAX_TASK_BYTES)} a "
+            f"task may be (every step of its run carries it through Temporal): {fix}")
+
+
+def oversize_error(task: BaseModel, what: str = "the task", fix: str = FIX) -> str | None:
+    """One line saying that `task` is over MAX_TASK_BYTES and what to do, or None."""
+    size = task_bytes(task)
+    return _oversize(size, what, fix) if size > MAX_TASK_BYTES else None
+
+
+def check_size(task: BaseModel, what: str = "the task", fix: str = FIX) -> None:
+    """Raise TaskTooLarge (`oversize_error`'s line) for a task over MAX_TASK_BYTES."""
+    size = task_bytes(task)
+    if size > MAX_TASK_BYTES:
+        raise TaskTooLarge(_oversize(size, what, fix), size)

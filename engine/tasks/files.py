@@ -19,7 +19,9 @@ that submit tasks (`conductor batch`, `conductor train start`) list the bad line
 MAX_LISTED and a count of the rest) and submit nothing, so a batch is never a silently smaller
 set of tasks than its file; `conductor tasks check FILE --json` writes out the valid tasks.
 Every string of a task, nested ones included, must be storable in PostgreSQL text: a NUL or a
-lone surrogate (a JSON `\\ud800` escape) is a bad line, not a failed trace insert later.
+lone surrogate (a JSON `\\ud800` escape) is a bad line, not a failed trace insert later. So is a
+task over MAX_TASK_BYTES as JSON, and a line over MAX_JSON_REQUEST_BYTES is one without being
+parsed (engine/contracts/limits.py).
 A UTF-8 byte order mark at the start of the file is skipped.
 
 A line without an id gets a stable one, `<dataset>-<first 10 hex digits of the SHA-256 of the
@@ -39,9 +41,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
 
+from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, size_label
 from conductor_engine.engine.rewards import VERIFIERS
-from conductor_engine.engine.tasks.checks import check_storable, unstorable_text
+from conductor_engine.engine.tasks.checks import check_storable, oversize_error, unstorable_text
 from conductor_engine.engine.tasks.model import RunOptions, Task
+from conductor_engine.engine.text import shorten
 
 HF_PREFIX = "hf:"
 TASK_FIELDS = ("question", "answer", "id", "tags", "verifier", "dataset")
@@ -136,7 +140,7 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
     answer = rec.answer if rec.answer is not None else rec.reference
     ds = rec.dataset or dataset
     try:  # the Task's own rules (distinct, non-empty `agents`), as a line error
-        return Task(
+        task = Task(
             id=str(rec.id) if rec.id is not None else derived_id(ds, rec.question),
             question=rec.question, reference=None if answer is None else str(answer),
             verifier=name, dataset=ds, tags=rec.tags, options=rec.options or RunOptions(),
@@ -144,6 +148,9 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
         )
     except PydanticValidationError as exc:
         raise _Problem(_describe(exc)) from exc
+    if (too_large := oversize_error(task)) is not None:
+        raise _Problem(too_large)
+    return task
 
 
 def _collect(rows: Iterable[tuple[int, Any]], path: str, dataset: str,
@@ -177,6 +184,11 @@ def _collect(rows: Iterable[tuple[int, Any]], path: str, dataset: str,
 def _jsonl_rows(data: bytes) -> Iterator[tuple[int, Any]]:
     data = data.removeprefix(codecs.BOM_UTF8)  # editors on Windows write one
     for number, raw in enumerate(data.splitlines(), start=1):
+        if len(raw) > MAX_JSON_REQUEST_BYTES:  # refused unparsed: no task fits in it
+            yield number, _Problem(f"the line is {size_label(len(raw))}, over the "
+                                   f"{size_label(MAX_JSON_REQUEST_BYTES)} a task's line may be; "
+                                   "shorten its question, context or reference")
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -189,6 +201,8 @@ def _jsonl_rows(data: bytes) -> Iterator[tuple[int, Any]]:
             yield number, json.loads(text)
         except json.JSONDecodeError as exc:
             yield number, _Problem(f"invalid JSON: {exc.msg} (column {exc.colno})")
+        except (RecursionError, ValueError) as exc:  # nested too deep, an integer too long
+            yield number, _Problem(f"cannot be read as JSON: {shorten(str(exc), 120)}")
 
 
 def load_jsonl(path: str | Path, *, dataset: str | None = None) -> TaskFile:

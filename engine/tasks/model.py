@@ -42,7 +42,7 @@ class RunOptions(BaseModel):
         "parser's window)",
     )
     policy_version: str | None = Field(
-        default=None, pattern=r"^(base|latest|v?[0-9]+)$",
+        default=None, pattern=r"^(base|latest|v?[0-9]{1,9})$",
         description="pin the conductor's policy version for this run (training pins each "
         "iteration's rollouts); None follows the pool file",
     )

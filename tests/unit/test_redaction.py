@@ -68,6 +68,51 @@ def test_the_environment_s_secrets_are_masked_by_value(monkeypatch: pytest.Monke
     assert "plain-looking-words" in out
 
 
+def test_each_entry_of_a_comma_separated_key_list_is_masked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`CONDUCTOR_API_KEYS=k1,k2`: a log line quoting one key must not show it."""
+    monkeypatch.setenv("CONDUCTOR_API_KEYS", "serve-key-one-1234, serve-key-two-5678")
+    out = redact_text("401 for serve-key-two-5678; then serve-key-one-1234 worked")
+    assert "serve-key-two-5678" not in out and "serve-key-one-1234" not in out
+    assert out == "401 for ***; then *** worked"
+
+
+@pytest.mark.parametrize("text", [
+    '{"api_key": "plainvalue", "model": "gpt"}',
+    '{"headers": {"x-api-key": "plainvalue"}, "model": "gpt"}',
+    "{'password': 'plainvalue', 'model': 'gpt'}",
+    '{"client_secret": "plain\\"value", "model": "gpt"}',
+], ids=["json", "nested-json", "python-repr", "escaped-quote"])
+def test_key_like_json_fields_lose_their_values_whatever_they_look_like(text: str) -> None:
+    out = redact_text(text)
+    assert "plain" not in out and "value" not in out, out
+    assert "***" in out and "gpt" in out
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("x-api-key: plainvalue\nhost: api.example", "x-api-key: ***\nhost: api.example"),
+    ("X-Goog-Api-Key:plainvalue", "X-Goog-Api-Key:***"),
+    ("Authorization: Basic dXNlcjpwbGFpbnZhbHVl", "Authorization: Basic ***"),
+    ("Authorization: Token plainvalue", "Authorization: Token ***"),
+    ('Authorization: Digest username="u", response="plainvalue"\r\nHost: h',
+     "Authorization: Digest ***\r\nHost: h"),
+    ("Proxy-Authorization: Basic dXNlcjpwbGFpbnZhbHVl", "Proxy-Authorization: Basic ***"),
+    ("authorization=plainvalue", "authorization=***"),
+], ids=["x-api-key", "no-space", "basic", "token", "digest", "proxy", "equals"])
+def test_auth_headers_of_every_scheme_and_secret_named_headers_are_masked(
+    text: str, shown: str,
+) -> None:
+    assert redact_text(text) == shown
+
+
+def test_a_basic_credential_is_masked_wherever_it_stands_and_basic_words_stay() -> None:
+    """`Basic` + base64 of `user:password`, in prose or a repr; the English word stays."""
+    assert redact_text("sent Basic dXNlcjpwbGFpbnZhbHVl to it") == "sent Basic *** to it"
+    prose = "basic arithmetic is basic; Basic Authentication; step: 3; model: gpt-4"
+    assert redact_text(prose) == prose
+
+
 def test_an_agent_error_is_redacted_however_it_was_built() -> None:
     error = AgentCallError(
         "agent gpt: could not reach https://u:hunter2@proxy.example/v1?api_key=zz9 (said "

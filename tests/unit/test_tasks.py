@@ -180,6 +180,36 @@ def test_any_hostile_line_is_one_printable_line_never_an_exception(tmp_path: Pat
         task.model_dump_json().encode("utf-8")
 
 
+def test_a_line_nested_too_deep_or_with_a_huge_integer_is_a_line_error(tmp_path: Path) -> None:
+    """The standard parser raises RecursionError and ValueError there, not JSONDecodeError:
+    each is the line's error, and the lines around it still load."""
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "parser.jsonl"
+    path.write_text("\n".join([
+        '{"question": "first"}', f'{{"question": "q", "x": {deep}}}',
+        f'{{"question": "q", "answer": {"9" * 5000}}}', '{"question": "last"}']) + "\n")
+    tf = load_jsonl(path)
+    assert [t.question for t in tf.tasks] == ["first", "last"]
+    assert [e.line for e in tf.errors] == [2, 3]
+    assert all(e.message.startswith("cannot be read as JSON: ") for e in tf.errors)
+    assert "4300" in tf.errors[1].message and len(tf.errors[1].message) < 200
+
+
+def test_a_task_over_the_bound_and_a_line_over_the_bound_are_line_errors(tmp_path: Path) -> None:
+    from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, MAX_TASK_BYTES
+
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in [
+        {"question": "fine"}, {"question": "x" * MAX_TASK_BYTES},
+        {"question": "\u00e9" * (MAX_JSON_REQUEST_BYTES // 6 + 1)}]) + "\n")  # escaped: 6x
+    tf = load_jsonl(path)
+    assert [t.question for t in tf.tasks] == ["fine"]
+    assert [e.line for e in tf.errors] == [2, 3]
+    assert "(1.0 MiB) as JSON, over the 1,048,576 bytes (1.0 MiB) a task may be" in (
+        tf.errors[0].message)
+    assert tf.errors[1].message.startswith("the line is 8,388,6")
+
+
 def test_bad_lines_are_listed_with_file_and_line_then_summed_up(tmp_path: Path) -> None:
     path = tmp_path / "many.jsonl"
     path.write_text('{"question": "ok"}\n' + "{oops\n" * 60)

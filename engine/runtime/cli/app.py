@@ -23,7 +23,12 @@ from rich.text import Text
 
 from conductor_engine.engine.contracts.search_attributes import SearchAttributesMissing
 from conductor_engine.engine.providers.pool import Pool, PoolError
-from conductor_engine.engine.runtime.client import ConductorClient, ConnectError, RunFailed
+from conductor_engine.engine.runtime.client import (
+    ConductorClient,
+    ConnectError,
+    RunFailed,
+    TaskTooLarge,
+)
 from conductor_engine.engine.runtime.embedded import EmbeddedError
 from conductor_engine.engine.runtime.logging import configure_logging
 from conductor_engine.engine.runtime.telemetry import TelemetryError, flush_traces
@@ -96,7 +101,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError,
-            SearchAttributesMissing, TelemetryError) as e:
+            SearchAttributesMissing, TelemetryError, TaskTooLarge) as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None

@@ -34,7 +34,7 @@ from conductor_engine.engine.runtime.cli.render import (
 )
 from conductor_engine.engine.runtime.client import ConductorClient, RunStatus
 from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.tasks.checks import check_storable
+from conductor_engine.engine.tasks.checks import check_size, check_storable
 from conductor_engine.engine.tasks.model import RunOptions, Task
 
 QuestionArg = Annotated[str, typer.Argument(help="the task for the conductor")]
@@ -66,7 +66,9 @@ def _task(question: str, task_id: str | None, reference: str | None, verifier: s
         fields["id"] = task_id
     try:  # arguments made of bytes that are not UTF-8 arrive as lone surrogates
         check_storable(fields)
-        return Task(**fields)
+        task = Task(**fields)
+        check_size(task)  # one line before anything connects or starts
+        return task
     except ValidationError as e:
         first = e.errors()[0]
         raise fail(f"field {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

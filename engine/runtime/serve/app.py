@@ -11,8 +11,16 @@ that outlives the server's timeout is left running (504; its answer stays one `c
 result` away), since that client has not gone away by choice.
 
 Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 401 for a missing or
-wrong key, 400 for a request the conductor cannot run, 404 for a model not offered, 502 for a
-run that failed or could not start, 504 for a run over the timeout.
+wrong key, 400 for a request the conductor cannot run, 404 for a model not offered, 413 for a
+body or a conversation over the bounds, 502 for a run that failed or could not start, 504 for a
+run over the timeout.
+
+Every request is bounded before it costs anything (docs/limits.md): a body over
+MAX_JSON_REQUEST_BYTES is refused from its Content-Length, or as soon as a streamed body passes
+it, never read whole; the body is parsed by pydantic-core's JSON parser, which refuses nesting
+over about 200 levels and integers over 4,300 digits (a 400, where the standard library's
+parser raised RecursionError or ValueError, plain-text 500s); the conversation, as the task it
+becomes, is at most MAX_TASK_BYTES (413), checked before any workflow starts.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ import structlog
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from temporalio.service import RPCError
 
+from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, size_label
 from conductor_engine.engine.contracts.records import RunResult
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, TaskTooLarge
 from conductor_engine.engine.runtime.serve.access import bearer_token, key_matches
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog, UnknownModel
 from conductor_engine.engine.runtime.serve.conversation import BadRequest, chat_task
@@ -97,6 +106,33 @@ async def _until_disconnect(request: Request) -> None:
             return
 
 
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over {size_label(limit)}, more than any "
+                    "conversation the conductor takes: shorten the messages",
+                    "invalid_request_error", "request_too_large")
+
+
+async def read_body(request: Request, limit: int = MAX_JSON_REQUEST_BYTES) -> bytes:
+    """The body, at most `limit` bytes: 413 from a Content-Length over it before reading
+    anything, or as soon as a body sent without one (chunked) passes it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and (len(declared) > 15
+                                                       or int(declared) > limit):
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer; no traceback for a client that left
+        raise ApiError(400, "the client hung up before the whole body arrived",
+                       "invalid_request_error") from None
+    return b"".join(chunks)
+
+
 def _usage(result: RunResult) -> CompletionUsage:
     usage = result.totals.usage
     return CompletionUsage(prompt_tokens=usage.input_tokens,
@@ -138,14 +174,16 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
         return JSONResponse(Model(id=name, created=int(time.time())).model_dump())
 
     async def read_request(request: Request) -> ChatRequest:
+        body = await read_body(request)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not JSON", "invalid_request_error") from None
-        try:
-            return ChatRequest.model_validate(body)
+            return ChatRequest.model_validate_json(body)
         except ValidationError as e:
             first = e.errors()[0]
+            if first["type"] == "json_invalid":
+                why = str(first["msg"]).removeprefix("Invalid JSON: ")
+                raise ApiError(400, f"the request body is not JSON this server reads: {why} "
+                               "(here JSON nests about 200 levels deep at most, and an integer has "
+                               "at most 4,300 digits)", "invalid_request_error") from None
             where = ".".join(str(p) for p in first["loc"])
             more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
             raise ApiError(400, f"{where or 'body'}: {first['msg']}{more}",
@@ -160,6 +198,9 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
             task = chat_task(chat, version)
         except BadRequest as e:
             raise ApiError(400, str(e), "invalid_request_error", param=e.param) from None
+        except TaskTooLarge as e:  # refused before any workflow starts
+            raise ApiError(413, str(e), "invalid_request_error", "conversation_too_large",
+                           "messages") from None
         try:
             wid = await conductor.submit(task)
         except RPCError as e:
@@ -292,11 +333,19 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
             (404, 405) else str(exc.detail)
         return JSONResponse(error_body(message, kind), status_code=exc.status_code)
 
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        """Any other error still answers in OpenAI's shape, never a plain-text 500 (Starlette
+        re-raises it after this response, so the server logs it whole)."""
+        return JSONResponse(error_body(f"internal error ({type(exc).__name__}); the server "
+                                       "log has the details", "server_error", "internal_error"),
+                            status_code=500)
+
     return Starlette(
         routes=[
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
-        exception_handlers={ApiError: api_error, HTTPException: http_error},
+        exception_handlers={ApiError: api_error, HTTPException: http_error,
+                            Exception: unexpected},
     )

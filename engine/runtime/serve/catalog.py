@@ -18,6 +18,10 @@ from conductor_engine.engine.storage.policies import (
     parse_version,
     version_label,
 )
+from conductor_engine.engine.text import shorten
+
+MAX_MODEL_NAME_CHARS = 256
+"""The longest model name a request may give (the conductor's id, `@`, a version label)."""
 
 Newest = Callable[[str], Awaitable[int]]
 """The newest published version of a policy (0 when none is): PolicyRegistry.latest_version."""
@@ -41,6 +45,10 @@ class ModelCatalog:
         """The RunOptions.policy_version a model name asks for (None: the pool file's).
         UnknownModel for a name that is not the conductor's, or a version not published."""
         name, at, label = model.partition("@")
+        if len(model) > MAX_MODEL_NAME_CHARS:
+            raise UnknownModel(f"the model {shorten(model, 60)!r} does not exist: a model name "
+                               f"is at most {MAX_MODEL_NAME_CHARS} characters; GET /v1/models "
+                               "lists them")
         if name != self.conductor_id:
             raise UnknownModel(f"the model {model!r} does not exist; this server offers "
                                f"{self.conductor_id!r} (and {self.conductor_id}@VERSION, e.g. "

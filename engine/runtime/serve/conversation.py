@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 from conductor_engine.engine.runtime.serve.shapes import ChatRequest
-from conductor_engine.engine.tasks.checks import check_storable
+from conductor_engine.engine.tasks.checks import check_size, check_storable
 from conductor_engine.engine.tasks.model import RunOptions, Task, VisibleStep
 
 
@@ -21,7 +21,8 @@ class BadRequest(ValueError):
 
 
 def chat_task(request: ChatRequest, policy_version: str | None) -> Task:
-    """The task one chat request runs (a fresh id each time: `conduct-chat-...`)."""
+    """The task one chat request runs (a fresh id each time: `conduct-chat-...`). BadRequest
+    for a conversation the conductor cannot run; TaskTooLarge for one over MAX_TASK_BYTES."""
     last = request.messages[-1]
     if last.role != "user":
         raise BadRequest(f"the last message must be the user's (the task), not {last.role!r}",
@@ -41,4 +42,6 @@ def chat_task(request: ChatRequest, policy_version: str | None) -> Task:
         check_storable(fields)
     except ValueError as e:
         raise BadRequest(str(e), "messages") from None
-    return Task.model_validate(fields)
+    task = Task.model_validate(fields)
+    check_size(task, "this conversation", "shorten the messages")
+    return task

@@ -4,7 +4,8 @@ answer (whole, or as `chat.completion.chunk` events), the model list and the err
 Only what the conductor can honour is read from a request; the many other OpenAI parameters
 (`top_p`, `seed`, `tools`, ...) are accepted and ignored, as other OpenAI-compatible servers do,
 so an existing client works unchanged. A message's content may be text or a list of text parts;
-anything else (an image, audio) is a 400 that says so.
+anything else (an image, audio) is a 400 that says so. Every field is typed (nothing is kept as
+arbitrary JSON), so what a body nests inside fields the server ignores is parsed and dropped.
 """
 
 from __future__ import annotations
@@ -13,19 +14,30 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conductor_engine.engine.runtime.serve.catalog import MAX_MODEL_NAME_CHARS
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only text parts are read (`_text_only`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str | None = None
+    text: str = ""
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[dict[str, Any]] | None
-                   ) -> str | list[dict[str, Any]] | None:
+    def _text_only(cls, content: str | list[ContentPart] | None
+                   ) -> str | list[ContentPart] | None:
         if isinstance(content, list):
-            kinds = sorted({str(p.get("type")) for p in content if p.get("type") != "text"})
+            kinds = sorted({str(p.type) for p in content if p.type != "text"})
             if kinds:
                 raise ValueError(f"the conductor reads text only; this message has "
                                  f"{', '.join(kinds)} parts")
@@ -34,7 +46,7 @@ class ChatMessage(BaseModel):
     @property
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "\n".join(str(p.get("text", "")) for p in self.content)
+            return "\n".join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -50,7 +62,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS)
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
