@@ -76,6 +76,7 @@ class PlanActivities:
             if wanted == 0:
                 return conductor, version_label(0)
         label = version_label(wanted)
+        await registry.mark_served(conductor.id, wanted)  # retention keeps what plans use
         serves = capabilities(conductor.provider).trained_versions
         if serves == "checkpoint":
             version = await registry.get(conductor.id, wanted)

@@ -152,6 +152,5 @@ def test_streaming_to_s3_holds_parts_not_the_file(
          str(PART)],
         env={**os.environ, **AWS_ENV}, capture_output=True, text=True, timeout=300, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"S3 peak {result['peak'] / MiB:.1f} MiB")
     assert result["peak"] < SIZE / 2, f"peak {result['peak'] / MiB:.1f} MiB for {SIZE // MiB} MiB"
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
