@@ -32,10 +32,11 @@ from conductor_engine.engine.settings import Settings
 REF_ALGORITHM = "sha256"
 T = TypeVar("T")
 _MAX_NAME = 200  # bytes per file name; most file systems allow 255
-IO_CHUNK = 1024 * 1024
+IO_CHUNK = 4 * 1024 * 1024
 """Bytes read at a time when hashing or copying a file: memory use while streaming."""
 PART_SIZE = 8 * 1024 * 1024
 """S3 multipart part size (S3's minimum is 5 MiB): files above it are uploaded in parts."""
+_MAX_PARTS = 9_000  # S3 allows 10,000 parts per upload; a margin for rounding
 _REF = re.compile(r"sha256:([0-9a-f]{64})")  # always fullmatch: `$` would allow a newline
 
 _S3_HINT = (
@@ -406,13 +407,14 @@ class S3BlobStore(BlobStore):
         except BlobNotFound:
             return None
 
-    def _transfer(self) -> Any:
+    def _transfer(self, size: int = 0) -> Any:
         """Multipart above one part, `max_concurrency` parts in flight: memory stays near
-        part_size × max_concurrency whatever the file's size."""
+        part size × max_concurrency whatever the file's size. S3 allows 10,000 parts, so a
+        file above part_size × 9,000 (72 GB at 8 MiB) gets larger parts."""
         from boto3.s3.transfer import TransferConfig
 
-        return TransferConfig(multipart_threshold=self.part_size,
-                              multipart_chunksize=self.part_size,
+        part = max(self.part_size, -(-size // _MAX_PARTS))
+        return TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=part,
                               max_concurrency=self.max_concurrency)
 
     async def put_file(self, path: Path) -> str:
@@ -422,8 +424,9 @@ class S3BlobStore(BlobStore):
         key = key_for(ref)
         if not await self.exists_key(key):
             obj = self.object_key(key)
+            config = self._transfer(Path(path).stat().st_size)
             await self._run(lambda: self.client.upload_file(
-                str(path), self.bucket, obj, Config=self._transfer()), key)
+                str(path), self.bucket, obj, Config=config), key)
         return ref
 
     async def get_to_file(self, ref: str, path: Path) -> None:

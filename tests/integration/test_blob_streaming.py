@@ -154,3 +154,11 @@ def test_streaming_to_s3_holds_parts_not_the_file(
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["peak"] < SIZE / 2, f"peak {result['peak'] / MiB:.1f} MiB for {SIZE // MiB} MiB"
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
+
+
+def test_a_file_too_big_for_10000_parts_gets_larger_parts() -> None:
+    """S3 refuses an upload of more than 10,000 parts: 8 MiB parts stop at 80 GB."""
+    store = S3BlobStore("bucket", client=object())
+    size = 200 * 1024**3  # a 200 GB optimiser state
+    assert store._transfer(size).multipart_chunksize * 10_000 >= size
+    assert store._transfer(MiB).multipart_chunksize == store.part_size
