@@ -28,6 +28,7 @@ from conductor_engine.engine.storage.policies import (
     PolicyRegistry,
     PolicyVersion,
     materialise,
+    optimizer_file,
 )
 from conductor_engine.engine.storage.retention import prune, prune_after_publish
 from conductor_engine.engine.storage.trace_store import TraceStore
@@ -115,6 +116,9 @@ async def test_pinned_and_served_versions_keep_their_checkpoint(
     assert await blobs.exists(kept[2].files["adapter_model.safetensors"])
     assert not await blobs.exists(kept[4].files["adapter_model.safetensors"])
     assert not await blobs.exists(kept[2].optimizer or "")  # pinning keeps the checkpoint only
+    # a trainer loading a version whose optimiser state went continues with a fresh one
+    assert await optimizer_file(kept[6], blobs, tmp_path / "adam") is None
+    assert await optimizer_file(kept[7], blobs, tmp_path / "adam") == tmp_path / "adam"
     spec, _ = await plans.conductor_at("v3")  # the plan's next attempt still finds it
     assert spec.checkpoint is not None
 
