@@ -219,17 +219,15 @@ class PolicyRegistry:
             "AND (served_at IS NULL OR served_at < now() - interval '1 minute')", name, version)
 
     async def set_pinned(self, name: str, version: int, pinned: bool) -> PolicyVersion:
-        """Pin (or unpin) a version: a pinned version's checkpoint is never pruned."""
+        """Pin (or unpin) a version: a pinned version's checkpoint is never pruned. Pinning one
+        already pruned raises CheckpointPruned: its files are gone."""
+        current = await self.get(name, version)  # raises, saying which versions exist
+        if pinned and current.files_pruned is not None:
+            raise CheckpointPruned(pruned_message(current, await self.latest_version(name)))
         row = await self.pool.fetchrow(
             "UPDATE policies SET pinned = $3 WHERE name = $1 AND version = $2 RETURNING *",
             name, version, pinned)
-        if row is None:
-            await self.get(name, version)  # raises, saying which versions exist
-        assert row is not None
-        version_row = PolicyVersion.model_validate(dict(row))
-        if pinned and version_row.files_pruned is not None:
-            raise CheckpointPruned(pruned_message(version_row, await self.latest_version(name)))
-        return version_row
+        return PolicyVersion.model_validate(dict(row))
 
     async def consumed_by(self, update_id: str) -> list[tuple[str, str]]:
         rows = await self.pool.fetch(
@@ -243,6 +241,23 @@ UNREACHABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
                asyncpg.exceptions.OperatorInterventionError)
 """What reading the registry raises while PostgreSQL is down or restarting (no socket, a
 connection the server closed, "the database system is starting up"), as opposed to an answer."""
+
+
+class ServedMarks:
+    """`PolicyRegistry.mark_served` at most once a minute per version from this process: the
+    plan activity calls it on every plan, and retention only needs minutes."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[tuple[str, int], float] = {}
+
+    async def mark(self, registry: PolicyRegistry, name: str, version: int) -> None:
+        now = time.monotonic()
+        last = self._last.get((name, version))
+        if last is not None and now - last < self.every_s:
+            return
+        await registry.mark_served(name, version)
+        self._last[(name, version)] = now
 
 
 class VersionCache:

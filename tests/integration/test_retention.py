@@ -165,6 +165,14 @@ async def test_train_prune_lists_with_dry_run_then_removes(
     assert (v3 / "adapter_model.safetensors").is_file(), "the pool's pinned version went"
     again = run_conductor("train", "prune", name, *rule, env=env)
     assert "removed checkpoints of none; optimiser states of none; 0 blobs" in again.stdout
+
+    pin = run_conductor("train", "pin", name, "v5", env=env)
+    assert pin.returncode == 0 and f"{name} v5 pinned" in pin.stderr, pin.stderr
+    await publish(registry, blobs, tmp_path, name, 7)
+    kept = run_conductor("train", "prune", name, *rule, env=env)
+    assert "removed checkpoints of none;" in kept.stdout, "the pinned v5 went"
+    gone = run_conductor("train", "pin", name, "v1", env=env)
+    assert gone.returncode == 1 and "v1 was removed by retention" in gone.stderr
     unknown = run_conductor("train", "prune", "no-such-policy", env=env)
     assert unknown.returncode == 1 and "has no published versions" in unknown.stderr
 
