@@ -21,7 +21,7 @@ from conductor_engine.engine.contracts.training import (
 )
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.blobs import BlobStore, LocalBlobStore
+from conductor_engine.engine.storage.blobs import BlobStore, LocalBlobStore, S3BlobStore
 from conductor_engine.engine.storage.policies import (
     BlobsMissing,
     CheckpointPruned,
@@ -32,7 +32,7 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.retention import prune, prune_after_publish
 from conductor_engine.engine.storage.trace_store import TraceStore
-from tests.blob_stores import stored_objects
+from tests.blob_stores import fresh_bucket, stored_objects
 from tests.cli import run_conductor, stack_env
 from tests.rollout_groups import write_groups
 
@@ -69,10 +69,19 @@ def blob_count(store: BlobStore) -> int:
     return len([k for k in stored_objects(store) if k.startswith("sha256/")])
 
 
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    """A blob store of the test's own, so counting its files counts this test's alone."""
+    if request.param == "local":
+        return LocalBlobStore(tmp_path / "blobs")
+    url = request.getfixturevalue("moto_url")
+    return S3BlobStore(fresh_bucket(url, request.getfixturevalue("monkeypatch")),
+                       endpoint_url=url)
+
+
 async def test_a_long_run_keeps_a_bounded_number_of_blobs(
-        trace_store: TraceStore, tmp_path: Path) -> None:
-    registry, name = PolicyRegistry(trace_store.pool), _name()
-    blobs = LocalBlobStore(tmp_path / "blobs")
+        trace_store: TraceStore, store: BlobStore, tmp_path: Path) -> None:
+    registry, name, blobs = PolicyRegistry(trace_store.pool), _name(), store
     rule = CheckpointConfig(keep_optimizer_states=2, keep_checkpoints=3)
     for version in range(1, 21):
         await publish(registry, blobs, tmp_path, name, version)
