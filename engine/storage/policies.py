@@ -213,10 +213,14 @@ class PolicyRegistry:
     async def mark_served(self, name: str, version: int) -> None:
         """Record that a plan is using `version` now, so retention keeps its checkpoint for a
         while (CheckpointConfig.served_minutes). Written at most once a minute per version:
-        every plan calls this, and an unchanged row costs no write."""
-        await self.pool.execute(
-            "UPDATE policies SET served_at = now() WHERE name = $1 AND version = $2 "
-            "AND (served_at IS NULL OR served_at < now() - interval '1 minute')", name, version)
+        every plan calls this, and an unchanged row costs no write. Under the retention lock
+        (shared): a prune under way finishes first, so what the plan reads next says whether
+        the checkpoint is still there, and no prune after this removes it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", RETENTION_LOCK)
+            await conn.execute(
+                "UPDATE policies SET served_at = now() WHERE name = $1 AND version = $2 AND "
+                "(served_at IS NULL OR served_at < now() - interval '1 minute')", name, version)
 
     async def set_pinned(self, name: str, version: int, pinned: bool) -> PolicyVersion:
         """Pin (or unpin) a version: a pinned version's checkpoint is never pruned. Pinning one

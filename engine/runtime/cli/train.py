@@ -417,11 +417,11 @@ async def _serve_trainer(settings: Settings) -> None:
 def train_prune(
     policy: Annotated[str, typer.Argument(help="the policy: the conductor's pool id")],
     keep: Annotated[int | None, typer.Option(
-        "--keep", min=1, max=MAX_ITERATIONS, help="the newest K versions keep their optimiser state (recipe "
-        "[checkpoints] keep_optimizer_states)")] = None,
+        "--keep", min=1, max=MAX_ITERATIONS, help="the newest K versions keep their optimiser "
+        "state (recipe [checkpoints] keep_optimizer_states)")] = None,
     keep_checkpoints: Annotated[int | None, typer.Option(
-        min=1, max=MAX_ITERATIONS, help="the newest N versions keep their checkpoint, besides pinned and recently "
-        "served ones (recipe [checkpoints] keep_checkpoints)")] = None,
+        min=1, max=MAX_ITERATIONS, help="the newest N versions keep their checkpoint, besides "
+        "pinned and recently served ones (recipe [checkpoints] keep_checkpoints)")] = None,
     recipe: Annotated[Path | None, typer.Option(
         help="TOML recipe whose [checkpoints] gives the rule (default: the defaults)")] = None,
     dry_run: Annotated[bool, typer.Option(help="list what would go; remove nothing")] = False,
