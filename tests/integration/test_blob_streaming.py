@@ -121,7 +121,7 @@ async def test_streaming_a_local_file_holds_a_chunk_not_the_file(tmp_path: Path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < SIZE / 8, f"peak {peak / MiB:.1f} MiB streaming a {SIZE // MiB} MiB file"
+    assert peak < SIZE / 4, f"peak {peak / MiB:.1f} MiB streaming a {SIZE // MiB} MiB file"
     assert (tmp_path / "back").stat().st_size == SIZE
 
 
