@@ -38,6 +38,7 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
     PolicyError,
     PolicyRegistry,
+    ServedMarks,
     VersionCache,
     materialise,
     parse_version,
@@ -52,6 +53,7 @@ class PlanActivities:
         self.pool = pool
         self.settings = settings
         self._versions: VersionCache | None = None
+        self._served = ServedMarks()
 
     async def conductor_at(self, pinned: str | None) -> tuple[AgentSpec, str]:
         """The conductor spec serving the wanted policy version, and that version's label.
@@ -76,6 +78,7 @@ class PlanActivities:
             if wanted == 0:
                 return conductor, version_label(0)
         label = version_label(wanted)
+        await self._served.mark(registry, conductor.id, wanted)  # retention keeps it meanwhile
         serves = capabilities(conductor.provider).trained_versions
         if serves == "checkpoint":
             version = await registry.get(conductor.id, wanted)

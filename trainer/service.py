@@ -11,10 +11,11 @@ the update again on the next trainer, which loads the parent version, selects th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,8 +45,10 @@ from conductor_engine.engine.storage.policies import (
     StaleParent,
     TraceAlreadyConsumed,
     materialise,
+    optimizer_file,
     version_label,
 )
+from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared import shared_store
 from conductor_engine.engine.storage.trace_store import Group, TraceStore
 from conductor_engine.trainer.rollouts import (
@@ -119,11 +122,14 @@ class Trainer:
                    "rollout_tokens": stats.tokens, "left_out": stats.left_out}
         version = await self._save(held, req, store, metrics)
         try:
-            published = await registry.publish(version, consumed)
+            published = await registry.publish(version, consumed, blobs=store.blobs)
         except TraceAlreadyConsumed as e:
             raise ApplicationError(str(e), type="TraceAlreadyConsumed") from e  # retry: reselect
         held.version = published.version
         self._held = held
+        await prune_after_publish(registry, store.blobs, req.name, req.recipe.checkpoints,
+                                  caches=[self.settings.data_dir / "policies",
+                                          self.settings.lora_root])
         if req.recipe.report_to:
             it = iteration_of(req, metrics, sample_plans(groups))
             await asyncio.to_thread(self.trackers.log, req.recipe.report_to, it)
@@ -143,13 +149,21 @@ class Trainer:
             return self._held
         self._held = None
         self.loads += 1
-        checkpoint, optimizer_state = None, None
-        if req.parent > 0:
-            parent = await registry.get(req.name, req.parent)
-            checkpoint = await materialise(parent, store.blobs, self.settings.data_dir / "policies")
-            if parent.optimizer is not None:
-                optimizer_state = await store.blobs.get(parent.optimizer)
-        return await asyncio.to_thread(seeded, req, _load, req, checkpoint, optimizer_state)
+        if req.parent == 0:
+            return await asyncio.to_thread(seeded, req, _load, req, None, None)
+        parent = await registry.get(req.name, req.parent)
+        checkpoint = await materialise(parent, store.blobs, self.settings.data_dir / "policies")
+        with self._scratch("conductor-optim-") as tmp:  # streamed, never held in memory
+            state = await optimizer_file(parent, store.blobs, tmp / "optimizer.safetensors")
+            return await asyncio.to_thread(seeded, req, _load, req, checkpoint, state)
+
+    @contextlib.contextmanager
+    def _scratch(self, prefix: str) -> Iterator[Path]:
+        """A temporary directory under the data directory, not /tmp: an optimiser state can be
+        tens of GB, and /tmp is often a small tmpfs."""
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=prefix, dir=self.settings.data_dir) as tmp:
+            yield Path(tmp)
 
     def _train(self, held: _Held, samples: list[Any], recipe: Recipe) -> Any:
         from conductor_engine.trainer.grpo import train_step
@@ -166,12 +180,11 @@ class Trainer:
         """Checkpoint and optimiser state into the blob store; the version row to publish."""
         from conductor_engine.trainer.policy import save_checkpoint, save_optimizer
 
-        with tempfile.TemporaryDirectory(prefix="conductor-ckpt-") as tmp:
-            out = Path(tmp)
+        with self._scratch("conductor-ckpt-") as out:
             paths = await asyncio.to_thread(save_checkpoint, held.policy, out / "checkpoint")
             await asyncio.to_thread(save_optimizer, held.optimizer, out / "optimizer.safetensors")
-            files = {p.name: await store.blobs.put(p.read_bytes()) for p in paths}
-            optimizer = await store.blobs.put((out / "optimizer.safetensors").read_bytes())
+            files = {p.name: await store.blobs.put_file(p) for p in paths}  # streamed
+            optimizer = await store.blobs.put_file(out / "optimizer.safetensors")
         return PolicyVersion(
             name=req.name, version=req.parent + 1, parent=req.parent,
             base_model=req.recipe.policy.base, kind=held.policy.kind, files=files,
@@ -229,17 +242,14 @@ def _set_learning_rate(optimizer: Any, loss: LossConfig) -> None:
         group["lr"] = loss.learning_rate
 
 
-def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: bytes | None) -> _Held:
+def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | None) -> _Held:
     from conductor_engine.trainer.grpo import make_optimizer
     from conductor_engine.trainer.policy import load_optimizer, load_policy
 
     policy = load_policy(req.recipe.policy, checkpoint_dir=checkpoint)
     optimizer = make_optimizer(policy.model, req.recipe.loss)
     if optimizer_state is not None:
-        with tempfile.NamedTemporaryFile(suffix=".safetensors") as f:
-            f.write(optimizer_state)
-            f.flush()
-            load_optimizer(optimizer, Path(f.name))
+        load_optimizer(optimizer, optimizer_state)
     log.info("policy loaded", policy=req.name, version=version_label(req.parent),
              kind=policy.kind, device=str(policy.device))
     return _Held(req.name, req.parent, req.recipe.policy, policy, optimizer)

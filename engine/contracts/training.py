@@ -185,6 +185,27 @@ class HeldOutConfig(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0,
                                description="0: greedy, the conductor's single best plan")
     seed: int = Field(default=0, ge=0, description="which tasks are held out")
+
+
+class CheckpointConfig(BaseModel):
+    """What the blob store keeps of published versions (engine/storage/retention.py, applied
+    after every publish and by `conductor train prune`; docs/checkpoints.md). Defaults keep a
+    200-iteration run at a few versions' worth of disk: at 7B an optimiser state is 2 GB (LoRA
+    r=64) to 56 GB (full), a checkpoint 0.6 to 28 GB. The newest version always keeps both;
+    pinned versions, and versions a plan used in the last `served_minutes`, keep their
+    checkpoint."""
+
+    keep_optimizer_states: int = Field(
+        default=2, ge=1, description="the newest K versions keep their optimiser state (the "
+        "trainer only ever continues from the newest)")
+    keep_checkpoints: int | None = Field(
+        default=5, ge=1, description="the newest N versions keep their checkpoint, besides "
+        "pinned and recently served ones; none = keep every checkpoint")
+    served_minutes: float = Field(
+        default=15.0, ge=0, description="a version a plan used this recently keeps its "
+        "checkpoint: plans in flight, evaluations and serving of a pinned version")
+
+
 Tracker = Literal["tensorboard", "trackio"]
 
 # TRL's GRPOConfig names a recipe may give flat, at its top level as TRL takes them, and the
@@ -205,6 +226,7 @@ class Recipe(BaseModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
     heldout: HeldOutConfig = Field(default_factory=HeldOutConfig)
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     report_to: list[Tracker] = Field(
         default_factory=list,
         description="where the trainer logs each update's metrics and sample plans: "

@@ -5,6 +5,11 @@ give the same reference and are stored once, so a retried activity or a duplicat
 nothing extra. The key-level methods (`put_key`, `get_key`, `exists_key`) exist for the Temporal
 external-storage driver (engine/payloads.py), which chooses its own keys.
 
+Checkpoints and optimiser states go through `put_file`/`get_to_file` instead: a 7B full fine-tune's
+optimiser state is ~56 GB, so those stream in chunks (local: a temporary file renamed into place;
+S3: multipart) and are hashed as they go, never held whole. The same bytes get the same reference
+either way (docs/checkpoints.md).
+
 Layout, under the directory or under `s3://bucket/prefix/`:
     sha256/ab/cdef...            trace blobs, fanned out so no directory grows huge
     temporal/v0/...              Temporal payloads (keys chosen by the SDK's S3 driver)
@@ -28,6 +33,11 @@ from conductor_engine.engine.storage.private import private_dirs
 REF_ALGORITHM = "sha256"
 T = TypeVar("T")
 _MAX_NAME = 200  # bytes per file name; most file systems allow 255
+IO_CHUNK = 4 * 1024 * 1024
+"""Bytes read at a time when hashing or copying a file: memory use while streaming."""
+PART_SIZE = 8 * 1024 * 1024
+"""S3 multipart part size (S3's minimum is 5 MiB): files above it are uploaded in parts."""
+_MAX_PARTS = 9_000  # S3 allows 10,000 parts per upload; a margin for rounding
 _REF = re.compile(r"sha256:([0-9a-f]{64})")  # always fullmatch: `$` would allow a newline
 
 _S3_HINT = (
@@ -72,6 +82,26 @@ def ref_for(data: bytes) -> str:
     return f"{REF_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
 
 
+def file_ref(path: Path) -> str:
+    """The content address of the file at `path`, read in chunks: what `put` returns for its
+    bytes, without holding them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        _copy(f, None, digest)
+    return f"{REF_ALGORITHM}:{digest.hexdigest()}"
+
+
+def _copy(src: Any, dst: Any, digest: Any) -> None:
+    """Read `src` to its end through one reused buffer, hashing into `digest` and writing to
+    `dst` (if any): memory stays at IO_CHUNK whatever the size."""
+    buf = bytearray(IO_CHUNK)
+    view = memoryview(buf)
+    while n := src.readinto(buf):
+        digest.update(view[:n])
+        if dst is not None:
+            dst.write(view[:n])
+
+
 def key_for(ref: str) -> str:
     """The storage key of a reference: `sha256/ab/cdef...` (two-character fan-out)."""
     match = _REF.fullmatch(ref) if isinstance(ref, str) else None
@@ -109,6 +139,34 @@ class BlobStore(ABC):
     async def check(self) -> None:
         """Fail now, with a message saying what to set, if the store cannot be used; cheap
         enough to call when a worker or the CLI starts."""
+
+    @abstractmethod
+    async def delete_key(self, key: str) -> None:
+        """Remove the object under `key`; nothing happens if there is none."""
+
+    @abstractmethod
+    async def size_key(self, key: str) -> int | None:
+        """The size in bytes of the object under `key`, None if there is none."""
+
+    @abstractmethod
+    async def put_file(self, path: Path) -> str:
+        """Store the file at `path` once and return its reference, streaming: the same
+        reference `put(path.read_bytes())` would return, without reading the file into
+        memory."""
+
+    @abstractmethod
+    async def get_to_file(self, ref: str, path: Path) -> None:
+        """Write the blob `ref` to `path` (replaced atomically), streaming, checked against
+        its hash: BlobNotFound if there is none, BlobCorrupt (and `path` untouched) if its
+        bytes do not hash to `ref`."""
+
+    async def delete(self, ref: str) -> None:
+        """Remove the blob `ref`. Only retention (engine/storage/retention.py) calls this, after
+        checking that nothing kept references it: blobs are shared by content."""
+        await self.delete_key(key_for(ref))
+
+    async def size(self, ref: str) -> int | None:
+        return await self.size_key(key_for(ref))
 
     async def put(self, data: bytes) -> str:
         """Store `data` once and return its reference; existing content is not rewritten."""
@@ -163,6 +221,51 @@ class LocalBlobStore(BlobStore):
     async def exists_key(self, key: str) -> bool:
         return await asyncio.to_thread(self.path(key).is_file)
 
+    async def delete_key(self, key: str) -> None:
+        await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
+
+    async def size_key(self, key: str) -> int | None:
+        try:
+            return (await asyncio.to_thread(self.path(key).stat)).st_size
+        except FileNotFoundError:
+            return None
+
+    async def put_file(self, path: Path) -> str:
+        return await asyncio.to_thread(self._put_file, Path(path))
+
+    def _put_file(self, src: Path) -> str:
+        """One pass: copy into a temporary file beside the blobs while hashing, then rename it
+        to the address the hash gives (or drop it when that blob exists already)."""
+        staging = self.root / REF_ALGORITHM
+        staging.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=staging, prefix=".tmp-")
+        digest = hashlib.sha256()
+        try:
+            with open(src, "rb") as f, os.fdopen(fd, "wb") as out:
+                _copy(f, out, digest)
+                out.flush()
+                os.fsync(out.fileno())
+            ref = f"{REF_ALGORITHM}:{digest.hexdigest()}"
+            target = self.path(key_for(ref))
+            if target.is_file():
+                Path(tmp).unlink()
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, target)
+            return ref
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    async def get_to_file(self, ref: str, path: Path) -> None:
+        source = self.path(key_for(ref))
+        try:
+            await asyncio.to_thread(_checked_copy, ref, source, Path(path), self.location)
+        except FileNotFoundError:
+            if not source.is_file():
+                raise BlobNotFound(f"blob {ref} not found in {self.location}") from None
+            raise
+
     async def check(self) -> None:
         probe = self.root / ".check"
         try:
@@ -181,6 +284,28 @@ def _file_name(segment: str) -> str:
     if len(segment.encode()) <= _MAX_NAME:
         return segment
     return f"{segment[:64]}~{hashlib.sha256(segment.encode()).hexdigest()}"
+
+
+def _checked_copy(ref: str, source: Path, target: Path, location: str) -> None:
+    """Copy `source` to a temporary file beside `target` while hashing, and rename it into
+    place only when the hash is `ref`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-")
+    digest = hashlib.sha256()
+    try:
+        with open(source, "rb") as f, os.fdopen(fd, "wb") as out:
+            _copy(f, out, digest)
+        _verify(ref, digest.hexdigest(), location)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _verify(ref: str, hexdigest: str, location: str) -> None:
+    got = f"{REF_ALGORITHM}:{hexdigest}"
+    if got != ref:
+        raise BlobCorrupt(f"blob {ref} in {location} is corrupt: its content hashes to {got}")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -216,11 +341,15 @@ class S3BlobStore(BlobStore):
         endpoint_url: str | None = None,
         region: str | None = None,
         client: Any = None,
+        part_size: int = PART_SIZE,
+        max_concurrency: int = 4,
     ) -> None:
         self.bucket = bucket
         self.prefix = "/".join(p for p in prefix.split("/") if p)
         self.endpoint_url = endpoint_url
         self.client = client or _boto3_client(endpoint_url, region)
+        self.part_size = part_size
+        self.max_concurrency = max_concurrency
 
     @property
     def location(self) -> str:
@@ -264,6 +393,64 @@ class S3BlobStore(BlobStore):
 
     async def check(self) -> None:
         await self._run(lambda: self.client.head_bucket(Bucket=self.bucket), None)
+
+    async def delete_key(self, key: str) -> None:
+        obj = self.object_key(key)
+        await self._run(lambda: self.client.delete_object(Bucket=self.bucket, Key=obj), key)
+
+    async def size_key(self, key: str) -> int | None:
+        obj = self.object_key(key)
+
+        def head() -> int:
+            return int(self.client.head_object(Bucket=self.bucket, Key=obj)["ContentLength"])
+
+        try:
+            return await self._run(head, key)
+        except BlobNotFound:
+            return None
+
+    def _transfer(self, size: int = 0) -> Any:
+        """Multipart above one part, `max_concurrency` parts in flight: memory stays near
+        part size × max_concurrency whatever the file's size. S3 allows 10,000 parts, so a
+        file above part_size × 9,000 (72 GB at 8 MiB) gets larger parts."""
+        from boto3.s3.transfer import TransferConfig
+
+        part = max(self.part_size, -(-size // _MAX_PARTS))
+        return TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=part,
+                              max_concurrency=self.max_concurrency)
+
+    async def put_file(self, path: Path) -> str:
+        """Hash in chunks, then (unless the blob exists) upload with boto3's managed transfer,
+        which reads the file part by part."""
+        ref = await asyncio.to_thread(file_ref, Path(path))
+        key = key_for(ref)
+        if not await self.exists_key(key):
+            obj = self.object_key(key)
+            config = self._transfer(Path(path).stat().st_size)
+            await self._run(lambda: self.client.upload_file(
+                str(path), self.bucket, obj, Config=config), key)
+        return ref
+
+    async def get_to_file(self, ref: str, path: Path) -> None:
+        """Download to a temporary file beside `path` (ranged GETs, part by part), check its
+        hash, rename it into place."""
+        key = key_for(ref)
+        obj = self.object_key(key)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-")
+        os.close(fd)
+        try:
+            try:
+                await self._run(lambda: self.client.download_file(
+                    self.bucket, obj, tmp, Config=self._transfer()), key)
+            except BlobNotFound:
+                raise BlobNotFound(f"blob {ref} not found in {self.location}") from None
+            _verify(ref, (await asyncio.to_thread(file_ref, Path(tmp))).split(":")[1],
+                    self.location)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
     async def _run(self, call: Callable[[], T], key: str | None) -> T:
         """Run one boto3 call in a thread, its failures translated there (see `_s3_error`)."""

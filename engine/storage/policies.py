@@ -23,14 +23,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import asyncpg
+import structlog
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.storage.blobs import BlobStore
 from conductor_engine.engine.text import shorten
 
+log = structlog.get_logger(__name__)
+
 BASE = "base"
 LATEST = "latest"
 _LABEL = re.compile(r"^v?([0-9]{1,9})$")  # ASCII digits, bounded: int() of 5,000 raises
+RETENTION_LOCK = 0x0C0D_9E7E
+"""Advisory lock key: publishing holds it shared, pruning exclusive (engine/storage/retention.py),
+so a blob a version is being published with is never deleted under it."""
 
 
 class PolicyError(RuntimeError):
@@ -43,6 +49,15 @@ class TraceAlreadyConsumed(PolicyError):
 
 class StaleParent(PolicyError):
     """Another version was published since this update started from its parent."""
+
+
+class CheckpointPruned(PolicyError):
+    """The version's checkpoint was removed by retention; a newer or pinned one must be used."""
+
+
+class BlobsMissing(RuntimeError):
+    """A version to publish refers to blobs that are gone (pruned since they were written).
+    Not a PolicyError: the update is retried, and writes them again."""
 
 
 def version_label(version: int) -> str:
@@ -81,6 +96,11 @@ class PolicyVersion(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     update_id: str
     created: datetime | None = None
+    pinned: bool = Field(default=False, description="never pruned (`conductor train pin`)")
+    served_at: datetime | None = Field(default=None, description="when a plan last used it")
+    files_pruned: datetime | None = Field(default=None, description="checkpoint removed at")
+    optimizer_pruned: datetime | None = Field(default=None,
+                                              description="optimiser state removed at")
 
     @property
     def label(self) -> str:
@@ -129,7 +149,8 @@ class PolicyRegistry:
         return [PolicyVersion.model_validate(dict(r)) for r in rows]
 
     async def publish(
-        self, version: PolicyVersion, consumed: list[tuple[str, str]]
+        self, version: PolicyVersion, consumed: list[tuple[str, str]],
+        blobs: BlobStore | None = None,
     ) -> PolicyVersion:
         """Register `version` and mark the traces it decided on (workflow id, run id) consumed:
         those it trained on and those its groups left out, so none is chosen again.
@@ -137,8 +158,12 @@ class PolicyRegistry:
         Idempotent per update id: a retry of a committed update returns the committed version.
         Raises StaleParent when the policy moved on since `version.parent`, and
         TraceAlreadyConsumed when another update took one of the traces; nothing is written then.
+        Given `blobs`, checks (with pruning locked out) that every blob the version refers to is
+        there: a blob shared by content with a version being pruned could be deleted between
+        its `put` (which found it present) and this commit; BlobsMissing then.
         """
         async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", RETENTION_LOCK)
             # one publisher per policy at a time: versions stay a line, not a tree
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", version.name)
             done = await conn.fetchrow(
@@ -155,6 +180,8 @@ class PolicyRegistry:
                     f"trained {version_label(version.version)} from "
                     f"{version_label(version.parent)}; run one trainer per policy"
                 )
+            if blobs is not None:
+                await _check_blobs(version, blobs)
             wf, run = [c[0] for c in consumed], [c[1] for c in consumed]
             taken = await conn.fetchval(
                 """
@@ -185,6 +212,29 @@ class PolicyRegistry:
             )
         return PolicyVersion.model_validate(dict(row))
 
+    async def mark_served(self, name: str, version: int) -> None:
+        """Record that a plan is using `version` now, so retention keeps its checkpoint for a
+        while (CheckpointConfig.served_minutes). Written at most once a minute per version:
+        every plan calls this, and an unchanged row costs no write. Under the retention lock
+        (shared): a prune under way finishes first, so what the plan reads next says whether
+        the checkpoint is still there, and no prune after this removes it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", RETENTION_LOCK)
+            await conn.execute(
+                "UPDATE policies SET served_at = now() WHERE name = $1 AND version = $2 AND "
+                "(served_at IS NULL OR served_at < now() - interval '1 minute')", name, version)
+
+    async def set_pinned(self, name: str, version: int, pinned: bool) -> PolicyVersion:
+        """Pin (or unpin) a version: a pinned version's checkpoint is never pruned. Pinning one
+        already pruned raises CheckpointPruned: its files are gone."""
+        current = await self.get(name, version)  # raises, saying which versions exist
+        if pinned and current.files_pruned is not None:
+            raise CheckpointPruned(pruned_message(current, await self.latest_version(name)))
+        row = await self.pool.fetchrow(
+            "UPDATE policies SET pinned = $3 WHERE name = $1 AND version = $2 RETURNING *",
+            name, version, pinned)
+        return PolicyVersion.model_validate(dict(row))
+
     async def consumed_by(self, update_id: str) -> list[tuple[str, str]]:
         rows = await self.pool.fetch(
             "SELECT workflow_id, run_id FROM traces WHERE consumed_by = $1 ORDER BY workflow_id",
@@ -197,6 +247,23 @@ UNREACHABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
                asyncpg.exceptions.OperatorInterventionError)
 """What reading the registry raises while PostgreSQL is down or restarting (no socket, a
 connection the server closed, "the database system is starting up"), as opposed to an answer."""
+
+
+class ServedMarks:
+    """`PolicyRegistry.mark_served` at most once a minute per version from this process: the
+    plan activity calls it on every plan, and retention only needs minutes."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[tuple[str, int], float] = {}
+
+    async def mark(self, registry: PolicyRegistry, name: str, version: int) -> None:
+        now = time.monotonic()
+        last = self._last.get((name, version))
+        if last is not None and now - last < self.every_s:
+            return
+        await registry.mark_served(name, version)
+        self._last[(name, version)] = now
 
 
 class VersionCache:
@@ -235,22 +302,44 @@ class VersionCache:
         return version
 
 
+async def _check_blobs(version: PolicyVersion, blobs: BlobStore) -> None:
+    refs = [*version.files.values(), *([version.optimizer] if version.optimizer else [])]
+    missing = [r for r in refs if not await blobs.exists(r)]
+    if missing:
+        raise BlobsMissing(f"version {version.label} of {version.name!r} refers to "
+                           f"{len(missing)} blob(s) no longer in {blobs.location} (pruned while "
+                           f"it was published); the update runs again and stores them again")
+
+
+def pruned_message(version: PolicyVersion, newest: int | None = None) -> str:
+    """What loading a pruned checkpoint says: what happened and what to do instead."""
+    kept = f" (newest: {version_label(newest)})" if newest is not None else ""
+    return (f"the checkpoint of {version.name!r} {version.label} was removed by retention "
+            f"(pruned {version.files_pruned:%Y-%m-%d %H:%M} UTC); use a version that is "
+            f"kept{kept}, and pin versions to keep with `conductor train pin {version.name} vN` "
+            f"([checkpoints] in the recipe sets how many are kept)")
+
+
 async def materialise(version: PolicyVersion, blobs: BlobStore, root: Path) -> Path:
     """The version's checkpoint as a directory `root/NAME/vK` (what peft, transformers and vLLM's
     `lora_path` read), fetched from the blob store once and then reused.
 
     Written into a scratch sibling and renamed into place, so a reader never sees half a
-    checkpoint and two processes fetching at once do not interfere.
+    checkpoint and two processes fetching at once do not interfere. Each file streams from the
+    store (a full 7B checkpoint is ~28 GB). A version whose checkpoint retention removed raises
+    CheckpointPruned, unless this machine still holds its copy.
     """
     target = root / version.name / version.label
     if (target / ".complete").is_file():
         return target
+    if version.files_pruned is not None:
+        raise CheckpointPruned(pruned_message(version))
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.parent / f".{version.label}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
         for file_name, ref in version.files.items():
-            (scratch / file_name).write_bytes(await blobs.get(ref))
+            await blobs.get_to_file(ref, scratch / file_name)
         (scratch / ".complete").write_text(version.update_id)
         try:
             os.rename(scratch, target)
@@ -260,3 +349,17 @@ async def materialise(version: PolicyVersion, blobs: BlobStore, root: Path) -> P
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+async def optimizer_file(version: PolicyVersion, blobs: BlobStore, path: Path) -> Path | None:
+    """The version's optimiser state streamed to `path`, or None when it has none: saved
+    without one, or removed by retention (only the newest few keep theirs:
+    CheckpointConfig.keep_optimizer_states). Then training continues with a fresh optimiser,
+    and the log says so."""
+    if version.optimizer is None or version.optimizer_pruned is not None:
+        why = "was pruned" if version.optimizer_pruned is not None else "was never saved"
+        log.warning("optimizer state unavailable; continuing with a fresh optimizer",
+                    policy=version.name, version=version.label, reason=why)
+        return None
+    await blobs.get_to_file(version.optimizer, path)
+    return path

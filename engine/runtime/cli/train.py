@@ -411,3 +411,97 @@ async def _serve_trainer(settings: Settings) -> None:
     await close_shared_stores()
     if not announce_json("trainer stopped", task_queue=settings.trainer_task_queue):
         err.print("trainer stopped")
+
+
+@train_app.command("prune")
+def train_prune(
+    policy: Annotated[str, typer.Argument(help="the policy: the conductor's pool id")],
+    keep: Annotated[int | None, typer.Option(
+        "--keep", min=1, max=MAX_ITERATIONS, help="the newest K versions keep their optimiser "
+        "state (recipe [checkpoints] keep_optimizer_states)")] = None,
+    keep_checkpoints: Annotated[int | None, typer.Option(
+        min=1, max=MAX_ITERATIONS, help="the newest N versions keep their checkpoint, besides "
+        "pinned and recently served ones (recipe [checkpoints] keep_checkpoints)")] = None,
+    recipe: Annotated[Path | None, typer.Option(
+        help="TOML recipe whose [checkpoints] gives the rule (default: the defaults)")] = None,
+    dry_run: Annotated[bool, typer.Option(help="list what would go; remove nothing")] = False,
+    pool: PoolOpt = None,
+) -> None:
+    """Apply the retention rule to a policy's published versions now (training applies it
+    after every update): old optimiser states and checkpoints leave the blob store; pinned,
+    recently served and the newest versions stay. See docs/checkpoints.md."""
+    settings = load_settings(pool)
+    rule = _recipe(recipe).checkpoints
+    if keep is not None:
+        rule.keep_optimizer_states = keep
+    if keep_checkpoints is not None:
+        rule.keep_checkpoints = keep_checkpoints
+    protect = _pool_pin(settings, policy)
+
+    async def go() -> Any:
+        from conductor_engine.engine.storage.policies import PolicyRegistry
+        from conductor_engine.engine.storage.retention import prune
+
+        async with open_trace_store(settings) as store:
+            return await prune(PolicyRegistry(store.pool), store.blobs, policy, rule,
+                               protect=protect, dry_run=dry_run,
+                               caches=[settings.data_dir / "policies", settings.lora_root])
+
+    result = run_async(_storage_errors(go()))
+    verb = "would remove" if dry_run else "removed"
+    labels = ", ".join(f"v{v}" for v in result.checkpoints) or "none"
+    states = ", ".join(f"v{v}" for v in result.optimizer_states) or "none"
+    out.print(Text(f"{policy} (newest v{result.newest}): {verb} checkpoints of {labels}; "
+                   f"optimiser states of {states}; {len(result.blobs)} blobs, "
+                   f"{result.freed_bytes / 1e9:.2f} GB"), highlight=False, soft_wrap=True)
+    for ref in result.blobs:
+        out.print(Text(f"  {ref}"), highlight=False)
+
+
+@train_app.command("pin")
+def train_pin(
+    policy: Annotated[str, typer.Argument(help="the policy: the conductor's pool id")],
+    version: Annotated[str, typer.Argument(help="the version to keep: vN")],
+    off: Annotated[bool, typer.Option("--off", help="unpin: retention may remove it")] = False,
+    pool: PoolOpt = None,
+) -> None:
+    """Pin a version so retention never removes its checkpoint (or unpin it with --off)."""
+    from conductor_engine.engine.storage.policies import PolicyError, parse_version
+
+    settings = load_settings(pool)
+    try:
+        number = parse_version(version)
+    except PolicyError as e:
+        raise fail(str(e)) from None
+    if not number:
+        raise fail(f"{version}: pin a published version vN (the base model is always kept)")
+
+    async def go() -> Any:
+        from conductor_engine.engine.storage.policies import PolicyRegistry
+
+        async with open_trace_store(settings) as store:
+            return await PolicyRegistry(store.pool).set_pinned(policy, number, not off)
+
+    pinned = run_async(_storage_errors(go()))
+    err.print(Text(f"{policy} {pinned.label} {'unpinned' if off else 'pinned'}"))
+
+
+def _pool_pin(settings: Settings, policy: str) -> frozenset[int]:
+    """The version the pool file pins for this conductor (`policy_version = "v3"`), which
+    prune keeps: runs of that pool need it."""
+    from conductor_engine.engine.storage.policies import parse_version
+
+    conductor = load_pool(settings).conductor
+    pinned = parse_version(conductor.policy_version) if conductor.id == policy else None
+    return frozenset({pinned}) if pinned else frozenset()
+
+
+async def _storage_errors(coro: Any) -> Any:
+    """A policy or blob store problem as LookupError: one `error:` line from run_async."""
+    from conductor_engine.engine.storage.blobs import BlobStoreError
+    from conductor_engine.engine.storage.policies import PolicyError
+
+    try:
+        return await coro
+    except (PolicyError, BlobStoreError) as e:
+        raise LookupError(str(e)) from None
