@@ -49,8 +49,10 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any
 
 import torch
@@ -60,8 +62,9 @@ from torch.utils.checkpoint import checkpoint
 from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 
 __all__ = [
-    "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",
-    "loss_normaliser", "make_optimizer", "misfit_choice", "per_token_logprobs", "train_step",
+    "Batch", "Compute", "LogProbs", "LossConfig", "Sample", "StepMetrics", "collate",
+    "compute_of", "group_advantages", "grpo_loss", "loss_normaliser", "make_optimizer",
+    "misfit_choice", "per_token_logprobs", "set_compute", "train_step",
 ]
 
 # ---------------------------------------------------------------------------------- samples
@@ -224,7 +227,12 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     The transformer runs over prompt + completion, but the LM head and the log-softmax run only
     over the hidden states that predict real completion tokens (position t predicts token t+1),
     in chunks: log p = log_softmax(z)[token], z = lm_head(h) / temperature, in float32.
+
+    `model` may be the policy wrapped for several ranks (`LogProbs` under DDP or FSDP): the
+    call then goes through the wrapper, whose hooks synchronise the ranks.
     """
+    if isinstance(model, LogProbs) or isinstance(getattr(model, "module", None), LogProbs):
+        return model(batch, temperature=temperature)  # type: ignore[no-any-return]
     unwrap = getattr(model, "get_base_model", None)  # a peft model: LoRA layers sit inside
     hf: Any = unwrap() if unwrap is not None else model
     p = batch.prompt_len
@@ -240,16 +248,36 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     choices = batch.choice_ids[mask]  # [N, K]
     head = hf.get_output_embeddings()
     step = max(1, _LOGIT_CHUNK // head.weight.shape[0])
-    if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
-        logps = _token_logprobs(head, h, targets, choices, temperature)
-    else:
-        logps = torch.cat([
-            checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
-                       choices[i : i + step], temperature, use_reentrant=False)
-            for i in range(0, h.shape[0], step)
-        ])
+    # the head runs in its weights' dtype, outside any autocast: float32 logits from float32
+    # weights (TF32 matmuls on CUDA), as bfloat16 weights gave them before mixed precision
+    h = h.to(head.weight.dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
+            logps = _token_logprobs(head, h, targets, choices, temperature)
+        else:
+            logps = torch.cat([
+                checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
+                           choices[i : i + step], temperature, use_reentrant=False)
+                for i in range(0, h.shape[0], step)
+            ])
     out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
     return out.masked_scatter(mask, logps)
+
+
+class LogProbs(torch.nn.Module):
+    """`per_token_logprobs` of `policy` as a module's forward, for DDP and FSDP2 to wrap.
+
+    Both synchronise through the forward of the module they wrap (DDP prepares its gradient
+    all-reduce there; FSDP2 gathers the root's parameters, the embeddings and the head, there),
+    while the log-probs call the transformer and the head separately: this module is the one
+    forward that covers both."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        return per_token_logprobs(self.policy, batch, temperature=temperature)
 
 
 def _prompt_starts(batch: Batch) -> Tensor:
@@ -258,15 +286,14 @@ def _prompt_starts(batch: Batch) -> Tensor:
 
 
 def _shared_prefix_len(hf: Any, batch: Batch) -> int:
-    """How many tokens every row's prompt starts with, to run once for all rows: 0 for one
-    row, or under gradient checkpointing (which turns the KV cache off while training).
+    """How many tokens every row's prompt starts with, to run once for all rows (0 for one row).
 
     A GRPO group's G rows share their whole prompt; rows of different tasks, or runs offered
     the pool in different orders, still share the conductor's instructions. The prefix stops
     one token short of the shortest prompt, so every row's last prompt token, whose hidden
     state predicts its first completion token, is in the part run per row."""
     b, p = batch.input_ids.shape[0], batch.prompt_len
-    if b < 2 or _checkpointing(hf):
+    if b < 2:
         return 0
     starts = _prompt_starts(batch)
     room = p - int(starts.max()) - 1  # the shortest prompt, less its last token
@@ -278,13 +305,33 @@ def _shared_prefix_len(hf: Any, batch: Batch) -> int:
     return int(differs[0]) if len(differs) else room
 
 
+def _layers(model: Any) -> list[Any]:
+    """The modules transformers checkpoints (the decoder layers), if any."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers < 4.52: every module with the flag
+        return [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 def _checkpointing(model: Any) -> bool:
-    """Whether gradient (activation) checkpointing is on; transformers 5 renamed the flag."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        value = getattr(model, name, None)
-        if value is not None:
-            return bool(value)
-    return False
+    """Whether gradient (activation) checkpointing is on in any decoder layer."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in _layers(model))
+
+
+@contextmanager
+def _checkpointed(model: Any, on: bool) -> Iterator[None]:
+    """Every decoder layer checkpointed (`on`) or not, for the passes inside; restored after.
+    Turning it on needs the checkpoint function load_policy installed (`Compute`)."""
+    layers = [m for m in _layers(model) if hasattr(m, "_gradient_checkpointing_func")]
+    before = [m.gradient_checkpointing for m in layers]
+    try:
+        for m in layers:
+            m.gradient_checkpointing = on
+        yield
+    finally:
+        for m, was in zip(layers, before, strict=True):
+            m.gradient_checkpointing = was
 
 
 def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
@@ -299,10 +346,19 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     has in a full pass. Gradients flow back through the repeated cache into the one prefix
     pass, so loss and gradients are those of B full passes (tests/unit/test_grpo.py checks) at
     a fraction of the compute.
+
+    Under gradient checkpointing, transformers drops a cache a layer would write (its backward
+    replay would append the keys twice). So the prefix, one row, runs without checkpointing
+    (its activations are 1/B of the rows'), and the rows read the prefix through a cache that
+    is never written (`_ReadOnlyPrefix`): replaying a layer reads the same keys again, which
+    is what lets a layer keep its cache under checkpointing (`_can_checkpoint_with_cache`).
     """
+    from transformers import DynamicCache
+
     p, (b, width) = batch.prompt_len, batch.input_ids.shape
-    prefix = hf.base_model(input_ids=batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared],
-                           use_cache=True)
+    with _checkpointed(hf, False):
+        prefix = hf.base_model(input_ids=batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared],
+                               past_key_values=DynamicCache(config=hf.config), use_cache=True)
     # row i without its prefix columns [start_i, start_i + shared): left pads, tail, completion
     cols = torch.arange(width - shared, device=batch.input_ids.device).expand(b, -1)
     cols = cols + shared * (cols >= _prompt_starts(batch)[:, None])
@@ -310,11 +366,63 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     rest_mask = batch.attention_mask.gather(1, cols)[:, :-1]
     positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
     cache = prefix.past_key_values
-    cache.batch_repeat_interleave(b)
-    rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
-                         attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask], 1),
-                         use_cache=True).last_hidden_state
+    kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
+                                        for m in _layers(hf))
+    with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):
+        rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
+                             attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask],
+                                                      1),
+                             use_cache=True).last_hidden_state
     return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+
+
+@cache
+def _read_only_layer() -> type:
+    """A cache layer holding the prefix's keys and values that `update` never writes: it
+    returns them followed by the new ones, as a growing cache would, and keeps nothing."""
+    from transformers.cache_utils import DynamicLayer
+
+    class _ReadOnlyPrefix(DynamicLayer):  # type: ignore[misc]
+        def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[Tensor, Tensor]:
+            return (torch.cat([self.keys, key_states], dim=-2),
+                    torch.cat([self.values, value_states], dim=-2))
+
+    return _ReadOnlyPrefix
+
+
+def _read_only(cache: Any, rows: int) -> bool:
+    """The prefix's cache repeated for `rows` rows and made read-only, in place, where every
+    layer's cache is the plain growing kind (not, say, a sliding window's); else only
+    repeated (the rows' pass then runs without checkpointing). Whether it was made read-only.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        cache.batch_repeat_interleave(rows)
+        return False
+    read_only = _read_only_layer()
+    for layer in layers:
+        layer.__class__ = read_only  # the same state; only `update` differs
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    return True
+
+
+@contextmanager
+def _cache_kept(hf: Any, on: bool) -> Iterator[None]:
+    """Decoder layers keep a read-only cache under checkpointing (transformers' flag for
+    layers that only read theirs, from 5.2x on; before it, the rows' pass is not
+    checkpointed) for the passes inside."""
+    layers = _layers(hf) if on else []
+    try:
+        for m in layers:
+            m._can_checkpoint_with_cache = True
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache  # back to the class's own value
 
 
 def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, choices: Tensor,
@@ -398,6 +506,169 @@ def grpo_loss(
     return loss, metrics
 
 
+# ------------------------------------------------------------------------------ how it runs
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How train_step runs a policy's passes: load_policy sets it from the PolicyConfig
+    (`set_compute`), train_step reads it (`compute_of`); a model without one runs as it is.
+
+    autocast: the dtype the transformer's matmuls run in (torch.autocast), None for the
+    weights' own. Weights, gradients and AdamW state stay in the weights' dtype, float32 for a
+    full policy and for a LoRA adapter: at lr 1e-6 Adam's first step moves a weight by about
+    1e-6, under half of bfloat16's spacing at 2^-12..2^-11 (most weights), so bfloat16 weights
+    would round it away, while float32's spacing there is ~1e-10 (tests/unit/test_grpo.py
+    shows both). The LM head and the log-softmax stay out of autocast (per_token_logprobs).
+
+    auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its
+    activations would not fit the device's free memory (`_needs_checkpointing`); load_policy
+    has installed checkpointing, off. False: the model's own setting, as it was loaded.
+    """
+
+    autocast: torch.dtype | None = None
+    auto_checkpointing: bool = False
+
+
+def set_compute(model: torch.nn.Module, compute: Compute) -> None:
+    """Attach how train_step should run `model`'s passes (see Compute)."""
+    model.__dict__["conductor_compute"] = compute
+
+
+def compute_of(model: torch.nn.Module) -> Compute:
+    """What `set_compute` attached to `model` (or the model a DDP/LogProbs wrapper holds)."""
+    for _ in range(3):
+        found = model.__dict__.get("conductor_compute")
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        inner = getattr(model, "module", None) or getattr(model, "policy", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
+    return Compute()
+
+
+def _hf(model: torch.nn.Module) -> Any:
+    """The transformers model inside DDP, LogProbs and peft wrappers."""
+    while isinstance(getattr(model, "module", None) or getattr(model, "policy", None),
+                     torch.nn.Module):
+        model = getattr(model, "module", None) or model.policy
+    unwrap = getattr(model, "get_base_model", None)
+    return unwrap() if unwrap is not None else model
+
+
+def _activation_bytes(hf: Any, batch: Batch, elem: int) -> int:
+    """What a micro-batch's forward keeps for its backward without checkpointing, estimated.
+
+    Per token and layer a decoder keeps ~16 hidden-sized tensors (norms, q/k/v/o, residuals,
+    LoRA inputs) and ~8 intermediate-sized ones (gate, up, activation, product, in their
+    casts), of `elem` bytes: 7B (h 3584, i 18944) at bfloat16, ~420 KB, which matches the
+    ~38 GiB measured for a micro-batch of 8 paper rollouts (issue 31). The shared prefix runs
+    once; the log-prob chunks add their 256 MiB (x3 in the backward)."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    h = cfg.hidden_size
+    per_token_layer = (16 * h + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h)) * elem
+    shared = _shared_prefix_len(hf, batch)
+    b, width = batch.input_ids.shape
+    tokens = shared + b * (width - shared)
+    return tokens * cfg.num_hidden_layers * per_token_layer + 3 * _LOGIT_CHUNK * 4
+
+
+def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         batch: Batch, compute: Compute) -> bool:
+    """Whether this micro-batch's activations would not fit the free device memory (with 20 %
+    to spare) beside the gradients and AdamW state not allocated yet. Off the GPU, never:
+    there is no device memory to run out of, and recomputing costs a third more compute."""
+    device = batch.input_ids.device
+    if device.type != "cuda":
+        return False
+    free = torch.cuda.mem_get_info(device)[0]
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def local(p: Tensor) -> int:
+        return int(getattr(p, "_local_tensor", p).numel())
+
+    pending = sum(4 * local(p) for p in params if p.grad is None)
+    pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
+    hf = _hf(model)
+    elem = 2 if compute.autocast is not None else next(hf.parameters()).element_size()
+    return _activation_bytes(hf, batch, elem) + pending > 0.8 * free
+
+
+def _autocast(device: torch.device, compute: Compute) -> Any:
+    if compute.autocast is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=compute.autocast)
+
+
+# ------------------------------------------------------------------------------------ ranks
+#
+# On several ranks (trainer/distributed.py wraps the policy: DDP for LoRA, FSDP2 for full
+# weights) every rank gets all the update's samples and runs its share of the micro-batches.
+# The normaliser is the whole update's, so the ranks' losses sum to the one-process loss; DDP
+# and FSDP2 average gradients over the W ranks, so each rank's loss is multiplied by W, and
+# the averaged gradient is the one-process gradient. The clipped norm is of that gradient.
+
+
+def _ranks(model: torch.nn.Module) -> tuple[int, int]:
+    """(this rank, world size) when `model` is wrapped for several ranks, else (0, 1)."""
+    import torch.distributed as dist
+
+    wrapped = isinstance(model, LogProbs) or isinstance(getattr(model, "module", None), LogProbs)
+    if not (wrapped and dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _cost(micro: Sequence[Sample]) -> int:
+    """Tokens a micro-batch runs: the prompt opening its rows share once, the rest per row."""
+    first = micro[0].prompt_ids
+    shared = min((next((k for k, (a, b) in enumerate(zip(first, s.prompt_ids, strict=False))
+                        if a != b), min(len(first), len(s.prompt_ids)))
+                  for s in micro[1:]), default=0)
+    return shared + sum(len(s.prompt_ids) + len(s.completion_ids) - shared for s in micro)
+
+
+def rank_share(micro_batches: Sequence[Sequence[Sample]], rank: int, world: int
+               ) -> list[tuple[list[Sample], float]]:
+    """This rank's micro-batches, each with its weight in the loss (0 for a filler).
+
+    Every rank runs the same number of them, ceil(M / W), because each forward and backward is
+    a collective under FSDP2 (and the last backward under DDP): the largest micro-batch goes
+    to the least-loaded rank that still has room, ties to the lower rank, so the ranks carry
+    about the same tokens and the split is the same on every rank. A rank left short runs a
+    filler (the smallest micro-batch's first row at weight 0), whose gradient is zero."""
+    if world == 1:
+        return [(list(m), 1.0) for m in micro_batches]
+    per = -(-len(micro_batches) // world)
+    loads, owned = [0] * world, [[] for _ in range(world)]  # type: list[int], list[list[int]]
+    for i in sorted(range(len(micro_batches)), key=lambda i: (-_cost(micro_batches[i]), i)):
+        r = min((r for r in range(world) if len(owned[r]) < per), key=lambda r: (loads[r], r))
+        owned[r].append(i)
+        loads[r] += _cost(micro_batches[i])
+    mine: list[tuple[list[Sample], float]] = [(list(micro_batches[i]), 1.0)
+                                              for i in sorted(owned[rank])]
+    smallest = min(micro_batches, key=_cost)
+    return mine + [([smallest[0]], 0.0)] * (per - len(mine))
+
+
+@contextmanager
+def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Gradients all-reduced (DDP) or reduce-scattered (FSDP2) in this backward, or only
+    accumulated on the rank (every micro-batch but its last)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(on)
+        yield
+    elif not on and hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
 # ------------------------------------------------------------------------------------- step
 
 
@@ -428,10 +699,13 @@ def train_step(
 
     Samples that cannot change the loss are not run at all: those with A = 0 when beta = 0 (their
     loss is identically 0) and truncated ones under `mask_truncated`; they still count in the
-    normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding.
-    No step is taken when every advantage is 0 or the gradient is not finite (`skipped` says
-    why). `ref_model` is the frozen reference for beta > 0; a peft model is used with its
-    adapters disabled (see trainer.policy.reference_model).
+    normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding,
+    and a group's rows together, so each micro-batch runs their shared prompt once. No step is
+    taken when every advantage is 0 or the gradient is not finite (`skipped` says why).
+    `ref_model` is the frozen reference for beta > 0; a peft model is used with its adapters
+    disabled (see trainer.policy.reference_model). Passes run as `compute_of(model)` says
+    (autocast, checkpointing); on several ranks (`model` wrapped by trainer/distributed.py)
+    each rank runs its share (`rank_share`) and every rank ends with the same weights.
     """
     started = time.perf_counter()
     if cfg.beta > 0 and ref_model is None:
@@ -452,18 +726,19 @@ def train_step(
     if pad_id is None:
         pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     normaliser = loss_normaliser(samples, cfg)
-    share = not _checkpointing(model)
-    batches = [collate(m, pad_id).to(device)
-               for m in _micro_batches(live, cfg.micro_batch_size, by_prompt=share)]
+    rank, world = _ranks(model)
+    share = rank_share(_micro_batches(live, cfg.micro_batch_size, by_prompt=True), rank, world)
+    batches = [(collate(m, pad_id).to(device), weight * world) for m, weight in share]
+    compute = compute_of(model)
     refs: list[Tensor | None] = [None] * len(batches)
     if cfg.beta > 0 and ref_model is not None:
-        with torch.no_grad(), _as_reference(ref_model):
+        with torch.no_grad(), _as_reference(ref_model), _autocast(device, compute):
             refs = [per_token_logprobs(ref_model, b, temperature=cfg.temperature)
-                    for b in batches]
+                    for b, _ in batches]
     model.train()
     steps: list[dict[str, float]] = []
     for _ in range(cfg.steps_per_update):
-        step = _optimiser_step(model, optimizer, batches, refs, cfg, normaliser)
+        step = _optimiser_step(model, optimizer, batches, refs, cfg, normaliser, compute)
         steps.append(step)
         if not math.isfinite(step["grad_norm"]):
             values = _mean_metrics(steps)
@@ -473,32 +748,46 @@ def train_step(
 
 
 def _optimiser_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
-    refs: list[Tensor | None], cfg: LossConfig, normaliser: float,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
+    refs: list[Tensor | None], cfg: LossConfig, normaliser: float, compute: Compute,
 ) -> dict[str, float]:
-    """Accumulate the gradient of every micro-batch, clip its norm, step (unless not finite)."""
-    totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
-    for batch, ref in zip(batches, refs, strict=True):
-        logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
-        if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
-            batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
-                                             logprobs.detach())
-            batch.has_old = torch.ones_like(batch.has_old)
-        loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
-        loss.backward()
-        totals["loss"] += m["loss"]
-        totals["clip_fraction"] += m["clip_fraction"] * m["tokens"]  # token-weighted means
-        totals["kl"] += m["kl"] * m["tokens"]
-        totals["tokens"] += m["tokens"]
+    """Accumulate the gradient of every micro-batch (each loss times its weight: the world size
+    on several ranks, 0 for a filler), clip its norm, step (unless not finite)."""
+    totals = torch.zeros(4, dtype=torch.float64)  # loss, clip_fraction, kl (token-weighted), tokens
+    hf = _hf(model)
+    for i, ((batch, weight), ref) in enumerate(zip(batches, refs, strict=True)):
+        recompute = compute.auto_checkpointing and _needs_checkpointing(model, optimizer, batch,
+                                                                        compute)
+        checkpointed = _checkpointed(hf, recompute) if compute.auto_checkpointing \
+            else nullcontext()
+        with checkpointed, _gradient_sync(model, i == len(batches) - 1):
+            with _autocast(batch.input_ids.device, compute):
+                logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
+            if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
+                batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
+                                                 logprobs.detach())
+                batch.has_old = torch.ones_like(batch.has_old)
+            loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
+            (loss * weight).backward()
+        if weight:
+            totals += torch.tensor([m["loss"], m["clip_fraction"] * m["tokens"],
+                                    m["kl"] * m["tokens"], m["tokens"]], dtype=torch.float64)
+    if _ranks(model)[1] > 1:
+        import torch.distributed as dist
 
+        summed = totals.to(batches[0][0].input_ids.device)  # NCCL reduces device tensors
+        dist.all_reduce(summed)  # every rank reports the whole update
+        totals = summed.cpu()
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-    tokens = max(totals["tokens"], 1)
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    loss_sum, clipped, kl, n_tokens = totals.tolist()
+    tokens = max(n_tokens, 1)
     if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": totals["loss"], "grad_norm": grad_norm, "tokens": totals["tokens"],
-            "clip_fraction": totals["clip_fraction"] / tokens, "kl": totals["kl"] / tokens}
+    return {"loss": loss_sum, "grad_norm": grad_norm, "tokens": n_tokens,
+            "clip_fraction": clipped / tokens, "kl": kl / tokens}
 
 
 def _mean_metrics(steps: list[dict[str, float]]) -> dict[str, Any]:
