@@ -305,7 +305,7 @@ def _shared_prefix_len(hf: Any, batch: Batch) -> int:
     return int(differs[0]) if len(differs) else room
 
 
-def _layers(model: Any) -> list[Any]:
+def decoder_layers(model: Any) -> list[Any]:
     """The modules transformers checkpoints (the decoder layers), if any."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
@@ -316,14 +316,14 @@ def _layers(model: Any) -> list[Any]:
 
 def _checkpointing(model: Any) -> bool:
     """Whether gradient (activation) checkpointing is on in any decoder layer."""
-    return any(getattr(m, "gradient_checkpointing", False) for m in _layers(model))
+    return any(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model))
 
 
 @contextmanager
 def _checkpointed(model: Any, on: bool) -> Iterator[None]:
     """Every decoder layer checkpointed (`on`) or not, for the passes inside; restored after.
     Turning it on needs the checkpoint function load_policy installed (`Compute`)."""
-    layers = [m for m in _layers(model) if hasattr(m, "_gradient_checkpointing_func")]
+    layers = [m for m in decoder_layers(model) if hasattr(m, "_gradient_checkpointing_func")]
     before = [m.gradient_checkpointing for m in layers]
     try:
         for m in layers:
@@ -367,7 +367,7 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
     cache = prefix.past_key_values
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
-                                        for m in _layers(hf))
+                                        for m in decoder_layers(hf))
     with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):
         rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
                              attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask],
@@ -415,7 +415,7 @@ def _cache_kept(hf: Any, on: bool) -> Iterator[None]:
     """Decoder layers keep a read-only cache under checkpointing (transformers' flag for
     layers that only read theirs, from 5.2x on; before it, the rows' pass is not
     checkpointed) for the passes inside."""
-    layers = _layers(hf) if on else []
+    layers = decoder_layers(hf) if on else []
     try:
         for m in layers:
             m._can_checkpoint_with_cache = True

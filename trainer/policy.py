@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conductor_engine.engine.contracts.training import PolicyConfig
+from conductor_engine.trainer.grpo import Compute, decoder_layers, set_compute
 
 __all__ = [
     "Policy", "PolicyConfig", "base_model_dir", "load_optimizer", "load_policy",
@@ -67,9 +68,14 @@ def load_policy(cfg: PolicyConfig, *, checkpoint_dir: Path | None = None) -> Pol
     directory, trainable again, or a full model directory).
 
     bf16 (None: where CUDA supports it) stores the frozen base weights of a LoRA policy in
-    bfloat16; the adapter stays float32. A full policy keeps float32 weights unless bf16 is set
-    explicitly: Adam updates at GRPO's learning rates (~1e-6) are mostly below bfloat16's
-    resolution. Gradient checkpointing (None: on GPU only) trades compute for activation memory.
+    bfloat16 (what lets 7B fit one GPU); the adapter stays float32. A full policy keeps float32
+    weights unless bf16 is set explicitly: Adam updates at GRPO's learning rates (~1e-6) are
+    mostly below bfloat16's resolution. The compute is another matter: `precision`
+    "bf16-mixed" (None: where CUDA supports bfloat16) runs the passes under
+    torch.autocast(bfloat16), so the matmuls run at bfloat16's rate while the float32 weights
+    and AdamW state take every update (trainer.grpo.Compute). Gradient checkpointing (None: on
+    the GPU, decided per micro-batch from its activations and the free memory) trades compute
+    for activation memory.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,13 +100,18 @@ def load_policy(cfg: PolicyConfig, *, checkpoint_dir: Path | None = None) -> Pol
     model: Any = AutoModelForCausalLM.from_pretrained(
         weights, dtype=torch.bfloat16 if bf16 else torch.float32)
     model.config.use_cache = False
-    checkpointing = cfg.gradient_checkpointing
-    if checkpointing if checkpointing is not None else device.type == "cuda":
+    auto = cfg.gradient_checkpointing is None and device.type == "cuda"
+    if cfg.gradient_checkpointing or auto:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    precision = cfg.precision or ("bf16-mixed" if cuda_bf16 else "fp32")
+    if device.type == "cuda":  # whatever still runs in float32 (the LM head) runs as TF32
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     if cfg.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -111,6 +122,11 @@ def load_policy(cfg: PolicyConfig, *, checkpoint_dir: Path | None = None) -> Pol
             model = get_peft_model(model, LoraConfig(
                 r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                 target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM"))
+    set_compute(model, Compute(
+        autocast=torch.bfloat16 if precision == "bf16-mixed" else None, auto_checkpointing=auto))
+    if auto:  # installed above, and off until a micro-batch needs it
+        for layer in decoder_layers(model):
+            layer.gradient_checkpointing = False
     pad_id = tokenizer.pad_token_id
     pad_id = tokenizer.eos_token_id if pad_id is None else pad_id
     return Policy(model=model.to(device), tokenizer=tokenizer, device=device, pad_id=int(pad_id),
