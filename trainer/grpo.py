@@ -164,13 +164,15 @@ class Batch:
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
     truncated: Tensor  # [B] bool
     choice_ids: Tensor  # [B, T, K]  at a choice, the allowed token ids (-1 pads); K may be 0
+    share_prefix: bool = True  # run the prompt opening the rows share once (if they share one)
 
     @property
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.completion_mask.shape[1]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return Batch(**{f.name: v.to(device) if isinstance(v := getattr(self, f.name), Tensor)
+                        else v for f in fields(self)})
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
@@ -293,7 +295,7 @@ def _shared_prefix_len(hf: Any, batch: Batch) -> int:
     one token short of the shortest prompt, so every row's last prompt token, whose hidden
     state predicts its first completion token, is in the part run per row."""
     b, p = batch.input_ids.shape[0], batch.prompt_len
-    if b < 2:
+    if b < 2 or not batch.share_prefix:
         return 0
     starts = _prompt_starts(batch)
     room = p - int(starts.max()) - 1  # the shortest prompt, less its last token
@@ -638,7 +640,7 @@ def rank_share(micro_batches: Sequence[Sequence[Sample]], rank: int, world: int
     a collective under FSDP2 (and the last backward under DDP): the largest micro-batch goes
     to the least-loaded rank that still has room, ties to the lower rank, so the ranks carry
     about the same tokens and the split is the same on every rank. A rank left short runs a
-    filler (the smallest micro-batch's first row at weight 0), whose gradient is zero."""
+    filler (two rows of the smallest micro-batch at weight 0), whose gradient is zero."""
     if world == 1:
         return [(list(m), 1.0) for m in micro_batches]
     per = -(-len(micro_batches) // world)
@@ -649,8 +651,23 @@ def rank_share(micro_batches: Sequence[Sequence[Sample]], rank: int, world: int
         loads[r] += _cost(micro_batches[i])
     mine: list[tuple[list[Sample], float]] = [(list(micro_batches[i]), 1.0)
                                               for i in sorted(owned[rank])]
-    smallest = min(micro_batches, key=_cost)
-    return mine + [([smallest[0]], 0.0)] * (per - len(mine))
+    smallest = min(micro_batches, key=lambda m: (len(m) < 2, _cost(m)))  # rows to share, if any
+    return mine + [(list(smallest[:2]), 0.0)] * (per - len(mine))
+
+
+def _no_sharing_when_sharded(model: torch.nn.Module, batches: list[tuple[Batch, float]]
+                             ) -> None:
+    """Under FSDP2 every row runs its whole prompt: no shared prefix.
+
+    FSDP2 gathers a layer's weights again for its backward from a hook on the layer's output;
+    the prefix pass's gradient reaches the layer through the keys and values it cached, not
+    through that output, and would find the weights already freed. (DDP keeps whole weights:
+    the prefix runs once there.)"""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        for batch, _ in batches:
+            batch.share_prefix = False
 
 
 @contextmanager
@@ -729,6 +746,8 @@ def train_step(
     rank, world = _ranks(model)
     share = rank_share(_micro_batches(live, cfg.micro_batch_size, by_prompt=True), rank, world)
     batches = [(collate(m, pad_id).to(device), weight * world) for m, weight in share]
+    if world > 1:
+        _no_sharing_when_sharded(model, batches)
     compute = compute_of(model)
     refs: list[Tensor | None] = [None] * len(batches)
     if cfg.beta > 0 and ref_model is not None:

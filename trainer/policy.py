@@ -43,6 +43,13 @@ class Policy:
     device: torch.device
     pad_id: int
     kind: Literal["lora", "full"]
+    # what train_step runs: `model` on one rank; on several, `model` wrapped for them
+    # (trainer/distributed.py `prepare`: DDP for LoRA, FSDP2 for full weights)
+    trained: Any = None
+
+    def __post_init__(self) -> None:
+        if self.trained is None:
+            self.trained = self.model
 
 
 def base_model_dir(base: str) -> str:
@@ -138,10 +145,23 @@ def save_checkpoint(policy: Policy, out_dir: Path) -> list[Path]:
     files. Written into a sibling directory first and renamed, so a crash leaves no half
     checkpoint; an existing `out_dir` is replaced."""
     out_dir = Path(out_dir)
+    state_dict = None
+    if _sharded(policy.model):  # every rank sends its shards; rank 0 writes the whole
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state_dict = get_model_state_dict(
+            policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not _rank0():
+            return []
+        for name in _tied_names(policy.model):  # gathered apart: save_pretrained can't tell
+            state_dict.pop(name, None)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.saving-{uuid.uuid4().hex[:8]}")
     try:
-        policy.model.save_pretrained(tmp, safe_serialization=True)
+        policy.model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model card
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -169,10 +189,59 @@ def reference_model(policy: Policy) -> torch.nn.Module:
 # --------------------------------------------------------------------------------- optimiser
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+def _tied_names(model: Any) -> list[str]:
+    """Names of parameters that are another, earlier-named one (a head tied to the embeddings),
+    which a checkpoint stores once."""
+    seen: set[int] = set()
+    tied = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.append(name)
+        seen.add(id(p))
+    return tied
+
+
+def _rank0() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _sharded(model: Any) -> bool:
+    from conductor_engine.trainer.distributed import sharded
+
+    return sharded(model)
+
+
+def _full_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An FSDP2 optimiser's whole state, gathered to rank 0 (the others get nothing), keyed by
+    parameter index as `optimizer.state_dict()` keys it on one process."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+    names = [n for g in full.get("param_groups", []) for n in g["params"]]
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: s for n, s in full.get("state", {}).items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                             for g in full.get("param_groups", [])]}
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any = None) -> None:
     """The optimiser's state (AdamW: step, exp_avg, exp_avg_sq per parameter) as safetensors:
-    tensor `state.<param index>.<name>`, and the param groups (hyperparameters) as JSON metadata."""
-    state = optimizer.state_dict()
+    tensor `state.<param index>.<name>`, and the param groups (hyperparameters) as JSON metadata.
+
+    With `model` sharded by FSDP2 (several ranks), every rank must call this: the shards are
+    gathered and rank 0 writes the same file one process would."""
+    if model is not None and _sharded(model):
+        state = _full_optimizer_state(model, optimizer)
+        if not _rank0():
+            return
+    else:
+        state = optimizer.state_dict()
     tensors = {
         f"state.{i}.{name}": torch.as_tensor(value).detach().contiguous().cpu()
         for i, per_param in state["state"].items() for name, value in per_param.items()
@@ -180,8 +249,10 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     save_file(tensors, str(path), metadata={"param_groups": json.dumps(state["param_groups"])})
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Restore what `save_optimizer` wrote into an optimiser over the same parameters."""
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any = None
+                   ) -> None:
+    """Restore what `save_optimizer` wrote into an optimiser over the same parameters (with
+    `model` sharded by FSDP2: every rank calls this, and each keeps its shard)."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     with safe_open(str(path), framework="pt") as f:
         groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v  # betas
@@ -189,4 +260,30 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
         for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             _, i, name = key.split(".", 2)
             state.setdefault(int(i), {})[name] = f.get_tensor(key)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    if model is None or not _sharded(model):
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    names = _parameter_names(model, optimizer)
+    set_optimizer_state_dict(model, optimizer, {
+        "state": {names[i]: s for i, s in state.items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups],
+    }, options=StateDictOptions(full_state_dict=True))
+
+
+def _parameter_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimiser's parameters, in its order, as torch.distributed.checkpoint
+    names them (the order `optimizer.state_dict()` numbers them in)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    empty = torch.optim.AdamW([p for g in optimizer.param_groups for p in g["params"]], lr=0.0)
+    groups = get_optimizer_state_dict(model, empty, options=StateDictOptions(
+        full_state_dict=True))["param_groups"]  # no state to gather: every rank gets names
+    return [n for g in groups for n in g["params"]]
