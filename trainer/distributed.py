@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from conductor_engine.trainer.grpo import LogProbs, decoder_layers
 
-__all__ = ["Ranks", "prepare", "setup"]
+__all__ = ["Ranks", "prepare", "release", "setup", "sharded"]
 
 # how long the other ranks wait for rank 0's next command: an idle trainer is not a failure
 IDLE_TIMEOUT = timedelta(days=30)
@@ -63,18 +63,35 @@ class Ranks:
         return box[0]
 
 
+_joined: Ranks | None = None
+
+
 def setup() -> Ranks:
     """Join the ranks `torchrun` started (WORLD_SIZE, RANK, LOCAL_RANK in the environment), or
     one rank alone when it did not. Idempotent."""
+    global _joined
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2:
         return Ranks()
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return Ranks(rank=dist.get_rank(), world=dist.get_world_size(), control=control)
+    if _joined is None:
+        if not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        _joined = Ranks(rank=dist.get_rank(), world=dist.get_world_size(), control=control)
+    return _joined
+
+
+def release() -> None:
+    """Rank 0, stopping: the other ranks stop (their `receive` gets None), and this one
+    leaves the process group."""
+    global _joined
+    if _joined is not None:
+        if _joined.leader:
+            _joined.send(None)
+        dist.destroy_process_group()
+        _joined = None
 
 
 def prepare(model: torch.nn.Module, *, lora: bool) -> torch.nn.Module:

@@ -48,8 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from functools import cache

@@ -158,6 +158,8 @@ def save_checkpoint(policy: Policy, out_dir: Path) -> list[Path]:
             return []
         for name in _tied_names(policy.model):  # gathered apart: save_pretrained can't tell
             state_dict.pop(name, None)
+    elif not _rank0():  # whole weights on every rank (DDP): rank 0 writes them
+        return []
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.saving-{uuid.uuid4().hex[:8]}")
     try:
@@ -240,6 +242,8 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any =
         state = _full_optimizer_state(model, optimizer)
         if not _rank0():
             return
+    elif not _rank0():
+        return
     else:
         state = optimizer.state_dict()
     tensors = {

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig  # noqa: E402
-from conductor_engine.trainer.grpo import make_optimizer, rank_share, train_step  # noqa: E402
+from conductor_engine.trainer.grpo import rank_share  # noqa: E402
 from tests.grpo_inputs import random_samples, tiny_model_dir  # noqa: E402
 
 WORLD = 2
@@ -27,50 +27,49 @@ SAMPLES = {"n": 7, "seed": 4, "groups": 2, "header": 5}
 LOSS = LossConfig(learning_rate=1e-3, micro_batch_size=3, loss_type="dapo")
 
 
-def _policy_config(base: Path, lora: bool) -> PolicyConfig:
-    return PolicyConfig(base=str(base), lora=lora, lora_r=4, device="cpu", precision="fp32")
+def _request(base: Path, lora: bool) -> Any:
+    from conductor_engine.engine.contracts.training import Recipe, UpdateRequest
+
+    policy = PolicyConfig(base=str(base), lora=lora, lora_r=4, device="cpu", precision="fp32")
+    return UpdateRequest(name="conductor", parent=0, update_id="u1",
+                         recipe=Recipe(policy=policy, loss=LOSS))
 
 
-def _update(lora: bool, base: Path, out: Path) -> dict[str, Any]:
-    """One update of the tiny policy on this process (alone, or as one of the ranks); saves
-    the checkpoint and the optimiser state to `out`; returns the step's metrics."""
-    from conductor_engine.trainer.distributed import prepare
-    from conductor_engine.trainer.policy import load_policy, save_checkpoint, save_optimizer
+def _update(ranks: Any, lora: bool, base: Path, out: Path) -> dict[str, Any]:
+    """As the trainer service drives its ranks (`on_ranks`): load the policy, one update, save
+    to `out`; then load that checkpoint and optimiser state again and save them to
+    `out/again`, to show they round-trip. Returns the update's metrics."""
+    from conductor_engine.trainer.service import on_ranks
 
-    torch.manual_seed(0)  # the LoRA adapter's initialisation, the same on every rank
-    policy = load_policy(_policy_config(base, lora))
-    policy.trained = prepare(policy.model, lora=lora)
-    optimizer = make_optimizer(policy.trained, LOSS)
-    step = train_step(policy.trained, optimizer, random_samples(**SAMPLES), LOSS,
-                      pad_id=policy.pad_id)
-    save_checkpoint(policy, out / "checkpoint")
-    save_optimizer(optimizer, out / "optimizer.safetensors", model=policy.trained)
-    return step.model_dump()
+    req = _request(base, lora)
+    held = on_ranks(ranks, "load", None, req, None, None)
+    step = on_ranks(ranks, "train", held, req, random_samples(**SAMPLES))
+    on_ranks(ranks, "save", held, out)
+    again = on_ranks(ranks, "load", None, req, out / "checkpoint", out / "optimizer.safetensors")
+    on_ranks(ranks, "save", again, out / "again")
+    return step.model_dump()  # type: ignore[no-any-return]
 
 
 def _rank(rank: int, lora: bool, base: Path, out: Path, port: int) -> None:
-    """One of the ranks: as torchrun starts it (its environment), then the update; rank 0's
-    metrics and files go to `out`. Then the optimiser state saved is loaded into a fresh
-    sharded optimiser and saved again (`resaved.safetensors`), to show it round-trips."""
+    """One of the ranks, as torchrun starts it (its environment) and `conductor trainer` runs
+    it: rank 0 drives the update and writes its metrics to `out`; rank 1 follows."""
     import json
 
-    from conductor_engine.trainer.distributed import prepare, setup
-    from conductor_engine.trainer.policy import load_optimizer, load_policy, save_optimizer
+    from conductor_engine.trainer.distributed import release, setup
+    from conductor_engine.trainer.service import follow
 
     os.environ.update(WORLD_SIZE=str(WORLD), RANK=str(rank), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    if rank > 0:
+        follow()
+        return
     ranks = setup()
-    assert (ranks.rank, ranks.world) == (rank, WORLD)
-    metrics = _update(lora, base, out)
-    if rank == 0:
-        (out / "metrics.json").write_text(json.dumps(metrics))
-    policy = load_policy(_policy_config(base, lora), checkpoint_dir=out / "checkpoint")
-    policy.trained = prepare(policy.model, lora=lora)
-    optimizer = make_optimizer(policy.trained, LOSS)
-    load_optimizer(optimizer, out / "optimizer.safetensors", model=policy.trained)
-    save_optimizer(optimizer, out / "resaved.safetensors", model=policy.trained)
-    torch.distributed.destroy_process_group()
+    assert (ranks.rank, ranks.world) == (0, WORLD)
+    (out / "metrics.json").parent.mkdir(parents=True, exist_ok=True)
+    metrics = _update(ranks, lora, base, out)
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    release()
 
 
 def _free_port() -> int:
@@ -94,7 +93,7 @@ def test_one_update_on_two_ranks_gives_the_weights_of_one_process(lora: bool,
 
     base = tiny_model_dir(tmp_path / "base")
     alone, ranked = tmp_path / "alone", tmp_path / "ranked"
-    want = _update(lora, base, alone)
+    want = _update(None, lora, base, alone)
     mp.spawn(_rank, args=(lora, base, ranked, _free_port()), nprocs=WORLD, join=True)
     got = json.loads((ranked / "metrics.json").read_text())
 
@@ -117,9 +116,11 @@ def test_one_update_on_two_ranks_gives_the_weights_of_one_process(lora: bool,
     for name, value in _tensors(ranked / "optimizer.safetensors").items():
         torch.testing.assert_close(value, saved[name], rtol=1e-3, atol=1e-8)
     assert _tensors(ranked / "optimizer.safetensors").keys() == saved.keys()
-    resaved = _tensors(ranked / "resaved.safetensors")
-    for name, value in _tensors(ranked / "optimizer.safetensors").items():
-        assert torch.equal(resaved[name], value), name
+    for name in (f"checkpoint/{weights}", "optimizer.safetensors"):  # loaded, saved again
+        first, second = _tensors(ranked / name), _tensors(ranked / "again" / name)
+        assert first.keys() == second.keys()
+        for key, value in first.items():
+            assert torch.equal(second[key], value), (name, key)
 
 
 def test_the_ranks_share_the_micro_batches_evenly_by_tokens() -> None:
