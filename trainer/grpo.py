@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -170,8 +170,11 @@ class Batch:
         return self.input_ids.shape[1] - self.completion_mask.shape[1]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{f.name: v.to(device) if isinstance(v := getattr(self, f.name), Tensor)
-                        else v for f in fields(self)})
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device) if isinstance(value, Tensor) else value
+        return Batch(**moved)
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
@@ -386,8 +389,10 @@ def _read_only_layer() -> type:
     class _ReadOnlyPrefix(DynamicLayer):  # type: ignore[misc]
         def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[Tensor, Tensor]:
-            return (torch.cat([self.keys, key_states], dim=-2),
-                    torch.cat([self.values, value_states], dim=-2))
+            keys: Any = self.keys
+            values: Any = self.values
+            return (torch.cat([keys, key_states], dim=-2),
+                    torch.cat([values, value_states], dim=-2))
 
     return _ReadOnlyPrefix
 
@@ -551,9 +556,11 @@ def compute_of(model: torch.nn.Module) -> Compute:
 
 def _hf(model: torch.nn.Module) -> Any:
     """The transformers model inside DDP, LogProbs and peft wrappers."""
-    while isinstance(getattr(model, "module", None) or getattr(model, "policy", None),
+    inner: Any = model
+    while isinstance(getattr(inner, "module", None) or getattr(inner, "policy", None),
                      torch.nn.Module):
-        model = getattr(model, "module", None) or model.policy
+        inner = getattr(inner, "module", None) or inner.policy
+    model = inner
     unwrap = getattr(model, "get_base_model", None)
     return unwrap() if unwrap is not None else model
 
@@ -679,7 +686,7 @@ def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
         model.set_requires_gradient_sync(on)
         yield
     elif not on and hasattr(model, "no_sync"):
-        with model.no_sync():
+        with cast(Any, model).no_sync():
             yield
     else:
         yield

@@ -19,7 +19,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from safetensors import safe_open
@@ -223,8 +223,8 @@ def _full_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[
         get_optimizer_state_dict,
     )
 
-    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
+    full: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True)))
     names = [n for g in full.get("param_groups", []) for n in g["params"]]
     index = {n: i for i, n in enumerate(names)}
     return {"state": {index[n]: s for n, s in full.get("state", {}).items()},
@@ -273,10 +273,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any =
     )
 
     names = _parameter_names(model, optimizer)
-    set_optimizer_state_dict(model, optimizer, {
+    set_optimizer_state_dict(model, optimizer, cast(Any, {
         "state": {names[i]: s for i, s in state.items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups],
-    }, options=StateDictOptions(full_state_dict=True))
+    }), options=StateDictOptions(full_state_dict=True))
 
 
 def _parameter_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -288,6 +288,6 @@ def _parameter_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:
     )
 
     empty = torch.optim.AdamW([p for g in optimizer.param_groups for p in g["params"]], lr=0.0)
-    groups = get_optimizer_state_dict(model, empty, options=StateDictOptions(
+    groups: Any = get_optimizer_state_dict(model, empty, options=StateDictOptions(
         full_state_dict=True))["param_groups"]  # no state to gather: every rank gets names
     return [n for g in groups for n in g["params"]]
