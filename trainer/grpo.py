@@ -50,7 +50,7 @@ import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any, cast
 
@@ -534,6 +534,8 @@ class Compute:
 
     autocast: torch.dtype | None = None
     auto_checkpointing: bool = False
+    # what auto checkpointing has measured of this model's passes (`_measure`)
+    measured: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
 
 def set_compute(model: torch.nn.Module, compute: Compute) -> None:
@@ -565,28 +567,36 @@ def _hf(model: torch.nn.Module) -> Any:
     return unwrap() if unwrap is not None else model
 
 
-def _activation_bytes(hf: Any, batch: Batch, elem: int) -> int:
-    """What a micro-batch's forward keeps for its backward without checkpointing, estimated.
-
-    Per token and layer a decoder keeps ~16 hidden-sized tensors (norms, q/k/v/o, residuals,
-    LoRA inputs) and ~8 intermediate-sized ones (gate, up, activation, product, in their
-    casts), of `elem` bytes: 7B (h 3584, i 18944) at bfloat16, ~420 KB, which matches the
-    ~38 GiB measured for a micro-batch of 8 paper rollouts (issue 31). The shared prefix runs
-    once; the log-prob chunks add their 256 MiB (x3 in the backward)."""
-    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
-    h = cfg.hidden_size
-    per_token_layer = (16 * h + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h)) * elem
+def _pass_tokens(hf: Any, batch: Batch) -> int:
+    """Tokens a micro-batch's passes run: the shared prefix once, the rest per row."""
     shared = _shared_prefix_len(hf, batch)
     b, width = batch.input_ids.shape
-    tokens = shared + b * (width - shared)
-    return tokens * cfg.num_hidden_layers * per_token_layer + 3 * _LOGIT_CHUNK * 4
+    return shared + b * (width - shared)
+
+
+def _bytes_per_token(hf: Any, elem: int) -> int:
+    """What the forward keeps per token for the backward without checkpointing, estimated
+    before anything was measured: per layer ~16 hidden-sized tensors (norms, q/k/v/o,
+    residuals, LoRA inputs) and ~8 intermediate-sized ones (gate, up, activation, product, in
+    their casts), of `elem` bytes. For 7B (h 3584, i 18944, 28 layers) at bfloat16, 11.7 MB:
+    48 GB for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a
+    little above the ~38 GiB issue 31 measured at its peak."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    h = cfg.hidden_size
+    per_layer = (16 * h + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h)) * elem
+    return int(cfg.num_hidden_layers * per_layer)
+
+
+_HEADROOM = 2 * 2**30  # the allocator's fragmentation, cuBLAS workspaces, the log-prob chunks
 
 
 def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                          batch: Batch, compute: Compute) -> bool:
-    """Whether this micro-batch's activations would not fit the free device memory (with 20 %
-    to spare) beside the gradients and AdamW state not allocated yet. Off the GPU, never:
-    there is no device memory to run out of, and recomputing costs a third more compute."""
+    """Whether this micro-batch's activations would not fit the free device memory (less
+    2 GiB) beside the gradients and AdamW state not allocated yet. The bytes per token are
+    the estimate above until a micro-batch has run without checkpointing, then the most
+    measured (`_measure`). Off the GPU, never: no device memory to run out of, and the
+    recomputation costs a third more compute."""
     device = batch.input_ids.device
     if device.type != "cuda":
         return False
@@ -601,7 +611,26 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
     pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
     hf = _hf(model)
     elem = 2 if compute.autocast is not None else next(hf.parameters()).element_size()
-    return _activation_bytes(hf, batch, elem) + pending > 0.8 * free
+    per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem)
+    return _pass_tokens(hf, batch) * per_token + pending > free - _HEADROOM
+
+
+@contextmanager
+def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool
+             ) -> Iterator[None]:
+    """With `on` (a CUDA micro-batch run without checkpointing under auto checkpointing): the
+    peak memory its passes added, per token, kept as the most seen (`Compute.measured`)."""
+    device = batch.input_ids.device
+    if not on or device.type != "cuda":
+        yield
+        return
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    yield
+    added = torch.cuda.max_memory_allocated(device) - before
+    per_token = added // max(_pass_tokens(_hf(model), batch), 1)
+    compute.measured["bytes_per_token"] = max(per_token,
+                                              compute.measured.get("bytes_per_token", 0))
 
 
 def _autocast(device: torch.device, compute: Compute) -> Any:
@@ -785,7 +814,8 @@ def _optimiser_step(
                                                                         compute)
         checkpointed = _checkpointed(hf, recompute) if compute.auto_checkpointing \
             else nullcontext()
-        with checkpointed, _gradient_sync(model, i == len(batches) - 1):
+        measured = _measure(model, batch, compute, compute.auto_checkpointing and not recompute)
+        with checkpointed, measured, _gradient_sync(model, i == len(batches) - 1):
             with _autocast(batch.input_ids.device, compute):
                 logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
             if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
