@@ -105,8 +105,10 @@ def prepare(model: torch.nn.Module, *, lora: bool) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         device = next(p for p in model.parameters() if p.requires_grad).device
+        # the buffers (rotary frequencies) are the same on every rank: nothing to broadcast
         return DistributedDataParallel(
-            LogProbs(model), device_ids=[device.index] if device.type == "cuda" else None)
+            LogProbs(model), device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False, gradient_as_bucket_view=True)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from conductor_engine.trainer.grpo import compute_of

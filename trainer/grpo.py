@@ -612,7 +612,12 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
     hf = _hf(model)
     elem = 2 if compute.autocast is not None else next(hf.parameters()).element_size()
     per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem)
-    return _pass_tokens(hf, batch) * per_token + pending > free - _HEADROOM
+    return not fits(_pass_tokens(hf, batch) * per_token + pending, free)
+
+
+def fits(needed: int, free: int) -> bool:
+    """Whether `needed` bytes fit in `free` device memory with 2 GiB to spare."""
+    return needed <= free - _HEADROOM
 
 
 @contextmanager
