@@ -545,7 +545,7 @@ def set_compute(model: torch.nn.Module, compute: Compute) -> None:
 
 def compute_of(model: torch.nn.Module) -> Compute:
     """What `set_compute` attached to `model` (or the model a DDP/LogProbs wrapper holds)."""
-    for _ in range(3):
+    for _ in range(5):  # DDP -> LogProbs -> peft -> transformers
         found = model.__dict__.get("conductor_compute")
         if found is not None:
             return found  # type: ignore[no-any-return]
@@ -574,26 +574,30 @@ def _pass_tokens(hf: Any, batch: Batch) -> int:
     return shared + b * (width - shared)
 
 
-def _bytes_per_token(hf: Any, elem: int) -> int:
+def _bytes_per_token(hf: Any, compute: int, stream: int) -> int:
     """What the forward keeps per token for the backward without checkpointing, estimated
     before anything was measured: per layer ~16 hidden-sized tensors (norms, q/k/v/o,
-    residuals, LoRA inputs) and ~8 intermediate-sized ones (gate, up, activation, product, in
-    their casts), of `elem` bytes. For 7B (h 3584, i 18944, 28 layers) at bfloat16, 11.7 MB:
-    48 GB for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a
-    little above the ~38 GiB issue 31 measured at its peak."""
+    residuals, LoRA inputs) of the residual stream's `stream` bytes (the weights' dtype; the
+    norms upcast) and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls'
+    `compute` bytes. For 7B (h 3584, i 18944, 28 layers) on its bfloat16 base, 11.7 MB: 48 GB
+    for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a little
+    above the ~38 GiB issue 31 measured at its peak. On CPU it is above what autograd keeps
+    and within 2x of it (tests/unit/test_grpo.py)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     h = cfg.hidden_size
-    per_layer = (16 * h + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h)) * elem
+    per_layer = 16 * h * stream + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h) * compute
     return int(cfg.num_hidden_layers * per_layer)
 
 
-_HEADROOM = 2 * 2**30  # the allocator's fragmentation, cuBLAS workspaces, the log-prob chunks
+# the backward's temporaries (about one layer's activations), the log-prob chunks, the
+# allocator's fragmentation, cuBLAS workspaces
+_HEADROOM = 4 * 2**30
 
 
 def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                          batch: Batch, compute: Compute) -> bool:
     """Whether this micro-batch's activations would not fit the free device memory (less
-    2 GiB) beside the gradients and AdamW state not allocated yet. The bytes per token are
+    4 GiB) beside the gradients and AdamW state not allocated yet. The bytes per token are
     the estimate above until a micro-batch has run without checkpointing, then the most
     measured (`_measure`). Off the GPU, never: no device memory to run out of, and the
     recomputation costs a third more compute."""
@@ -610,30 +614,41 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
     pending = sum(4 * local(p) for p in params if p.grad is None)
     pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
     hf = _hf(model)
-    elem = 2 if compute.autocast is not None else next(hf.parameters()).element_size()
-    per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem)
+    stream = next(hf.parameters()).element_size()
+    elem = 2 if compute.autocast is not None else stream
+    per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem, stream)
     return not fits(_pass_tokens(hf, batch) * per_token + pending, free)
 
 
 def fits(needed: int, free: int) -> bool:
-    """Whether `needed` bytes fit in `free` device memory with 2 GiB to spare."""
+    """Whether `needed` bytes fit in `free` device memory with 4 GiB to spare."""
     return needed <= free - _HEADROOM
 
 
 @contextmanager
 def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool
              ) -> Iterator[None]:
-    """With `on` (a CUDA micro-batch run without checkpointing under auto checkpointing): the
-    peak memory its passes added, per token, kept as the most seen (`Compute.measured`)."""
-    device = batch.input_ids.device
-    if not on or device.type != "cuda":
+    """With `on` (a micro-batch run without checkpointing under auto checkpointing): the bytes
+    its passes keep for the backward, per token, kept as the most seen (`Compute.measured`).
+
+    Counted as autograd saves them (each storage once; weights, which exist anyway, not at
+    all), rather than from the allocator's peak, which a caller may be measuring itself."""
+    if not on:
         yield
         return
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    yield
-    added = torch.cuda.max_memory_allocated(device) - before
-    per_token = added // max(_pass_tokens(_hf(model), batch), 1)
+    seen: set[int] = set()
+    kept = [0]
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if not isinstance(t, torch.nn.Parameter) and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            kept[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+    per_token = kept[0] // max(_pass_tokens(_hf(model), batch), 1)
     compute.measured["bytes_per_token"] = max(per_token,
                                               compute.measured.get("bytes_per_token", 0))
 

@@ -413,7 +413,7 @@ def test_auto_checkpointing_leaves_the_paper_lora_shape_unchecked_on_an_80gb_gpu
 
     qwen7b = SimpleNamespace(config=SimpleNamespace(
         hidden_size=3584, intermediate_size=18944, num_hidden_layers=28))
-    per_token = _bytes_per_token(qwen7b, elem=2)
+    per_token = _bytes_per_token(qwen7b, compute=2, stream=2)  # autocast over a bf16 base
     activations = (900 + 8 * 400) * per_token
     assert 38 * 2**30 < activations < 50e9  # above issue 31's measured peak, not far above
     gpu = 80 * 2**30
@@ -422,6 +422,26 @@ def test_auto_checkpointing_leaves_the_paper_lora_shape_unchecked_on_an_80gb_gpu
     full_shard = 7_600_000_000 * 16 // 2  # float32 weights, gradients and AdamW, halved
     rows = 8 * 1300 * per_token  # no shared prefix under FSDP2
     assert not fits(rows, gpu - full_shard)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16-mixed"])
+def test_the_activation_estimate_is_above_what_autograd_keeps_and_within_twice_it(
+        autocast: Any) -> None:
+    """Auto checkpointing decides from an estimate until it has measured a micro-batch; the
+    estimate must not be below what a pass really keeps (it would run out of memory), nor so
+    far above that it recomputes where nothing needs it."""
+    from conductor_engine.trainer.grpo import _bytes_per_token, _measure
+
+    model = tiny_model(hidden=256, layers=2).train()
+    batch = collate(random_samples(8, groups=2, completion_len=(20, 40), header=30), PAD)
+    compute = Compute(autocast=autocast)
+    with _measure(model, batch, compute, True):
+        with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=bool(autocast)):
+            logprobs = per_token_logprobs(model, batch)
+        logprobs.sum().backward()
+    kept = compute.measured["bytes_per_token"]
+    estimate = _bytes_per_token(model, compute=2 if autocast else 4, stream=4)
+    assert kept < estimate < 2 * kept, (kept, estimate)
 
 
 def test_load_policy_sets_bf16_mixed_compute_over_float32_weights(tmp_path: Path) -> None:
