@@ -19,6 +19,7 @@ import hashlib
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +157,7 @@ class Trainer:
             if parent.optimizer is not None:
                 optimizer_state = await store.blobs.get(parent.optimizer)
         if self.ranks is not None and optimizer_state is not None:  # the ranks read a file
-            path = self.settings.data_dir / "policies" / f".{req.update_id}.optimizer"
+            path = self.settings.data_dir / "policies" / f".optimizer-{uuid.uuid4().hex}"
             path.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(path.write_bytes, optimizer_state)
             try:
