@@ -523,9 +523,10 @@ class Compute:
     autocast: the dtype the transformer's matmuls run in (torch.autocast), None for the
     weights' own. Weights, gradients and AdamW state stay in the weights' dtype, float32 for a
     full policy and for a LoRA adapter: at lr 1e-6 Adam's first step moves a weight by about
-    1e-6, under half of bfloat16's spacing at 2^-12..2^-11 (most weights), so bfloat16 weights
-    would round it away, while float32's spacing there is ~1e-10 (tests/unit/test_grpo.py
-    shows both). The LM head and the log-softmax stay out of autocast (per_token_logprobs).
+    1e-6, and bfloat16's spacing at a weight of 0.02 is 2^-13 (1.2e-4), so bfloat16 weights
+    would round the move away, while float32's there is 2^-29 (1.9e-9)
+    (tests/unit/test_grpo.py shows both). The LM head and the log-softmax stay out of autocast
+    (per_token_logprobs).
 
     auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its
     activations would not fit the device's free memory (`_needs_checkpointing`); load_policy
