@@ -313,7 +313,12 @@ def follow() -> None:
     log.info("trainer rank following rank 0", rank=ranks.rank, world=ranks.world)
     while (command := ranks.receive()) is not None:
         name, args = command
-        result = _COMMANDS[name](held, *args)
+        try:
+            result = _COMMANDS[name](held, *args)
+        except Exception:  # rank 0 met it too (a recipe it cannot train) and reports it
+            log.exception("trainer rank command failed", rank=ranks.rank, command=name)
+            held = None  # rank 0 drops its policy after a failure too: it sends a load next
+            continue
         if name == "load":
             held = result
     log.info("trainer rank stopped", rank=ranks.rank)
