@@ -257,6 +257,9 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any =
                    ) -> None:
     """Restore what `save_optimizer` wrote into an optimiser over the same parameters (with
     `model` sharded by FSDP2: every rank calls this, and each keeps its shard)."""
+    sharded = model is not None and _sharded(model)
+    if sharded and not _rank0():  # rank 0 reads the file and sends each rank its shards
+        return _set_sharded_optimizer(model, optimizer, {}, [])
     state: dict[int, dict[str, torch.Tensor]] = {}
     with safe_open(str(path), framework="pt") as f:
         groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v  # betas
@@ -264,19 +267,28 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, *, model: Any =
         for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             _, i, name = key.split(".", 2)
             state.setdefault(int(i), {})[name] = f.get_tensor(key)
-    if model is None or not _sharded(model):
+    if not sharded:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         return
+    _set_sharded_optimizer(model, optimizer, state, groups)
+
+
+def _set_sharded_optimizer(model: Any, optimizer: torch.optim.Optimizer,
+                           state: dict[int, dict[str, torch.Tensor]],
+                           groups: list[dict[str, Any]]) -> None:
+    """Every rank: the whole state, as rank 0 read it (the others pass nothing), scattered to
+    the shards. Only rank 0 holds the whole state in memory (~56 GB at 7B)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_optimizer_state_dict,
     )
 
     names = _parameter_names(model, optimizer)
-    set_optimizer_state_dict(model, optimizer, cast(Any, {
-        "state": {names[i]: s for i, s in state.items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups],
-    }), options=StateDictOptions(full_state_dict=True))
+    full = {"state": {names[i]: s for i, s in state.items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups]}
+    set_optimizer_state_dict(model, optimizer, cast(Any, full if _rank0() else {}),
+                             options=StateDictOptions(full_state_dict=True,
+                                                      broadcast_from_rank0=True))
 
 
 def _parameter_names(model: Any, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -78,6 +78,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata())
+
+
 def _tensors(path: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
@@ -121,6 +128,8 @@ def test_one_update_on_two_ranks_gives_the_weights_of_one_process(lora: bool,
         assert first.keys() == second.keys()
         for key, value in first.items():
             assert torch.equal(second[key], value), (name, key)
+    metadata = [_metadata(d / "optimizer.safetensors") for d in (alone, ranked, ranked / "again")]
+    assert metadata[0] == metadata[1] == metadata[2]  # hyperparameters, parameters in order
 
 
 def test_the_ranks_share_the_micro_batches_evenly_by_tokens() -> None:
