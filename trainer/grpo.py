@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from functools import cache
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -163,7 +163,9 @@ class Batch:
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
     truncated: Tensor  # [B] bool
     choice_ids: Tensor  # [B, T, K]  at a choice, the allowed token ids (-1 pads); K may be 0
-    share_prefix: bool = True  # run the prompt opening the rows share once (if they share one)
+    # how the prompt opening the rows share runs once: read as a KV cache, or packed into one
+    # sequence with the rows (under FSDP2); "none": every row runs its whole prompt
+    prefix: Literal["cache", "packed", "none"] = "cache"
 
     @property
     def prompt_len(self) -> int:
@@ -241,7 +243,9 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     hf: Any = unwrap() if unwrap is not None else model
     p = batch.prompt_len
     shared = _shared_prefix_len(hf, batch)
-    if shared:
+    if shared and batch.prefix == "packed" and _packable(hf):
+        hidden = _hidden_packed(hf, batch, shared)  # [B, T, H], already shifted
+    elif shared:
         hidden = _hidden_with_shared_prefix(hf, batch, shared)  # [B, T, H], already shifted
     else:
         hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -297,7 +301,7 @@ def _shared_prefix_len(hf: Any, batch: Batch) -> int:
     one token short of the shortest prompt, so every row's last prompt token, whose hidden
     state predicts its first completion token, is in the part run per row."""
     b, p = batch.input_ids.shape[0], batch.prompt_len
-    if b < 2 or not batch.share_prefix:
+    if b < 2 or batch.prefix == "none":
         return 0
     starts = _prompt_starts(batch)
     room = p - int(starts.max()) - 1  # the shortest prompt, less its last token
@@ -359,16 +363,11 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     """
     from transformers import DynamicCache
 
-    p, (b, width) = batch.prompt_len, batch.input_ids.shape
+    p, b = batch.prompt_len, batch.input_ids.shape[0]
     with _checkpointed(hf, False):
-        prefix = hf.base_model(input_ids=batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared],
+        prefix = hf.base_model(input_ids=_prefix_ids(batch, shared),
                                past_key_values=DynamicCache(config=hf.config), use_cache=True)
-    # row i without its prefix columns [start_i, start_i + shared): left pads, tail, completion
-    cols = torch.arange(width - shared, device=batch.input_ids.device).expand(b, -1)
-    cols = cols + shared * (cols >= _prompt_starts(batch)[:, None])
-    rest_ids = batch.input_ids.gather(1, cols)[:, :-1]  # the last token predicts nothing
-    rest_mask = batch.attention_mask.gather(1, cols)[:, :-1]
-    positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
+    rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
     cache = prefix.past_key_values
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
                                         for m in decoder_layers(hf))
@@ -378,6 +377,65 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
                                                       1),
                              use_cache=True).last_hidden_state
     return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+
+
+def _prefix_ids(batch: Batch, shared: int) -> Tensor:
+    """The `shared` tokens every prompt opens with, [1, shared]."""
+    return batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared]
+
+
+def _rows_after_prefix(batch: Batch, shared: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row without its first `shared` prompt tokens and without its last token (which
+    predicts nothing): ids, attention mask (its left padding moved after the prefix) and the
+    positions each token has in a full pass, each [B, width - shared - 1]."""
+    b, width = batch.input_ids.shape
+    # row i without its prefix columns [start_i, start_i + shared): left pads, tail, completion
+    cols = torch.arange(width - shared, device=batch.input_ids.device).expand(b, -1)
+    cols = cols + shared * (cols >= _prompt_starts(batch)[:, None])
+    rest_ids = batch.input_ids.gather(1, cols)[:, :-1]
+    rest_mask = batch.attention_mask.gather(1, cols)[:, :-1]
+    positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
+    return rest_ids, rest_mask, positions
+
+
+def _packable(hf: Any) -> bool:
+    """Whether the attention takes a ready 4D mask (eager and SDPA do; flash attention not)."""
+    return getattr(hf.config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+
+
+def _hidden_packed(hf: Any, batch: Batch, shared: int) -> Tensor:
+    """As `_hidden_with_shared_prefix`, in one pass: the prefix once, then every row's rest,
+    packed into one sequence of batch 1, with a mask that lets each row's tokens see the
+    prefix and the tokens of their own row before them (and positions as in a full pass).
+
+    No cache: each layer runs once per micro-batch, and the prefix's gradient flows through
+    the layer's own output. That is what FSDP2 needs, which gathers a layer's weights for the
+    backward from a hook on that output; the attention is over the packed length (the masked
+    pairs cost compute, not memory with SDPA), a small part of a layer's work at these
+    lengths."""
+    p, b = batch.prompt_len, batch.input_ids.shape[0]
+    rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
+    w = rest_ids.shape[1]
+    device = rest_ids.device
+    ids = torch.cat([_prefix_ids(batch, shared)[0], rest_ids.reshape(-1)])[None]  # [1, L]
+    pos = torch.cat([torch.arange(shared, device=device), positions.reshape(-1)])[None]
+    row = torch.cat([torch.full((shared,), -1, device=device),
+                     torch.arange(b, device=device).repeat_interleave(w)])  # -1: the prefix
+    real = torch.cat([torch.ones(shared, dtype=torch.bool, device=device),
+                      rest_mask.reshape(-1).bool()])
+    idx = torch.arange(len(row), device=device)
+    # query q sees key k: k is at or before q, and k is the prefix or a real token of q's row
+    sees = (idx[None, :] <= idx[:, None]) & real[None, :] & (
+        (row[None, :] == -1) | (row[None, :] == row[:, None]))
+    sees |= torch.eye(len(row), dtype=torch.bool, device=device)  # a pad sees itself: no NaN
+    mask: Tensor = sees[None, None]
+    if hf.config._attn_implementation == "eager":  # added to the scores
+        mask = torch.zeros(mask.shape, dtype=hf.dtype, device=device).masked_fill(
+            ~mask, torch.finfo(hf.dtype).min)
+    hidden = hf.base_model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                           use_cache=False).last_hidden_state  # [1, L, H]
+    rest = hidden[0, shared:].reshape(b, w, -1)
+    return rest[:, p - 1 - shared :]
 
 
 @cache
@@ -711,19 +769,16 @@ def rank_share(micro_batches: Sequence[Sequence[Sample]], rank: int, world: int
     return mine + [(list(smallest[:2]), 0.0)] * (per - len(mine))
 
 
-def _no_sharing_when_sharded(model: torch.nn.Module, batches: list[tuple[Batch, float]]
-                             ) -> None:
-    """Under FSDP2 every row runs its whole prompt: no shared prefix.
-
-    FSDP2 gathers a layer's weights again for its backward from a hook on the layer's output;
-    the prefix pass's gradient reaches the layer through the keys and values it cached, not
-    through that output, and would find the weights already freed. (DDP keeps whole weights:
-    the prefix runs once there.)"""
+def _packed_when_sharded(model: torch.nn.Module, batches: list[tuple[Batch, float]]) -> None:
+    """Under FSDP2 the shared prefix runs packed with the rows (`_hidden_packed`), not as a
+    cache: FSDP2 gathers a layer's weights again for its backward from a hook on the layer's
+    output, and a cached prefix's gradient reaches the layer through the keys and values it
+    cached instead, to find the weights freed. (DDP keeps whole weights: the cache works.)"""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
         for batch, _ in batches:
-            batch.share_prefix = False
+            batch.prefix = "packed" if _packable(_hf(model)) else "none"
 
 
 @contextmanager
@@ -803,7 +858,7 @@ def train_step(
     share = rank_share(_micro_batches(live, cfg.micro_batch_size, by_prompt=True), rank, world)
     batches = [(collate(m, pad_id).to(device), weight * world) for m, weight in share]
     if world > 1:
-        _no_sharing_when_sharded(model, batches)
+        _packed_when_sharded(model, batches)
     compute = compute_of(model)
     refs: list[Tensor | None] = [None] * len(batches)
     if cfg.beta > 0 and ref_model is not None:

@@ -172,13 +172,15 @@ def full_pass_logprobs(model: Any, samples: list[Sample], temperature: float) ->
                               "two-groups-one-header"])
 @pytest.mark.parametrize("completion_len", [(2, 9), (1, 1)], ids=["varied", "one-token"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+@pytest.mark.parametrize("prefix", ["cache", "packed"])
 def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
-    groups: int, header: int, completion_len: tuple[int, int], checkpointing: bool
+    groups: int, header: int, completion_len: tuple[int, int], checkpointing: bool, prefix: str
 ) -> None:
     """Also when the prefix all prompts share (a group's whole prompt, or the instructions
-    prompts of different lengths open with) runs once and the rows read it as a KV cache, and
-    also under gradient checkpointing, where the rows' pass is recomputed in the backward
-    (each decoder layer's MLP then runs once more) and still reads the prefix's cache."""
+    prompts of different lengths open with) runs once and the rows read it as a KV cache, or
+    packed into one sequence with the rows (as under FSDP2), and also under gradient
+    checkpointing, where the rows' pass is recomputed in the backward (each decoder layer's
+    MLP then runs once more) and still reads the prefix's cache."""
     model = tiny_model().train()
     if checkpointing:
         model.activation_checkpointing_enable(
@@ -193,11 +195,13 @@ def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
 
     act.forward = counted
     samples = random_samples(5, groups=groups, completion_len=completion_len, header=header)
-    shared = _shared_prefix_len(model, collate(samples, PAD))
+    batch = collate(samples, PAD)
+    batch.prefix = prefix
+    shared = _shared_prefix_len(model, batch)
     assert shared == (min(len(s.prompt_ids) for s in samples) - 1 if groups == 1 else header)
-    got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
+    got = per_token_logprobs(model, batch, temperature=0.7)
     got.sum().backward()
-    passes = 2 if shared else 1  # the prefix, then the rows; or the rows alone
+    passes = 2 if shared and prefix == "cache" else 1  # the prefix, then the rows; or one
     assert mlp_calls[0] == passes + (1 if checkpointing else 0)  # the rows' pass, replayed
     fast = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
