@@ -48,10 +48,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, fields
+from functools import cache
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -60,8 +61,9 @@ from torch.utils.checkpoint import checkpoint
 from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 
 __all__ = [
-    "Batch", "LossConfig", "Sample", "StepMetrics", "collate", "group_advantages", "grpo_loss",
-    "loss_normaliser", "make_optimizer", "misfit_choice", "per_token_logprobs", "train_step",
+    "Batch", "Compute", "LogProbs", "LossConfig", "Sample", "StepMetrics", "collate",
+    "compute_of", "group_advantages", "grpo_loss", "loss_normaliser", "make_optimizer",
+    "misfit_choice", "per_token_logprobs", "set_compute", "train_step",
 ]
 
 # ---------------------------------------------------------------------------------- samples
@@ -161,13 +163,20 @@ class Batch:
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
     truncated: Tensor  # [B] bool
     choice_ids: Tensor  # [B, T, K]  at a choice, the allowed token ids (-1 pads); K may be 0
+    # how the prompt opening the rows share runs once: read as a KV cache, or packed into one
+    # sequence with the rows (under FSDP2); "none": every row runs its whole prompt
+    prefix: Literal["cache", "packed", "none"] = "cache"
 
     @property
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.completion_mask.shape[1]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device) if isinstance(value, Tensor) else value
+        return Batch(**moved)
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
@@ -224,12 +233,19 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     The transformer runs over prompt + completion, but the LM head and the log-softmax run only
     over the hidden states that predict real completion tokens (position t predicts token t+1),
     in chunks: log p = log_softmax(z)[token], z = lm_head(h) / temperature, in float32.
+
+    `model` may be the policy wrapped for several ranks (`LogProbs` under DDP or FSDP): the
+    call then goes through the wrapper, whose hooks synchronise the ranks.
     """
+    if isinstance(model, LogProbs) or isinstance(getattr(model, "module", None), LogProbs):
+        return model(batch, temperature=temperature)  # type: ignore[no-any-return]
     unwrap = getattr(model, "get_base_model", None)  # a peft model: LoRA layers sit inside
     hf: Any = unwrap() if unwrap is not None else model
     p = batch.prompt_len
     shared = _shared_prefix_len(hf, batch)
-    if shared:
+    if shared and batch.prefix == "packed" and _packable(hf):
+        hidden = _hidden_packed(hf, batch, shared)  # [B, T, H], already shifted
+    elif shared:
         hidden = _hidden_with_shared_prefix(hf, batch, shared)  # [B, T, H], already shifted
     else:
         hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -240,16 +256,36 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     choices = batch.choice_ids[mask]  # [N, K]
     head = hf.get_output_embeddings()
     step = max(1, _LOGIT_CHUNK // head.weight.shape[0])
-    if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
-        logps = _token_logprobs(head, h, targets, choices, temperature)
-    else:
-        logps = torch.cat([
-            checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
-                       choices[i : i + step], temperature, use_reentrant=False)
-            for i in range(0, h.shape[0], step)
-        ])
+    # the head runs in its weights' dtype, outside any autocast: float32 logits from float32
+    # weights (TF32 matmuls on CUDA), as bfloat16 weights gave them before mixed precision
+    h = h.to(head.weight.dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        if h.shape[0] <= step:  # one chunk: recomputing it would save no memory
+            logps = _token_logprobs(head, h, targets, choices, temperature)
+        else:
+            logps = torch.cat([
+                checkpoint(_token_logprobs, head, h[i : i + step], targets[i : i + step],
+                           choices[i : i + step], temperature, use_reentrant=False)
+                for i in range(0, h.shape[0], step)
+            ])
     out = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
     return out.masked_scatter(mask, logps)
+
+
+class LogProbs(torch.nn.Module):
+    """`per_token_logprobs` of `policy` as a module's forward, for DDP and FSDP2 to wrap.
+
+    Both synchronise through the forward of the module they wrap (DDP prepares its gradient
+    all-reduce there; FSDP2 gathers the root's parameters, the embeddings and the head, there),
+    while the log-probs call the transformer and the head separately: this module is the one
+    forward that covers both."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        return per_token_logprobs(self.policy, batch, temperature=temperature)
 
 
 def _prompt_starts(batch: Batch) -> Tensor:
@@ -258,15 +294,14 @@ def _prompt_starts(batch: Batch) -> Tensor:
 
 
 def _shared_prefix_len(hf: Any, batch: Batch) -> int:
-    """How many tokens every row's prompt starts with, to run once for all rows: 0 for one
-    row, or under gradient checkpointing (which turns the KV cache off while training).
+    """How many tokens every row's prompt starts with, to run once for all rows (0 for one row).
 
     A GRPO group's G rows share their whole prompt; rows of different tasks, or runs offered
     the pool in different orders, still share the conductor's instructions. The prefix stops
     one token short of the shortest prompt, so every row's last prompt token, whose hidden
     state predicts its first completion token, is in the part run per row."""
     b, p = batch.input_ids.shape[0], batch.prompt_len
-    if b < 2 or _checkpointing(hf):
+    if b < 2 or batch.prefix == "none":
         return 0
     starts = _prompt_starts(batch)
     room = p - int(starts.max()) - 1  # the shortest prompt, less its last token
@@ -278,13 +313,33 @@ def _shared_prefix_len(hf: Any, batch: Batch) -> int:
     return int(differs[0]) if len(differs) else room
 
 
+def decoder_layers(model: Any) -> list[Any]:
+    """The modules transformers checkpoints (the decoder layers), if any."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers < 4.52: every module with the flag
+        return [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 def _checkpointing(model: Any) -> bool:
-    """Whether gradient (activation) checkpointing is on; transformers 5 renamed the flag."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        value = getattr(model, name, None)
-        if value is not None:
-            return bool(value)
-    return False
+    """Whether gradient (activation) checkpointing is on in any decoder layer."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model))
+
+
+@contextmanager
+def _checkpointed(model: Any, on: bool) -> Iterator[None]:
+    """Every decoder layer checkpointed (`on`) or not, for the passes inside; restored after.
+    Turning it on needs the checkpoint function load_policy installed (`Compute`)."""
+    layers = [m for m in decoder_layers(model) if hasattr(m, "_gradient_checkpointing_func")]
+    before = [m.gradient_checkpointing for m in layers]
+    try:
+        for m in layers:
+            m.gradient_checkpointing = on
+        yield
+    finally:
+        for m, was in zip(layers, before, strict=True):
+            m.gradient_checkpointing = was
 
 
 def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
@@ -299,22 +354,139 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     has in a full pass. Gradients flow back through the repeated cache into the one prefix
     pass, so loss and gradients are those of B full passes (tests/unit/test_grpo.py checks) at
     a fraction of the compute.
+
+    Under gradient checkpointing, transformers drops a cache a layer would write (its backward
+    replay would append the keys twice). So the prefix, one row, runs without checkpointing
+    (its activations are 1/B of the rows'), and the rows read the prefix through a cache that
+    is never written (`_ReadOnlyPrefix`): replaying a layer reads the same keys again, which
+    is what lets a layer keep its cache under checkpointing (`_can_checkpoint_with_cache`).
     """
-    p, (b, width) = batch.prompt_len, batch.input_ids.shape
-    prefix = hf.base_model(input_ids=batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared],
-                           use_cache=True)
+    from transformers import DynamicCache
+
+    p, b = batch.prompt_len, batch.input_ids.shape[0]
+    with _checkpointed(hf, False):
+        prefix = hf.base_model(input_ids=_prefix_ids(batch, shared),
+                               past_key_values=DynamicCache(config=hf.config), use_cache=True)
+    rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
+    cache = prefix.past_key_values
+    kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
+                                        for m in decoder_layers(hf))
+    with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):
+        rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
+                             attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask],
+                                                      1),
+                             use_cache=True).last_hidden_state
+    return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+
+
+def _prefix_ids(batch: Batch, shared: int) -> Tensor:
+    """The `shared` tokens every prompt opens with, [1, shared]."""
+    return batch.input_ids[:1, _prompt_starts(batch)[0]:][:, :shared]
+
+
+def _rows_after_prefix(batch: Batch, shared: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row without its first `shared` prompt tokens and without its last token (which
+    predicts nothing): ids, attention mask (its left padding moved after the prefix) and the
+    positions each token has in a full pass, each [B, width - shared - 1]."""
+    b, width = batch.input_ids.shape
     # row i without its prefix columns [start_i, start_i + shared): left pads, tail, completion
     cols = torch.arange(width - shared, device=batch.input_ids.device).expand(b, -1)
     cols = cols + shared * (cols >= _prompt_starts(batch)[:, None])
-    rest_ids = batch.input_ids.gather(1, cols)[:, :-1]  # the last token predicts nothing
+    rest_ids = batch.input_ids.gather(1, cols)[:, :-1]
     rest_mask = batch.attention_mask.gather(1, cols)[:, :-1]
     positions = (shared + rest_mask.cumsum(1) - 1).clamp(min=shared)
-    cache = prefix.past_key_values
-    cache.batch_repeat_interleave(b)
-    rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
-                         attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask], 1),
-                         use_cache=True).last_hidden_state
-    return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+    return rest_ids, rest_mask, positions
+
+
+def _packable(hf: Any) -> bool:
+    """Whether the attention takes a ready 4D mask (eager and SDPA do; flash attention not)."""
+    return getattr(hf.config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+
+
+def _hidden_packed(hf: Any, batch: Batch, shared: int) -> Tensor:
+    """As `_hidden_with_shared_prefix`, in one pass: the prefix once, then every row's rest,
+    packed into one sequence of batch 1, with a mask that lets each row's tokens see the
+    prefix and the tokens of their own row before them (and positions as in a full pass).
+
+    No cache: each layer runs once per micro-batch, and the prefix's gradient flows through
+    the layer's own output. That is what FSDP2 needs, which gathers a layer's weights for the
+    backward from a hook on that output; the attention is over the packed length (the masked
+    pairs cost compute, not memory with SDPA), a small part of a layer's work at these
+    lengths."""
+    p, b = batch.prompt_len, batch.input_ids.shape[0]
+    rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
+    w = rest_ids.shape[1]
+    device = rest_ids.device
+    ids = torch.cat([_prefix_ids(batch, shared)[0], rest_ids.reshape(-1)])[None]  # [1, L]
+    pos = torch.cat([torch.arange(shared, device=device), positions.reshape(-1)])[None]
+    row = torch.cat([torch.full((shared,), -1, device=device),
+                     torch.arange(b, device=device).repeat_interleave(w)])  # -1: the prefix
+    real = torch.cat([torch.ones(shared, dtype=torch.bool, device=device),
+                      rest_mask.reshape(-1).bool()])
+    idx = torch.arange(len(row), device=device)
+    # query q sees key k: k is at or before q, and k is the prefix or a real token of q's row
+    sees = (idx[None, :] <= idx[:, None]) & real[None, :] & (
+        (row[None, :] == -1) | (row[None, :] == row[:, None]))
+    sees |= torch.eye(len(row), dtype=torch.bool, device=device)  # a pad sees itself: no NaN
+    mask: Tensor = sees[None, None]
+    if hf.config._attn_implementation == "eager":  # added to the scores
+        mask = torch.zeros(mask.shape, dtype=hf.dtype, device=device).masked_fill(
+            ~mask, torch.finfo(hf.dtype).min)
+    hidden = hf.base_model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                           use_cache=False).last_hidden_state  # [1, L, H]
+    rest = hidden[0, shared:].reshape(b, w, -1)
+    return rest[:, p - 1 - shared :]
+
+
+@cache
+def _read_only_layer() -> type:
+    """A cache layer holding the prefix's keys and values that `update` never writes: it
+    returns them followed by the new ones, as a growing cache would, and keeps nothing."""
+    from transformers.cache_utils import DynamicLayer
+
+    class _ReadOnlyPrefix(DynamicLayer):  # type: ignore[misc]
+        def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[Tensor, Tensor]:
+            keys: Any = self.keys
+            values: Any = self.values
+            return (torch.cat([keys, key_states], dim=-2),
+                    torch.cat([values, value_states], dim=-2))
+
+    return _ReadOnlyPrefix
+
+
+def _read_only(cache: Any, rows: int) -> bool:
+    """The prefix's cache repeated for `rows` rows and made read-only, in place, where every
+    layer's cache is the plain growing kind (not, say, a sliding window's); else only
+    repeated (the rows' pass then runs without checkpointing). Whether it was made read-only.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        cache.batch_repeat_interleave(rows)
+        return False
+    read_only = _read_only_layer()
+    for layer in layers:
+        layer.__class__ = read_only  # the same state; only `update` differs
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    return True
+
+
+@contextmanager
+def _cache_kept(hf: Any, on: bool) -> Iterator[None]:
+    """Decoder layers keep a read-only cache under checkpointing (transformers' flag for
+    layers that only read theirs, from 5.2x on; before it, the rows' pass is not
+    checkpointed) for the passes inside."""
+    layers = decoder_layers(hf) if on else []
+    try:
+        for m in layers:
+            m._can_checkpoint_with_cache = True
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache  # back to the class's own value
 
 
 def _token_logprobs(head: torch.nn.Module, h: Tensor, targets: Tensor, choices: Tensor,
@@ -398,6 +570,233 @@ def grpo_loss(
     return loss, metrics
 
 
+# ------------------------------------------------------------------------------ how it runs
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How train_step runs a policy's passes: load_policy sets it from the PolicyConfig
+    (`set_compute`), train_step reads it (`compute_of`); a model without one runs as it is.
+
+    autocast: the dtype the transformer's matmuls run in (torch.autocast), None for the
+    weights' own. Weights, gradients and AdamW state stay in the weights' dtype, float32 for a
+    full policy and for a LoRA adapter: at lr 1e-6 Adam's first step moves a weight by about
+    1e-6, and bfloat16's spacing at a weight of 0.02 is 2^-13 (1.2e-4), so bfloat16 weights
+    would round the move away, while float32's there is 2^-29 (1.9e-9)
+    (tests/unit/test_grpo.py shows both). The LM head and the log-softmax stay out of autocast
+    (per_token_logprobs).
+
+    auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its
+    activations would not fit the device's free memory (`_needs_checkpointing`); load_policy
+    has installed checkpointing, off. False: the model's own setting, as it was loaded.
+    """
+
+    autocast: torch.dtype | None = None
+    auto_checkpointing: bool = False
+    # what auto checkpointing has measured of this model's passes (`_measure`)
+    measured: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+
+def set_compute(model: torch.nn.Module, compute: Compute) -> None:
+    """Attach how train_step should run `model`'s passes (see Compute)."""
+    model.__dict__["conductor_compute"] = compute
+
+
+def compute_of(model: torch.nn.Module) -> Compute:
+    """What `set_compute` attached to `model` (or the model a DDP/LogProbs wrapper holds)."""
+    for _ in range(5):  # DDP -> LogProbs -> peft -> transformers
+        found = model.__dict__.get("conductor_compute")
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        inner = getattr(model, "module", None) or getattr(model, "policy", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
+    return Compute()
+
+
+def _hf(model: torch.nn.Module) -> Any:
+    """The transformers model inside DDP, LogProbs and peft wrappers."""
+    inner: Any = model
+    while isinstance(getattr(inner, "module", None) or getattr(inner, "policy", None),
+                     torch.nn.Module):
+        inner = getattr(inner, "module", None) or inner.policy
+    model = inner
+    unwrap = getattr(model, "get_base_model", None)
+    return unwrap() if unwrap is not None else model
+
+
+def _pass_tokens(hf: Any, batch: Batch) -> int:
+    """Tokens a micro-batch's passes run: the shared prefix once, the rest per row."""
+    shared = _shared_prefix_len(hf, batch)
+    b, width = batch.input_ids.shape
+    return shared + b * (width - shared)
+
+
+def _bytes_per_token(hf: Any, compute: int, stream: int) -> int:
+    """What the forward keeps per token for the backward without checkpointing, estimated
+    before anything was measured: per layer ~16 hidden-sized tensors (norms, q/k/v/o,
+    residuals, LoRA inputs) of the residual stream's `stream` bytes (the weights' dtype; the
+    norms upcast) and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls'
+    `compute` bytes. For 7B (h 3584, i 18944, 28 layers) on its bfloat16 base, 11.7 MB: 48 GB
+    for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a little
+    above the ~38 GiB issue 31 measured at its peak. On CPU it is above what autograd keeps
+    and within 2x of it (tests/unit/test_grpo.py)."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    h = cfg.hidden_size
+    per_layer = 16 * h * stream + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h) * compute
+    return int(cfg.num_hidden_layers * per_layer)
+
+
+# the backward's temporaries (about one layer's activations), the log-prob chunks, the
+# allocator's fragmentation, cuBLAS workspaces
+_HEADROOM = 4 * 2**30
+
+
+def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         batch: Batch, compute: Compute) -> bool:
+    """Whether this micro-batch's activations would not fit the free device memory (less
+    4 GiB) beside the gradients and AdamW state not allocated yet. The bytes per token are
+    the estimate above until a micro-batch has run without checkpointing, then the most
+    measured (`_measure`). Off the GPU, never: no device memory to run out of, and the
+    recomputation costs a third more compute."""
+    device = batch.input_ids.device
+    if device.type != "cuda":
+        return False
+    free = torch.cuda.mem_get_info(device)[0]
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def local(p: Tensor) -> int:
+        return int(getattr(p, "_local_tensor", p).numel())
+
+    pending = sum(4 * local(p) for p in params if p.grad is None)
+    pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
+    hf = _hf(model)
+    stream = next(hf.parameters()).element_size()
+    elem = 2 if compute.autocast is not None else stream
+    per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem, stream)
+    return not fits(_pass_tokens(hf, batch) * per_token + pending, free)
+
+
+def fits(needed: int, free: int) -> bool:
+    """Whether `needed` bytes fit in `free` device memory with 4 GiB to spare."""
+    return needed <= free - _HEADROOM
+
+
+@contextmanager
+def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool
+             ) -> Iterator[None]:
+    """With `on` (a micro-batch run without checkpointing under auto checkpointing): the bytes
+    its passes keep for the backward, per token, kept as the most seen (`Compute.measured`).
+
+    Counted as autograd saves them (each storage once; weights, which exist anyway, not at
+    all), rather than from the allocator's peak, which a caller may be measuring itself."""
+    if not on:
+        yield
+        return
+    seen: set[int] = set()
+    kept = [0]
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if not isinstance(t, torch.nn.Parameter) and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            kept[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+    per_token = kept[0] // max(_pass_tokens(_hf(model), batch), 1)
+    compute.measured["bytes_per_token"] = max(per_token,
+                                              compute.measured.get("bytes_per_token", 0))
+
+
+def _autocast(device: torch.device, compute: Compute) -> Any:
+    if compute.autocast is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=compute.autocast)
+
+
+# ------------------------------------------------------------------------------------ ranks
+#
+# On several ranks (trainer/distributed.py wraps the policy: DDP for LoRA, FSDP2 for full
+# weights) every rank gets all the update's samples and runs its share of the micro-batches.
+# The normaliser is the whole update's, so the ranks' losses sum to the one-process loss; DDP
+# and FSDP2 average gradients over the W ranks, so each rank's loss is multiplied by W, and
+# the averaged gradient is the one-process gradient. The clipped norm is of that gradient.
+
+
+def _ranks(model: torch.nn.Module) -> tuple[int, int]:
+    """(this rank, world size) when `model` is wrapped for several ranks, else (0, 1)."""
+    import torch.distributed as dist
+
+    wrapped = isinstance(model, LogProbs) or isinstance(getattr(model, "module", None), LogProbs)
+    if not (wrapped and dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _cost(micro: Sequence[Sample]) -> int:
+    """Tokens a micro-batch runs: the prompt opening its rows share once, the rest per row."""
+    first = micro[0].prompt_ids
+    shared = min((next((k for k, (a, b) in enumerate(zip(first, s.prompt_ids, strict=False))
+                        if a != b), min(len(first), len(s.prompt_ids)))
+                  for s in micro[1:]), default=0)
+    return shared + sum(len(s.prompt_ids) + len(s.completion_ids) - shared for s in micro)
+
+
+def rank_share(micro_batches: Sequence[Sequence[Sample]], rank: int, world: int
+               ) -> list[tuple[list[Sample], float]]:
+    """This rank's micro-batches, each with its weight in the loss (0 for a filler).
+
+    Every rank runs the same number of them, ceil(M / W), because each forward and backward is
+    a collective under FSDP2 (and the last backward under DDP): the largest micro-batch goes
+    to the least-loaded rank that still has room, ties to the lower rank, so the ranks carry
+    about the same tokens and the split is the same on every rank. A rank left short runs a
+    filler (two rows of the smallest micro-batch at weight 0), whose gradient is zero."""
+    if world == 1:
+        return [(list(m), 1.0) for m in micro_batches]
+    per = -(-len(micro_batches) // world)
+    loads, owned = [0] * world, [[] for _ in range(world)]  # type: list[int], list[list[int]]
+    for i in sorted(range(len(micro_batches)), key=lambda i: (-_cost(micro_batches[i]), i)):
+        r = min((r for r in range(world) if len(owned[r]) < per), key=lambda r: (loads[r], r))
+        owned[r].append(i)
+        loads[r] += _cost(micro_batches[i])
+    mine: list[tuple[list[Sample], float]] = [(list(micro_batches[i]), 1.0)
+                                              for i in sorted(owned[rank])]
+    smallest = min(micro_batches, key=lambda m: (len(m) < 2, _cost(m)))  # rows to share, if any
+    return mine + [(list(smallest[:2]), 0.0)] * (per - len(mine))
+
+
+def _packed_when_sharded(model: torch.nn.Module, batches: list[tuple[Batch, float]]) -> None:
+    """Under FSDP2 the shared prefix runs packed with the rows (`_hidden_packed`), not as a
+    cache: FSDP2 gathers a layer's weights again for its backward from a hook on the layer's
+    output, and a cached prefix's gradient reaches the layer through the keys and values it
+    cached instead, to find the weights freed. (DDP keeps whole weights: the cache works.)"""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        for batch, _ in batches:
+            batch.prefix = "packed" if _packable(_hf(model)) else "none"
+
+
+@contextmanager
+def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Gradients all-reduced (DDP) or reduce-scattered (FSDP2) in this backward, or only
+    accumulated on the rank (every micro-batch but its last)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(on)
+        yield
+    elif not on and hasattr(model, "no_sync"):
+        with cast(Any, model).no_sync():
+            yield
+    else:
+        yield
+
+
 # ------------------------------------------------------------------------------------- step
 
 
@@ -428,10 +827,13 @@ def train_step(
 
     Samples that cannot change the loss are not run at all: those with A = 0 when beta = 0 (their
     loss is identically 0) and truncated ones under `mask_truncated`; they still count in the
-    normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding.
-    No step is taken when every advantage is 0 or the gradient is not finite (`skipped` says
-    why). `ref_model` is the frozen reference for beta > 0; a peft model is used with its
-    adapters disabled (see trainer.policy.reference_model).
+    normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding,
+    and a group's rows together, so each micro-batch runs their shared prompt once. No step is
+    taken when every advantage is 0 or the gradient is not finite (`skipped` says why).
+    `ref_model` is the frozen reference for beta > 0; a peft model is used with its adapters
+    disabled (see trainer.policy.reference_model). Passes run as `compute_of(model)` says
+    (autocast, checkpointing); on several ranks (`model` wrapped by trainer/distributed.py)
+    each rank runs its share (`rank_share`) and every rank ends with the same weights.
     """
     started = time.perf_counter()
     if cfg.beta > 0 and ref_model is None:
@@ -452,18 +854,21 @@ def train_step(
     if pad_id is None:
         pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     normaliser = loss_normaliser(samples, cfg)
-    share = not _checkpointing(model)
-    batches = [collate(m, pad_id).to(device)
-               for m in _micro_batches(live, cfg.micro_batch_size, by_prompt=share)]
+    rank, world = _ranks(model)
+    share = rank_share(_micro_batches(live, cfg.micro_batch_size, by_prompt=True), rank, world)
+    batches = [(collate(m, pad_id).to(device), weight * world) for m, weight in share]
+    if world > 1:
+        _packed_when_sharded(model, batches)
+    compute = compute_of(model)
     refs: list[Tensor | None] = [None] * len(batches)
     if cfg.beta > 0 and ref_model is not None:
-        with torch.no_grad(), _as_reference(ref_model):
+        with torch.no_grad(), _as_reference(ref_model), _autocast(device, compute):
             refs = [per_token_logprobs(ref_model, b, temperature=cfg.temperature)
-                    for b in batches]
+                    for b, _ in batches]
     model.train()
     steps: list[dict[str, float]] = []
     for _ in range(cfg.steps_per_update):
-        step = _optimiser_step(model, optimizer, batches, refs, cfg, normaliser)
+        step = _optimiser_step(model, optimizer, batches, refs, cfg, normaliser, compute)
         steps.append(step)
         if not math.isfinite(step["grad_norm"]):
             values = _mean_metrics(steps)
@@ -473,32 +878,47 @@ def train_step(
 
 
 def _optimiser_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch],
-    refs: list[Tensor | None], cfg: LossConfig, normaliser: float,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
+    refs: list[Tensor | None], cfg: LossConfig, normaliser: float, compute: Compute,
 ) -> dict[str, float]:
-    """Accumulate the gradient of every micro-batch, clip its norm, step (unless not finite)."""
-    totals = dict.fromkeys(("loss", "clip_fraction", "kl", "tokens"), 0.0)
-    for batch, ref in zip(batches, refs, strict=True):
-        logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
-        if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
-            batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
-                                             logprobs.detach())
-            batch.has_old = torch.ones_like(batch.has_old)
-        loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
-        loss.backward()
-        totals["loss"] += m["loss"]
-        totals["clip_fraction"] += m["clip_fraction"] * m["tokens"]  # token-weighted means
-        totals["kl"] += m["kl"] * m["tokens"]
-        totals["tokens"] += m["tokens"]
+    """Accumulate the gradient of every micro-batch (each loss times its weight: the world size
+    on several ranks, 0 for a filler), clip its norm, step (unless not finite)."""
+    totals = torch.zeros(4, dtype=torch.float64)  # loss, clip_fraction, kl (token-weighted), tokens
+    hf = _hf(model)
+    for i, ((batch, weight), ref) in enumerate(zip(batches, refs, strict=True)):
+        recompute = compute.auto_checkpointing and _needs_checkpointing(model, optimizer, batch,
+                                                                        compute)
+        checkpointed = _checkpointed(hf, recompute) if compute.auto_checkpointing \
+            else nullcontext()
+        measured = _measure(model, batch, compute, compute.auto_checkpointing and not recompute)
+        with checkpointed, measured, _gradient_sync(model, i == len(batches) - 1):
+            with _autocast(batch.input_ids.device, compute):
+                logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
+            if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
+                batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
+                                                 logprobs.detach())
+                batch.has_old = torch.ones_like(batch.has_old)
+            loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
+            (loss * weight).backward()
+        if weight:
+            totals += torch.tensor([m["loss"], m["clip_fraction"] * m["tokens"],
+                                    m["kl"] * m["tokens"], m["tokens"]], dtype=torch.float64)
+    if _ranks(model)[1] > 1:
+        import torch.distributed as dist
 
+        summed = totals.to(batches[0][0].input_ids.device)  # NCCL reduces device tensors
+        dist.all_reduce(summed)  # every rank reports the whole update
+        totals = summed.cpu()
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-    tokens = max(totals["tokens"], 1)
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    loss_sum, clipped, kl, n_tokens = totals.tolist()
+    tokens = max(n_tokens, 1)
     if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": totals["loss"], "grad_norm": grad_norm, "tokens": totals["tokens"],
-            "clip_fraction": totals["clip_fraction"] / tokens, "kl": totals["kl"] / tokens}
+    return {"loss": loss_sum, "grad_norm": grad_norm, "tokens": n_tokens,
+            "clip_fraction": clipped / tokens, "kl": kl / tokens}
 
 
 def _mean_metrics(steps: list[dict[str, float]]) -> dict[str, Any]:

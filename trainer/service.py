@@ -6,6 +6,10 @@ and optimiser state in the blob store, versions and consumed traces in PostgreSQ
 that dies mid-update therefore loses nothing: Temporal notices the missing heartbeats and runs
 the update again on the next trainer, which loads the parent version, selects the same
 (still unconsumed) groups and publishes once.
+
+Under `torchrun` (several GPUs, trainer/distributed.py) this process is rank 0: it alone polls
+Temporal, and every step that touches the model (load, train, save) is a command it sends to
+the other ranks, which run it in step with it (`follow`; `on_ranks`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -88,6 +93,7 @@ class Trainer:
         self._lock = asyncio.Lock()
         self.loads = 0  # policies loaded from the registry or the base: what holding saves
         self.trackers = Trackers(settings.data_dir)  # the recipe's report_to
+        self.ranks = _join_ranks()  # None on one process; torchrun's ranks, as rank 0
 
     async def update(self, req: UpdateRequest) -> UpdateResult:
         async with self._lock:
@@ -115,7 +121,7 @@ class Trainer:
                    for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts,
                                           req.recipe.loss.temperature)]
         self._held = None  # the weights are about to change: unusable until published
-        step = await asyncio.to_thread(seeded, req, self._train, held, samples, req.recipe)
+        step = await asyncio.to_thread(on_ranks, self.ranks, "train", held, req, samples)
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
@@ -150,12 +156,15 @@ class Trainer:
         self._held = None
         self.loads += 1
         if req.parent == 0:
-            return await asyncio.to_thread(seeded, req, _load, req, None, None)
+            return await asyncio.to_thread(on_ranks, self.ranks, "load", None, req, None, None)
         parent = await registry.get(req.name, req.parent)
         checkpoint = await materialise(parent, store.blobs, self.settings.data_dir / "policies")
-        with self._scratch("conductor-optim-") as tmp:  # streamed, never held in memory
+        # streamed to a file, never held in memory; under the data directory, which every rank
+        # of this machine reads
+        with self._scratch("conductor-optim-") as tmp:
             state = await optimizer_file(parent, store.blobs, tmp / "optimizer.safetensors")
-            return await asyncio.to_thread(seeded, req, _load, req, checkpoint, state)
+            return await asyncio.to_thread(on_ranks, self.ranks, "load", None, req, checkpoint,
+                                           state)
 
     @contextlib.contextmanager
     def _scratch(self, prefix: str) -> Iterator[Path]:
@@ -165,24 +174,11 @@ class Trainer:
         with tempfile.TemporaryDirectory(prefix=prefix, dir=self.settings.data_dir) as tmp:
             yield Path(tmp)
 
-    def _train(self, held: _Held, samples: list[Any], recipe: Recipe) -> Any:
-        from conductor_engine.trainer.grpo import train_step
-        from conductor_engine.trainer.policy import reference_model
-
-        if recipe.loss.beta > 0 and held.reference is None:
-            held.reference = reference_model(held.policy)
-        _set_learning_rate(held.optimizer, recipe.loss)
-        return train_step(held.policy.model, held.optimizer, samples, recipe.loss,
-                          ref_model=held.reference, pad_id=held.policy.pad_id)
-
     async def _save(self, held: _Held, req: UpdateRequest, store: TraceStore,
                     metrics: dict[str, Any]) -> PolicyVersion:
         """Checkpoint and optimiser state into the blob store; the version row to publish."""
-        from conductor_engine.trainer.policy import save_checkpoint, save_optimizer
-
         with self._scratch("conductor-ckpt-") as out:
-            paths = await asyncio.to_thread(save_checkpoint, held.policy, out / "checkpoint")
-            await asyncio.to_thread(save_optimizer, held.optimizer, out / "optimizer.safetensors")
+            paths = await asyncio.to_thread(on_ranks, self.ranks, "save", held, out)
             files = {p.name: await store.blobs.put_file(p) for p in paths}  # streamed
             optimizer = await store.blobs.put_file(out / "optimizer.safetensors")
         return PolicyVersion(
@@ -243,16 +239,106 @@ def _set_learning_rate(optimizer: Any, loss: LossConfig) -> None:
 
 
 def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | None) -> _Held:
+    from conductor_engine.trainer.distributed import prepare
     from conductor_engine.trainer.grpo import make_optimizer
     from conductor_engine.trainer.policy import load_optimizer, load_policy
 
     policy = load_policy(req.recipe.policy, checkpoint_dir=checkpoint)
-    optimizer = make_optimizer(policy.model, req.recipe.loss)
+    policy.trained = prepare(policy.model, lora=policy.kind == "lora")  # for several ranks
+    optimizer = make_optimizer(policy.trained, req.recipe.loss)
     if optimizer_state is not None:
-        load_optimizer(optimizer, optimizer_state)
+        load_optimizer(optimizer, optimizer_state, model=policy.trained)
     log.info("policy loaded", policy=req.name, version=version_label(req.parent),
              kind=policy.kind, device=str(policy.device))
     return _Held(req.name, req.parent, req.recipe.policy, policy, optimizer)
+
+
+def _train(held: _Held, samples: list[Any], recipe: Recipe) -> Any:
+    from conductor_engine.trainer.grpo import train_step
+    from conductor_engine.trainer.policy import reference_model
+
+    if recipe.loss.beta > 0 and held.reference is None:
+        if held.policy.trained is not held.policy.model and held.policy.kind == "full":
+            raise PolicyError("beta > 0 with full fine-tuning on several GPUs is not supported "
+                              "yet (no sharded frozen reference): set beta = 0, or lora = true")
+        held.reference = reference_model(held.policy)
+    _set_learning_rate(held.optimizer, recipe.loss)
+    return train_step(held.policy.trained, held.optimizer, samples, recipe.loss,
+                      ref_model=held.reference, pad_id=held.policy.pad_id)
+
+
+# ------------------------------------------------------------------------- several ranks
+# Each command is run by every rank on its own copy of the policy (`_Held`), rank 0 first
+# sending it; its arguments travel pickled (samples, a request, paths: never weights).
+
+
+def _command_load(_: _Held | None, req: UpdateRequest, checkpoint: Path | None,
+                  optimizer_state: Path | None) -> _Held:
+    return seeded(req, _load, req, checkpoint, optimizer_state)
+
+
+def _command_train(held: _Held, req: UpdateRequest, samples: list[Any]) -> Any:
+    return seeded(req, _train, held, samples, req.recipe)
+
+
+def _command_save(held: _Held, out: Path) -> list[Path]:
+    """The checkpoint and optimiser state into `out` (by rank 0, gathered from every rank's
+    shards under FSDP2); returns the checkpoint's files."""
+    from conductor_engine.trainer.policy import save_checkpoint, save_optimizer
+
+    paths = save_checkpoint(held.policy, out / "checkpoint")
+    save_optimizer(held.optimizer, out / "optimizer.safetensors", model=held.policy.trained)
+    return paths
+
+
+_COMMANDS: dict[str, Callable[..., Any]] = {
+    "load": _command_load, "train": _command_train, "save": _command_save}
+
+
+def on_ranks(ranks: Any, command: str, held: _Held | None, *args: Any) -> Any:
+    """Run `command` here, after sending it to the other ranks when there are any."""
+    if ranks is not None:
+        ranks.send((command, args))
+    return _COMMANDS[command](held, *args)
+
+
+def follow() -> None:
+    """A rank other than 0 (`conductor trainer` under torchrun): run rank 0's commands on this
+    rank's copy of the policy until rank 0 stops."""
+    from conductor_engine.trainer.distributed import setup
+
+    ranks = setup()
+    held: _Held | None = None
+    log.info("trainer rank following rank 0", rank=ranks.rank, world=ranks.world)
+    while (command := ranks.receive()) is not None:
+        name, args = command
+        try:
+            result = _COMMANDS[name](held, *args)
+        except Exception:  # rank 0 met it too (a recipe it cannot train) and reports it
+            log.exception("trainer rank command failed", rank=ranks.rank, command=name)
+            held = None  # rank 0 drops its policy after a failure too: it sends a load next
+            continue
+        if name == "load":
+            held = result
+    log.info("trainer rank stopped", rank=ranks.rank)
+
+
+def _join_ranks() -> Any:
+    """The ranks torchrun started, as rank 0 (None when there is one process: torch is then
+    not imported until the first update)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    from conductor_engine.trainer.distributed import setup
+
+    return setup()
+
+
+def release_ranks() -> None:
+    """Rank 0, stopping: tell the other ranks to stop too."""
+    if int(os.environ.get("WORLD_SIZE", "1")) >= 2:
+        from conductor_engine.trainer.distributed import release
+
+        release()
 
 
 def _nothing_to_train(req: UpdateRequest, stats: GroupStats, started: float) -> UpdateResult:

@@ -168,8 +168,16 @@ class PolicyConfig(BaseModel):
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_target_modules: str | list[str] = "all-linear"
     device: str | None = Field(default=None, description="None: cuda when present, else cpu")
-    bf16: bool | None = Field(default=None, description="None: on where CUDA supports it")
-    gradient_checkpointing: bool | None = Field(default=None, description="None: on GPU only")
+    bf16: bool | None = Field(
+        default=None, description="store the weights in bfloat16 (None: a LoRA policy's frozen "
+        "base where CUDA supports it; a full policy and a LoRA adapter stay float32)")
+    gradient_checkpointing: bool | None = Field(
+        default=None, description="None: on the GPU, for a micro-batch whose activations would "
+        "not fit the free memory; off on CPU")
+    precision: Literal["bf16-mixed", "fp32"] | None = Field(
+        default=None, description="the passes' compute: 'bf16-mixed' runs the transformer's "
+        "matmuls in bfloat16 (autocast) while weights, gradients and AdamW state keep their "
+        "float32; None: bf16-mixed where CUDA supports bfloat16, else fp32")
 
 
 class HeldOutConfig(BaseModel):

@@ -16,14 +16,17 @@ pytest.importorskip("transformers")
 
 from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig  # noqa: E402
 from conductor_engine.trainer.grpo import (  # noqa: E402
+    Compute,
     Sample,
     _shared_prefix_len,
     collate,
+    compute_of,
     group_advantages,
     grpo_loss,
     loss_normaliser,
     make_optimizer,
     per_token_logprobs,
+    set_compute,
     train_step,
 )
 from tests.grpo_inputs import EOS, PAD, random_samples, tiny_model, tiny_model_dir  # noqa: E402
@@ -168,17 +171,38 @@ def full_pass_logprobs(model: Any, samples: list[Sample], temperature: float) ->
                          ids=["own-prompts", "one-shared-prompt", "one-shared-header",
                               "two-groups-one-header"])
 @pytest.mark.parametrize("completion_len", [(2, 9), (1, 1)], ids=["varied", "one-token"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+@pytest.mark.parametrize("prefix", ["cache", "packed"])
 def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
-    groups: int, header: int, completion_len: tuple[int, int]
+    groups: int, header: int, completion_len: tuple[int, int], checkpointing: bool, prefix: str
 ) -> None:
     """Also when the prefix all prompts share (a group's whole prompt, or the instructions
-    prompts of different lengths open with) runs once and the rows read it as a KV cache."""
-    model = tiny_model()
+    prompts of different lengths open with) runs once and the rows read it as a KV cache, or
+    packed into one sequence with the rows (as under FSDP2), and also under gradient
+    checkpointing, where the rows' pass is recomputed in the backward (each decoder layer's
+    MLP then runs once more) and still reads the prefix's cache."""
+    model = tiny_model().train()
+    if checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    mlp_calls = [0]
+    act = model.model.layers[0].mlp.act_fn
+    run = act.forward  # counted by hand: module hooks do not fire in a checkpoint's replay
+
+    def counted(x: Any) -> Any:
+        mlp_calls[0] += 1
+        return run(x)
+
+    act.forward = counted
     samples = random_samples(5, groups=groups, completion_len=completion_len, header=header)
-    shared = _shared_prefix_len(model, collate(samples, PAD))
+    batch = collate(samples, PAD)
+    batch.prefix = prefix
+    shared = _shared_prefix_len(model, batch)
     assert shared == (min(len(s.prompt_ids) for s in samples) - 1 if groups == 1 else header)
-    got = per_token_logprobs(model, collate(samples, PAD), temperature=0.7)
+    got = per_token_logprobs(model, batch, temperature=0.7)
     got.sum().backward()
+    passes = 2 if shared and prefix == "cache" else 1  # the prefix, then the rows; or one
+    assert mlp_calls[0] == passes + (1 if checkpointing else 0)  # the rows' pass, replayed
     fast = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     want = full_pass_logprobs(model, samples, 0.7)
@@ -335,6 +359,105 @@ def test_later_steps_of_an_update_are_clipped_against_the_policy_that_sampled(ol
     train_step(by_hand, optimizer, second, cfg, pad_id=PAD)
     for got, want in zip(model.parameters(), by_hand.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ precision
+
+
+def test_bf16_mixed_updates_at_lr_1e6_move_the_float32_weights_that_bf16_weights_would_lose(
+) -> None:
+    """Mixed precision: the passes run in bfloat16 (autocast), the weights and AdamW state stay
+    float32, and an update at the paper's 1e-6 moves almost every weight it has a gradient for
+    by ~1e-6 (Adam's first step is lr * sign(g)). The same update on bfloat16 weights is lost:
+    their spacing near the weights' scale (0.2) is 2^-10, and 1e-6 rounds back to the weight.
+    That is why weights stay float32 and only the compute is bfloat16."""
+    samples = random_samples(6, seed=2, old=False, groups=2)
+    cfg = LossConfig(learning_rate=1e-6)
+
+    def moved(model: Any) -> tuple[float, float]:
+        """(share of weights with a gradient that moved, the largest move)"""
+        before = [p.detach().float().clone() for p in model.parameters()]
+        optimizer = make_optimizer(model, cfg)
+        grads: list[Any] = []
+        optimizer.register_step_pre_hook(
+            lambda opt, *_: grads.extend(p.grad.clone() for p in opt.param_groups[0]["params"]))
+        assert train_step(model, optimizer, samples, cfg, pad_id=PAD).skipped is None
+        live = [g != 0 for g in grads]
+        changed = sum(int(((p.detach().float() != b) & m).sum())
+                      for p, b, m in zip(model.parameters(), before, live, strict=True))
+        largest = max(float((p.detach().float() - b).abs().max())
+                      for p, b in zip(model.parameters(), before, strict=True))
+        return changed / sum(int(m.sum()) for m in live), largest
+
+    mixed = tiny_model()
+    set_compute(mixed, Compute(autocast=torch.bfloat16))
+    batch = collate(samples, PAD)
+    with torch.no_grad():
+        plain = per_token_logprobs(mixed, batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = per_token_logprobs(mixed, batch)
+    assert 0 < float((plain - low).abs().max()) < 0.1  # the passes do run in bfloat16
+    share, largest = moved(mixed)
+    assert next(mixed.parameters()).dtype == torch.float32
+    assert share > 0.95 and largest == pytest.approx(1e-6, rel=0.05), (share, largest)
+
+    share, _ = moved(tiny_model().to(torch.bfloat16))  # pure bfloat16 weights
+    assert share < 0.02, share
+
+
+def test_auto_checkpointing_leaves_the_paper_lora_shape_unchecked_on_an_80gb_gpu() -> None:
+    """The shapes decide (gradient_checkpointing = None): 7B LoRA's longest micro-batch of 8
+    paper rollouts (a 900-token prompt run once, 400-token completions) is estimated at ~48 GB
+    of activations, which fits beside the bfloat16 base and the adapter's state on an 80 GB
+    GPU, so it runs without recomputation (issue 31: 20.8 s per update, not 62.7 s); 7B full
+    weights sharded on two such GPUs (~61 GB each) leave no room for it, so those recompute."""
+    from types import SimpleNamespace
+
+    from conductor_engine.trainer.grpo import _bytes_per_token, fits
+
+    qwen7b = SimpleNamespace(config=SimpleNamespace(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28))
+    per_token = _bytes_per_token(qwen7b, compute=2, stream=2)  # autocast over a bf16 base
+    activations = (900 + 8 * 400) * per_token
+    assert 38 * 2**30 < activations < 50e9  # above issue 31's measured peak, not far above
+    gpu = 80 * 2**30
+    adapter = 161_000_000 * 4  # r=64 all-linear, float32; its gradients and AdamW state, x3
+    assert fits(activations + 3 * adapter, gpu - 15_200_000_000 - adapter)
+    full_shard = 7_600_000_000 * 16 // 2  # float32 weights, gradients and AdamW, halved
+    assert not fits(activations, gpu - full_shard)  # the prefix packed once, as on one GPU
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16-mixed"])
+def test_the_activation_estimate_is_above_what_autograd_keeps_and_within_twice_it(
+        autocast: Any) -> None:
+    """Auto checkpointing decides from an estimate until it has measured a micro-batch; the
+    estimate must not be below what a pass really keeps (it would run out of memory), nor so
+    far above that it recomputes where nothing needs it."""
+    from conductor_engine.trainer.grpo import _bytes_per_token, _measure
+
+    model = tiny_model(hidden=256, layers=2).train()
+    batch = collate(random_samples(8, groups=2, completion_len=(20, 40), header=30), PAD)
+    compute = Compute(autocast=autocast)
+    with _measure(model, batch, compute, True):
+        with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=bool(autocast)):
+            logprobs = per_token_logprobs(model, batch)
+        logprobs.sum().backward()
+    kept = compute.measured["bytes_per_token"]
+    estimate = _bytes_per_token(model, compute=2 if autocast else 4, stream=4)
+    assert kept < estimate < 2 * kept, (kept, estimate)
+
+
+def test_load_policy_sets_bf16_mixed_compute_over_float32_weights(tmp_path: Path) -> None:
+    from conductor_engine.trainer.policy import load_policy
+
+    base = str(tiny_model_dir(tmp_path))
+    for lora in (True, False):
+        policy = load_policy(PolicyConfig(base=base, lora=lora, lora_r=4, device="cpu",
+                                          precision="bf16-mixed"))
+        assert compute_of(policy.model) == Compute(autocast=torch.bfloat16)
+        assert {p.dtype for p in policy.model.parameters() if p.requires_grad} == {torch.float32}
+    policy = load_policy(PolicyConfig(base=base, device="cpu"))  # None on CPU: float32
+    assert compute_of(policy.model) == Compute(autocast=None)
 
 
 # ------------------------------------------------------------------------------ checkpoints

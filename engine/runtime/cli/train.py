@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import tomllib
 from collections.abc import AsyncIterator
@@ -385,14 +386,21 @@ def train_stop(name: Annotated[str, typer.Argument(help="the training run")],
 @app.command()
 def trainer() -> None:
     """Run the trainer service: a worker on the `trainer` task queue that runs GRPO updates
-    (on the GPU when there is one) and publishes each new policy version."""
+    (on the GPU when there is one) and publishes each new policy version. On several GPUs:
+    `torchrun --nproc-per-node N --no-python conductor trainer` (rank 0 polls; the others
+    follow it, see trainer/distributed.py)."""
+    if int(os.environ.get("RANK", "0")) > 0:  # a torchrun rank that follows rank 0
+        from conductor_engine.trainer.service import follow
+
+        follow()
+        return
     settings = load_settings()
     run_async(_serve_trainer(settings))
 
 
 async def _serve_trainer(settings: Settings) -> None:
     from conductor_engine.engine.storage.shared import close_shared_stores
-    from conductor_engine.trainer.service import build_trainer_worker
+    from conductor_engine.trainer.service import build_trainer_worker, release_ranks
 
     conductor = await ConductorClient.connect(settings, start_embedded=False,
                                              wait_s=settings.temporal_connect_timeout)
@@ -408,6 +416,7 @@ async def _serve_trainer(settings: Settings) -> None:
             err.print(f"trainer polling [bold]{escape(settings.trainer_task_queue)}[/] on "
                       f"{escape(settings.address)}{metrics}; Ctrl-C stops")
         await stop.wait()
+    release_ranks()
     await close_shared_stores()
     if not announce_json("trainer stopped", task_queue=settings.trainer_task_queue):
         err.print("trainer stopped")
