@@ -447,6 +447,54 @@ def test_the_activation_estimate_is_above_what_autograd_keeps_and_within_twice_i
     assert kept < estimate < 2 * kept, (kept, estimate)
 
 
+def _oom_run(base: Path, samples: list[Sample], cfg: LossConfig, *, oom_from: int | None,
+             oom_until: int | None = None) -> tuple[Any, Any, list[bool]]:
+    """A full policy under auto checkpointing, updated by SGD (whose step is proportional to
+    the gradient: a micro-batch counted twice would show), its first decoder layer raising
+    CUDA's out-of-memory error on forward calls oom_from..oom_until (as a GPU would)."""
+    from conductor_engine.trainer.grpo import decoder_layers
+    from conductor_engine.trainer.policy import load_policy
+
+    policy = load_policy(PolicyConfig(base=str(base), lora=False, device="cpu",
+                                      gradient_checkpointing=True))
+    set_compute(policy.model, Compute(auto_checkpointing=True))
+    calls: list[bool] = []  # each forward call of the layer: was it checkpointed
+
+    def layer_forward(layer: Any, _: Any) -> None:
+        calls.append(layer.gradient_checkpointing)
+        if oom_from is not None and oom_from <= len(calls) <= (oom_until or oom_from):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    decoder_layers(policy.model)[0].register_forward_pre_hook(layer_forward)
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=cfg.learning_rate)
+    return policy.model, train_step(policy.model, optimizer, samples, cfg, pad_id=PAD), calls
+
+
+def test_a_micro_batch_out_of_memory_reruns_the_step_checkpointed_to_the_same_weights(
+        tmp_path: Path) -> None:
+    """The third forward (the second micro-batch's prefix, after the first micro-batch's
+    gradients were accumulated) runs out of memory: the step runs again, checkpointed, and
+    ends where an update that never ran out ends (nothing accumulated twice)."""
+    base = tiny_model_dir(tmp_path)
+    samples = random_samples(8, seed=4, old=False, groups=2, header=5)
+    cfg = LossConfig(learning_rate=1e-1, micro_batch_size=2)
+    want, want_step, plain = _oom_run(base, samples, cfg, oom_from=None)
+    got, got_step, calls = _oom_run(base, samples, cfg, oom_from=3)
+    assert not any(plain) and any(calls[3:]), calls  # the rerun recomputed; nothing before
+    assert got_step.skipped is None
+    assert (got_step.loss, got_step.tokens) == pytest.approx((want_step.loss, want_step.tokens))
+    for a, b in zip(got.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_memory_with_every_micro_batch_checkpointed_says_to_lower_the_micro_batch(
+        tmp_path: Path) -> None:
+    samples = random_samples(8, seed=4, old=False, groups=2, header=5)
+    with pytest.raises(torch.OutOfMemoryError, match=r"lower \[loss\] micro_batch_size"):
+        _oom_run(tiny_model_dir(tmp_path), samples, LossConfig(micro_batch_size=2), oom_from=3,
+                 oom_until=10**6)
+
+
 def test_load_policy_sets_bf16_mixed_compute_over_float32_weights(tmp_path: Path) -> None:
     from conductor_engine.trainer.policy import load_policy
 
