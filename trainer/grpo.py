@@ -633,18 +633,25 @@ def _pass_tokens(hf: Any, batch: Batch) -> int:
     return shared + b * (width - shared)
 
 
-def _bytes_per_token(hf: Any, compute: int, stream: int) -> int:
+def _bytes_per_token(hf: Any, compute: int, stream: int, *, lora: bool = False,
+                     dropout: bool = False) -> int:
     """What the forward keeps per token for the backward without checkpointing, estimated
     before anything was measured: per layer ~16 hidden-sized tensors (norms, q/k/v/o,
-    residuals, LoRA inputs) of the residual stream's `stream` bytes (the weights' dtype; the
-    norms upcast) and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls'
-    `compute` bytes. For 7B (h 3584, i 18944, 28 layers) on its bfloat16 base, 11.7 MB: 48 GB
-    for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a little
-    above the ~38 GiB issue 31 measured at its peak. On CPU it is above what autograd keeps
-    and within 2x of it (tests/unit/test_grpo.py)."""
+    residuals) of the residual stream's `stream` bytes (the weights' dtype; the norms upcast)
+    and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls' `compute`
+    bytes. A LoRA adapter on every linear layer keeps its own copy of each layer's input in
+    the adapter's dtype, cast to `compute` by autocast: ~8 hidden-sized more; under dropout
+    also the dropped float32 inputs (8 hidden-sized and 2 intermediate-sized more). For 7B
+    (h 3584, i 18944, 28 layers) with LoRA on its bfloat16 base, 13.3 MB: 55 GB for a
+    micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), above the ~38 GiB
+    issue 31 measured at its peak. On CPU it is above what autograd keeps and within 2x of it
+    (tests/unit/test_grpo.py, with and without LoRA)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     h = cfg.hidden_size
-    per_layer = 16 * h * stream + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h) * compute
+    i = getattr(cfg, "intermediate_size", None) or 4 * h
+    per_layer = 16 * h * stream + 8 * i * compute
+    if lora:
+        per_layer += 8 * h * compute + (8 * h * 4 + 2 * i * 4 if dropout else 0)
     return int(cfg.num_hidden_layers * per_layer)
 
 
@@ -678,9 +685,15 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 def _per_token(hf: Any, compute: Compute) -> int:
     """The bytes a pass keeps per token, as judged now: the most measured, else the estimate."""
+    measured = compute.measured.get("bytes_per_token")
+    if measured:
+        return measured
     stream = next(hf.parameters()).element_size()
     elem = 2 if compute.autocast is not None else stream
-    return compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem, stream)
+    adapters = [m for m in hf.modules() if hasattr(m, "lora_A")]  # peft's LoRA layers
+    dropout = any(getattr(d, "p", 0) > 0 for m in adapters
+                  for d in getattr(m, "lora_dropout", {}).values())
+    return _bytes_per_token(hf, elem, stream, lora=bool(adapters), dropout=dropout)
 
 
 def _after_oom(model: torch.nn.Module, batch: Batch, compute: Compute) -> None:
