@@ -364,11 +364,13 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     from transformers import DynamicCache
 
     p, b = batch.prompt_len, batch.input_ids.shape[0]
+    # the layers fill the cache they are given; the model's output may not return it (with
+    # checkpointing installed, transformers' Qwen2 forces use_cache off and returns None)
+    cache = DynamicCache(config=hf.config)
     with _checkpointed(hf, False):
-        prefix = hf.base_model(input_ids=_prefix_ids(batch, shared),
-                               past_key_values=DynamicCache(config=hf.config), use_cache=True)
+        hf.base_model(input_ids=_prefix_ids(batch, shared), past_key_values=cache,
+                      use_cache=True)
     rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
-    cache = prefix.past_key_values
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
                                         for m in decoder_layers(hf))
     with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):

@@ -456,6 +456,53 @@ def test_the_activation_estimate_is_above_what_autograd_keeps_and_within_twice_i
     assert kept < estimate < 2 * kept, (kept, estimate)
 
 
+def _tiny_qwen2_dir(out: Path) -> Path:
+    """A random Qwen2 (Qwen2.5's architecture: q/k/v biases, untied head) saved with the tiny
+    tokenizer, as a model directory."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tests.grpo_inputs import tiny_tokenizer
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        pad_token_id=PAD, eos_token_id=EOS)).save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["not-recomputed", "recomputed"])
+def test_qwen2_with_checkpointing_installed_runs_the_shared_prefix_as_full_passes(
+        recompute: bool, tmp_path: Path) -> None:
+    """On CUDA load_policy installs checkpointing and train_step turns it on per micro-batch
+    only where memory needs it. Qwen2 then ignores use_cache (it returns no cache from the
+    prefix pass, whichever way the layers are set): the shared prefix must still give the
+    log-probs and gradients of full passes, recomputed or not."""
+    from conductor_engine.trainer.grpo import _checkpointed, _hf
+    from conductor_engine.trainer.policy import load_policy
+
+    policy = load_policy(PolicyConfig(base=str(_tiny_qwen2_dir(tmp_path)), lora=False,
+                                      device="cpu", gradient_checkpointing=True))
+    model = policy.model.train()
+    batch = collate(random_samples(4, seed=5, groups=1, header=6), PAD)
+    assert _shared_prefix_len(_hf(model), batch) > 0
+
+    def run(prefix: str) -> tuple[Any, list[Any]]:
+        with _checkpointed(_hf(model), recompute):
+            logprobs = per_token_logprobs(model, dataclasses.replace(batch, prefix=prefix))
+        logprobs.sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return logprobs.detach(), grads
+
+    shared, shared_grads = run("cache")
+    full, full_grads = run("none")
+    torch.testing.assert_close(shared, full, rtol=1e-4, atol=1e-5)
+    for a, b in zip(shared_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def _oom_run(base: Path, samples: list[Sample], cfg: LossConfig, *, oom_from: int | None,
              oom_until: int | None = None) -> tuple[Any, Any, list[bool]]:
     """A full policy under auto checkpointing, updated by SGD (whose step is proportional to
