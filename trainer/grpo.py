@@ -364,11 +364,13 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     from transformers import DynamicCache
 
     p, b = batch.prompt_len, batch.input_ids.shape[0]
+    # the layers fill the cache they are given; the model's output may not return it (with
+    # checkpointing installed, transformers' Qwen2 forces use_cache off and returns None)
+    cache = DynamicCache(config=hf.config)
     with _checkpointed(hf, False):
-        prefix = hf.base_model(input_ids=_prefix_ids(batch, shared),
-                               past_key_values=DynamicCache(config=hf.config), use_cache=True)
+        hf.base_model(input_ids=_prefix_ids(batch, shared), past_key_values=cache,
+                      use_cache=True)
     rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
-    cache = prefix.past_key_values
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
                                         for m in decoder_layers(hf))
     with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):
@@ -633,18 +635,25 @@ def _pass_tokens(hf: Any, batch: Batch) -> int:
     return shared + b * (width - shared)
 
 
-def _bytes_per_token(hf: Any, compute: int, stream: int) -> int:
+def _bytes_per_token(hf: Any, compute: int, stream: int, *, lora: bool = False,
+                     dropout: bool = False) -> int:
     """What the forward keeps per token for the backward without checkpointing, estimated
     before anything was measured: per layer ~16 hidden-sized tensors (norms, q/k/v/o,
-    residuals, LoRA inputs) of the residual stream's `stream` bytes (the weights' dtype; the
-    norms upcast) and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls'
-    `compute` bytes. For 7B (h 3584, i 18944, 28 layers) on its bfloat16 base, 11.7 MB: 48 GB
-    for a micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), a little
-    above the ~38 GiB issue 31 measured at its peak. On CPU it is above what autograd keeps
-    and within 2x of it (tests/unit/test_grpo.py)."""
+    residuals) of the residual stream's `stream` bytes (the weights' dtype; the norms upcast)
+    and ~8 intermediate-sized ones (gate, up, activation, product) of the matmuls' `compute`
+    bytes. A LoRA adapter on every linear layer keeps its own copy of each layer's input in
+    the adapter's dtype, cast to `compute` by autocast: ~8 hidden-sized more; under dropout
+    also the dropped float32 inputs (8 hidden-sized and 2 intermediate-sized more). For 7B
+    (h 3584, i 18944, 28 layers) with LoRA on its bfloat16 base, 13.3 MB: 55 GB for a
+    micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), above the ~38 GiB
+    issue 31 measured at its peak. On CPU it is above what autograd keeps and within 2x of it
+    (tests/unit/test_grpo.py, with and without LoRA)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     h = cfg.hidden_size
-    per_layer = 16 * h * stream + 8 * (getattr(cfg, "intermediate_size", None) or 4 * h) * compute
+    i = getattr(cfg, "intermediate_size", None) or 4 * h
+    per_layer = 16 * h * stream + 8 * i * compute
+    if lora:
+        per_layer += 8 * h * compute + (8 * h * 4 + 2 * i * 4 if dropout else 0)
     return int(cfg.num_hidden_layers * per_layer)
 
 
@@ -673,10 +682,29 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
     pending = sum(4 * local(p) for p in params if p.grad is None)
     pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
     hf = _hf(model)
+    return not fits(_pass_tokens(hf, batch) * _per_token(hf, compute) + pending, free)
+
+
+def _per_token(hf: Any, compute: Compute) -> int:
+    """The bytes a pass keeps per token, as judged now: the most measured, else the estimate."""
+    measured = compute.measured.get("bytes_per_token")
+    if measured:
+        return measured
     stream = next(hf.parameters()).element_size()
     elem = 2 if compute.autocast is not None else stream
-    per_token = compute.measured.get("bytes_per_token") or _bytes_per_token(hf, elem, stream)
-    return not fits(_pass_tokens(hf, batch) * per_token + pending, free)
+    adapters = [m for m in hf.modules() if hasattr(m, "lora_A")]  # peft's LoRA layers
+    dropout = any(getattr(d, "p", 0) > 0 for m in adapters
+                  for d in getattr(m, "lora_dropout", {}).values())
+    return _bytes_per_token(hf, elem, stream, lora=bool(adapters), dropout=dropout)
+
+
+def _after_oom(model: torch.nn.Module, batch: Batch, compute: Compute) -> None:
+    """A micro-batch ran out of device memory, judged to fit: judge later ones by twice the
+    bytes per token (so a micro-batch half the size still runs without recomputing), and give
+    the allocator's cached blocks back before the step runs again."""
+    compute.measured["bytes_per_token"] = 2 * _per_token(_hf(model), compute)
+    if batch.input_ids.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def fits(needed: int, free: int) -> bool:
@@ -882,12 +910,55 @@ def _optimiser_step(
     refs: list[Tensor | None], cfg: LossConfig, normaliser: float, compute: Compute,
 ) -> dict[str, float]:
     """Accumulate the gradient of every micro-batch (each loss times its weight: the world size
-    on several ranks, 0 for a filler), clip its norm, step (unless not finite)."""
+    on several ranks, 0 for a filler), clip its norm, step (unless not finite).
+
+    Under auto checkpointing on one rank, a micro-batch that runs out of device memory (the
+    estimate or the measure was short: fragmentation, a kernel's workspace) does not end the
+    update: the gradients accumulated so far are dropped and the step runs again with every
+    micro-batch checkpointed, and the bytes per token judged from then on are doubled
+    (`_after_oom`). On several ranks the others are inside a collective: it is raised."""
+    retry = False
+    try:
+        totals = _accumulate(model, optimizer, batches, refs, cfg, normaliser, compute, False)
+    except torch.OutOfMemoryError:
+        if not compute.auto_checkpointing or _ranks(model)[1] > 1:
+            raise
+        retry = True  # outside the handler, so the failed pass's tensors are freed first
+    if retry:
+        optimizer.zero_grad(set_to_none=True)
+        _after_oom(model, batches[0][0], compute)
+        try:
+            totals = _accumulate(model, optimizer, batches, refs, cfg, normaliser, compute, True)
+        except torch.OutOfMemoryError:
+            size = max(len(b.input_ids) for b, _ in batches)
+            raise torch.OutOfMemoryError(
+                f"out of device memory even with gradient checkpointing on every micro-batch "
+                f"of up to {size} rows: lower [loss] micro_batch_size") from None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    loss_sum, clipped, kl, n_tokens = totals.tolist()
+    tokens = max(n_tokens, 1)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss_sum, "grad_norm": grad_norm, "tokens": n_tokens,
+            "clip_fraction": clipped / tokens, "kl": kl / tokens}
+
+
+def _accumulate(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
+    refs: list[Tensor | None], cfg: LossConfig, normaliser: float, compute: Compute,
+    recompute_all: bool,
+) -> Tensor:
+    """Every micro-batch's forward and backward, gradients summed into `.grad`: the update's
+    totals (loss, clip fraction and kl token-weighted, tokens), over all ranks. Checkpointed
+    where auto checkpointing judges it needed, or everywhere with `recompute_all`."""
     totals = torch.zeros(4, dtype=torch.float64)  # loss, clip_fraction, kl (token-weighted), tokens
     hf = _hf(model)
     for i, ((batch, weight), ref) in enumerate(zip(batches, refs, strict=True)):
-        recompute = compute.auto_checkpointing and _needs_checkpointing(model, optimizer, batch,
-                                                                        compute)
+        recompute = compute.auto_checkpointing and (
+            recompute_all or _needs_checkpointing(model, optimizer, batch, compute))
         checkpointed = _checkpointed(hf, recompute) if compute.auto_checkpointing \
             else nullcontext()
         measured = _measure(model, batch, compute, compute.auto_checkpointing and not recompute)
@@ -909,16 +980,7 @@ def _optimiser_step(
         summed = totals.to(batches[0][0].input_ids.device)  # NCCL reduces device tensors
         dist.all_reduce(summed)  # every rank reports the whole update
         totals = summed.cpu()
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    loss_sum, clipped, kl, n_tokens = totals.tolist()
-    tokens = max(n_tokens, 1)
-    if math.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "tokens": n_tokens,
-            "clip_fraction": clipped / tokens, "kl": kl / tokens}
+    return totals
 
 
 def _mean_metrics(steps: list[dict[str, float]]) -> dict[str, Any]:
