@@ -4,7 +4,8 @@ A `code` reference is one of:
 - stdin/stdout cases (LiveCodeBench, Codeforces): `{"io": [{"input": "...", "output": "..."}]}`
   or LiveCodeBench's own list `[{"input": ..., "output": ..., "testtype": "stdin"}]`;
 - function-call cases: `{"function": "name", "cases": [{"args": [...], "kwargs": {...},
-  "expected": ...}]}` (`"Class.method"` calls a method of a fresh instance, the LeetCode form);
+  "expected": ...}], "prelude": "..."}` (`"Class.method"` calls a method of a fresh instance,
+  the LeetCode form; the optional prelude is code run before the candidate's, e.g. imports);
 - Python test code: asserts or `test*` functions (HumanEval, MBPP). When every statement is
   `assert name(literals) == literal` (MBPP's form) it is read as function-call cases; any other
   test code runs beside the candidate and its verdict is marked untrusted (see UNTRUSTED).
@@ -58,6 +59,10 @@ class CodeTests(BaseModel):
     tuples_as_lists: bool = Field(
         default=False, description="JSON call cases: a returned tuple compares as a list (JSON "
         "has no tuples; LiveCodeBench's grader does the same). Python asserts keep them apart.")
+    prelude: str = Field(
+        default="", max_length=4000,
+        description="call cases: trusted code run before the candidate's (the standard imports "
+        "LiveCodeBench's grader gives LeetCode solutions, which use `List` unimported)")
 
     @property
     def trusted(self) -> bool:
@@ -67,6 +72,7 @@ class CodeTests(BaseModel):
 class _Cases(BaseModel):
     function: str
     cases: list[dict[str, Any]] = Field(min_length=1)
+    prelude: str = ""
 
 
 def _from_json(data: Any) -> CodeTests:
@@ -89,7 +95,7 @@ def _from_json(data: Any) -> CodeTests:
             args = [json.loads(line) for line in str(case["input"]).splitlines() if line.strip()]
             case = {"args": args, "expected": json.loads(str(case["output"]))}
         calls.append(CallCase.model_validate({"function": spec.function, **case}))
-    return CodeTests(form="call", calls=calls, tuples_as_lists=True)
+    return CodeTests(form="call", calls=calls, tuples_as_lists=True, prelude=spec.prelude)
 
 
 def _literal_call(stmt: ast.stmt) -> CallCase | None:

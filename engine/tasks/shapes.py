@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_engine.engine.rewards.extract import last_boxed
+from conductor_engine.engine.tasks import livecodebench as lcb
 from conductor_engine.engine.tasks.files import (
     HF_PREFIX,
     TaskFile,
@@ -46,7 +47,8 @@ MATH_COLUMNS = {"id": "unique_id", "question": "problem", "answer": "answer",
                 "solution": "solution", "level": "level", "subject": "subject"}
 CODE_COLUMNS = {"id": "question_id", "question": "question_content",
                 "starter_code": "starter_code", "public": "public_test_cases",
-                "private": "private_test_cases", "difficulty": "difficulty"}
+                "private": "private_test_cases", "metadata": "metadata",
+                "difficulty": "difficulty"}
 
 
 def _get(row: dict[str, Any], columns: dict[str, str], field: str) -> Any:
@@ -104,35 +106,37 @@ def math_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
     return out
 
 
-def _cases(value: Any, column: str) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise _Problem(f"column {column!r}: not a JSON list of test cases ({exc.msg})") \
-                from None
-    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
-        raise _Problem(f"column {column!r}: expected a list of {{input, output}} objects")
-    return [{"input": str(c.get("input", "")), "output": str(c.get("output", "")),
-             "testtype": c.get("testtype", "stdin")} for c in value]
+def _lcb_cases(row: dict[str, Any], columns: dict[str, str], field: str) -> list[dict[str, str]]:
+    try:
+        return lcb.read_cases(_get(row, columns, field))
+    except lcb.CaseError as exc:
+        raise _Problem(f"column {columns[field]!r}: {exc}") from None
 
 
 def code_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
-    cases = _cases(_get(row, columns, "public"), columns["public"]) + \
-        _cases(_get(row, columns, "private"), columns["private"])
-    stdin = [c for c in cases if c["testtype"] == "stdin"]
-    if not stdin:
-        raise _Problem("no stdin/stdout test cases (testtype \"stdin\"): only those are "
-                       "judged by trusted code")
-    question = str(_need(row, columns, "question"))
-    if (starter := _get(row, columns, "starter_code")) is not None:
-        question += f"\n\nStarter code:\n```python\n{starter}\n```"
-    question += ("\n\nWrite a complete Python program that reads from standard input and "
-                 "writes to standard output, in one ```python block.")
-    out: dict[str, Any] = {"question": question, "answer": json.dumps(stdin),
-                           "verifier": "code"}
+    cases = _lcb_cases(row, columns, "public") + _lcb_cases(row, columns, "private")
+    starter = str(_get(row, columns, "starter_code") or "")
+    kinds = {c["testtype"] for c in cases}
+    if not cases:
+        raise _Problem("no test cases: both test-case columns are empty")
+    if kinds - {"stdin", "functional"}:
+        raise _Problem(f"unknown testtype {sorted(kinds - {'stdin', 'functional'})[0]!r}: "
+                       "expected stdin or functional")
+    if kinds == {"stdin"}:
+        reference = json.dumps([{"input": c["input"], "output": c["output"]} for c in cases])
+    elif kinds == {"functional"}:
+        try:
+            name = lcb.func_name(_get(row, columns, "metadata"))
+            if name is None:
+                raise lcb.CaseError(f"functional cases but no func_name in column "
+                                    f"{columns['metadata']!r}")
+            reference = lcb.call_reference(cases, name, starter)
+        except lcb.CaseError as exc:
+            raise _Problem(str(exc)) from None
+    else:
+        raise _Problem("the row mixes stdin and functional test cases")
+    out: dict[str, Any] = {"question": lcb.prompt(str(_need(row, columns, "question")), starter),
+                           "answer": reference, "verifier": "code"}
     if (rid := _get(row, columns, "id")) is not None:
         out["id"] = str(rid)
     if (difficulty := _get(row, columns, "difficulty")) is not None:
