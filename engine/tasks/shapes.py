@@ -7,11 +7,22 @@ file or `hf:NAME[:CONFIG][@SPLIT]`, and SHAPE one of:
   question in the same order; the reference is the right letter, verifier `choice`.
 - `math`: MATH-style answers. Columns `problem` and `answer`, or `solution` whose last
   `\\boxed{}` is the answer; verifier `math` (math-verify).
-- `code`: LiveCodeBench-style stdin/stdout tasks. Columns `question_content`, `starter_code`
-  (optional), `public_test_cases` and `private_test_cases` (JSON lists of {input, output,
-  testtype}); the reference is the list of cases, verifier `code` (compared by trusted code
-  outside the sandbox: engine/rewards/code_tests.py).
+- `math500`: the same as `math` (MATH500's rows are MATH's: `problem`, `answer`, `unique_id`).
+- `code`: LiveCodeBench. Columns `question_content`, `starter_code`, `public_test_cases`,
+  `private_test_cases` (JSON, or compressed as published), `metadata` (`func_name`); stdin
+  problems and functional (LeetCode) ones both become references judged by trusted code
+  (engine/tasks/livecodebench.py says how).
+- `mmlu` / `mmlu-pro`: multiple choice in the published order. MMLU: `question`, `choices`,
+  `answer` (an index); MMLU-Pro: `question`, `options` (up to 10), `answer` (a letter) or
+  `answer_index`, `category`, `question_id`. Verifier `choice`.
+- `aime`: `Problem`/`Answer` (or `problem`/`answer`, `question`), `ID`/`id`; the answer must be
+  an integer, verifier `math`.
+- `rlpr`: verl-style rows: `prompt` (chat messages; the last user message is the question),
+  `reward_model.ground_truth` (free-form), `data_source` and `ability` as tags; verifier `auto`
+  (math-verify where the reference reads as math and parses, normalised text otherwise).
 
+A default column may list alternatives (`Problem|problem`: the first the row has) and reach into
+nested objects (`reward_model.ground_truth`).
 `columns` renames: {shape field: the source's column}, for a source that names them otherwise
 (e.g. {"question": "Problem"}). Rows go through the same checks as a task file's lines.
 """
@@ -50,10 +61,38 @@ CODE_COLUMNS = {"id": "question_id", "question": "question_content",
                 "private": "private_test_cases", "metadata": "metadata",
                 "difficulty": "difficulty"}
 
+MMLU_COLUMNS = {"id": "id", "question": "question", "choices": "choices", "answer": "answer",
+                "answer_index": "answer_index", "subject": "subject"}
+MMLU_PRO_COLUMNS = {"id": "question_id", "question": "question", "choices": "options",
+                    "answer": "answer", "answer_index": "answer_index", "subject": "category"}
+AIME_COLUMNS = {"id": "ID|id", "question": "Problem|problem|question",
+                "answer": "Answer|answer"}
+RLPR_COLUMNS = {"id": "id", "question": "prompt",
+                "answer": "reward_model.ground_truth", "source": "data_source",
+                "ability": "ability"}
+
+
+def _lookup(row: dict[str, Any], column: str) -> Any:
+    """A column's value; a dotted name reaches into nested objects (`reward_model.ground_truth`)
+    where the row has no column of that exact name."""
+    if column in row or "." not in column:
+        return row.get(column)
+    value: Any = row
+    for part in column.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
 
 def _get(row: dict[str, Any], columns: dict[str, str], field: str) -> Any:
-    value = row.get(columns[field]) if field in columns else None
-    return None if value is None or value == "" else value
+    """The field's value, from its column or, for a field whose default names several columns
+    (`Problem|problem`), the first of them the row has."""
+    if field not in columns:
+        return None
+    for column in columns[field].split("|"):
+        value = _lookup(row, column)
+        if value is not None and value != "":
+            return value
+    return None
 
 
 def _need(row: dict[str, Any], columns: dict[str, str], field: str) -> Any:
@@ -69,6 +108,46 @@ def choice_seed(seed: int, key: str) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
+def _choice_text(question: str, choices: list[str]) -> str:
+    lines = [f"({LETTERS[i]}) {c}" for i, c in enumerate(choices)]
+    return (f"{question}\n\n" + "\n".join(lines)
+            + "\n\nAnswer with the letter of the correct choice, as 'Answer: X'.")
+
+
+def _answer_index(answer: Any, count: int) -> int:
+    """A multiple-choice answer as a 0-based index: an index (int or digits) or a letter."""
+    if isinstance(answer, bool):
+        raise _Problem(f"answer {answer!r} is neither an index nor a letter")
+    if isinstance(answer, str) and answer.strip().isdigit():
+        answer = int(answer.strip())
+    if isinstance(answer, str) and len(answer.strip()) == 1 and answer.strip() in LETTERS:
+        answer = LETTERS.index(answer.strip())
+    if not isinstance(answer, int) or not 0 <= answer < count:
+        raise _Problem(f"answer {answer!r} is not a letter or index of the {count} choices")
+    return answer
+
+
+def choices_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
+    """MMLU (`choices`, `answer` an index) and MMLU-Pro (`options`, `answer` a letter,
+    `answer_index`): the choices in the published order, the reference their right letter."""
+    question = str(_need(row, columns, "question")).strip()
+    choices = _need(row, columns, "choices")
+    if not isinstance(choices, list) or not all(isinstance(c, str | int | float)
+                                                for c in choices):
+        raise _Problem(f"column {columns['choices']!r}: expected a list of choices")
+    if not 2 <= len(choices) <= len(LETTERS):
+        raise _Problem(f"{len(choices)} choices: a row has 2 to {len(LETTERS)}")
+    answer = _get(row, columns, "answer")
+    index = _answer_index(answer if answer is not None else _need(row, columns, "answer_index"),
+                          len(choices))
+    out: dict[str, Any] = {"question": _choice_text(question, [str(c).strip() for c in choices]),
+                           "answer": LETTERS[index], "verifier": "choice",
+                           "tags": [str(v) for v in [_get(row, columns, "subject")] if v]}
+    if (rid := _get(row, columns, "id")) is not None:
+        out["id"] = str(rid)
+    return out
+
+
 def gpqa_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
     question = str(_need(row, columns, "question")).strip()
     correct = str(_need(row, columns, "correct")).strip()
@@ -80,10 +159,8 @@ def gpqa_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
     task_seed = choice_seed(seed, key)
     choices = [correct, *wrong]
     random.Random(task_seed).shuffle(choices)
-    lines = [f"({LETTERS[i]}) {c}" for i, c in enumerate(choices)]
-    text = (f"{question}\n\n" + "\n".join(lines)
-            + "\n\nAnswer with the letter of the correct choice, as 'Answer: X'.")
-    out: dict[str, Any] = {"question": text, "answer": LETTERS[choices.index(correct)],
+    out: dict[str, Any] = {"question": _choice_text(question, choices),
+                           "answer": LETTERS[choices.index(correct)],
                            "verifier": "choice", "tags": [f"choice-seed:{task_seed}"]}
     if (rid := _get(row, columns, "id")) is not None:
         out["id"] = str(rid)
@@ -100,6 +177,46 @@ def math_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
     out: dict[str, Any] = {"question": str(_need(row, columns, "question")),
                            "answer": str(answer), "verifier": "math",
                            "tags": [str(v) for f in ("subject", "level")
+                                    if (v := _get(row, columns, f)) is not None]}
+    if (rid := _get(row, columns, "id")) is not None:
+        out["id"] = str(rid)
+    return out
+
+
+def aime_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
+    """AIME: the answer is an integer (000-999); the reference is it without leading zeros,
+    judged by math-verify, so a reply's `042` or `\\boxed{42}` matches `42` and `42.5` not."""
+    answer = str(_need(row, columns, "answer")).strip()
+    if not answer.isdigit():
+        raise _Problem(f"answer {answer!r} is not an integer: AIME answers are 0 to 999")
+    out: dict[str, Any] = {"question": str(_need(row, columns, "question")),
+                           "answer": str(int(answer)), "verifier": "math"}
+    if (rid := _get(row, columns, "id")) is not None:
+        out["id"] = str(rid)
+    return out
+
+
+def _user_text(prompt: Any) -> str | None:
+    """A chat-format prompt's last user message (verl-style datasets), or a plain string."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict)
+                 and m.get("role") == "user" and isinstance(m.get("content"), str)]
+        return users[-1] if users else None
+    return None
+
+
+def rlpr_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
+    """RLPR: a chat prompt and a free-form reference (`reward_model.ground_truth`), judged by
+    the `auto` verifier: math-verify where the reference reads as math and parses, normalised
+    text equality otherwise (a single letter: the choice verifier)."""
+    question = _user_text(_need(row, columns, "question"))
+    if question is None or not question.strip():
+        raise _Problem(f"column {columns['question']!r}: no user message")
+    out: dict[str, Any] = {"question": question, "verifier": "auto",
+                           "answer": str(_need(row, columns, "answer")).strip(),
+                           "tags": [str(v) for f in ("source", "ability")
                                     if (v := _get(row, columns, f)) is not None]}
     if (rid := _get(row, columns, "id")) is not None:
         out["id"] = str(rid)
@@ -145,8 +262,13 @@ def code_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
 
 
 Shape = tuple[dict[str, str], Callable[[dict[str, Any], dict[str, str], int], dict[str, Any]]]
-SHAPES: dict[str, Shape] = {"gpqa": (GPQA_COLUMNS, gpqa_row), "math": (MATH_COLUMNS, math_row),
-                            "code": (CODE_COLUMNS, code_row)}
+SHAPES: dict[str, Shape] = {
+    "gpqa": (GPQA_COLUMNS, gpqa_row), "math": (MATH_COLUMNS, math_row),
+    "math500": (MATH_COLUMNS, math_row), "code": (CODE_COLUMNS, code_row),
+    "mmlu": (MMLU_COLUMNS, choices_row), "mmlu-pro": (MMLU_PRO_COLUMNS, choices_row),
+    "aime": (AIME_COLUMNS, aime_row), "rlpr": (RLPR_COLUMNS, rlpr_row),
+}
+
 
 
 def shape_of(source: str) -> str | None:

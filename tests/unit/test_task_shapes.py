@@ -56,3 +56,60 @@ def test_a_missing_column_is_one_line_naming_the_flag_that_maps_it(tmp_path: Pat
     assert fixed.tasks[0].question == "1 + 1?"
     with pytest.raises(TaskFileError, match="has no field 'prompt'"):
         load_tasks(f"math:{path}", columns={"prompt": "Problem"})
+
+
+# --- the published shapes (tests/data/shapes/, written by make_rows.py) --------------------
+
+ROWS = Path(__file__).resolve().parents[1] / "data" / "shapes"
+
+
+def test_mmlu_choices_keep_their_order_and_the_answer_index_becomes_the_letter() -> None:
+    loaded = load_tasks(f"mmlu:{ROWS / 'mmlu.jsonl'}")
+    assert [t.reference for t in loaded.tasks] == ["C", "B"]
+    assert "(C) Paris" in loaded.tasks[0].question and loaded.tasks[0].tags == ["geography"]
+    assert verify("Answer: C", loaded.tasks[0].reference, "choice").correct
+    assert not verify("Answer: A", loaded.tasks[0].reference, "choice").correct
+    assert [(e.line, e.message) for e in loaded.errors] == [
+        (3, "answer 7 is not a letter or index of the 2 choices")]
+
+
+def test_mmlu_pro_reads_up_to_ten_options_and_the_answer_letter() -> None:
+    tasks = load_tasks(f"mmlu-pro:{ROWS / 'mmlu_pro.jsonl'}").tasks
+    assert [(t.id, t.reference, t.verifier) for t in tasks] == [("70", "I", "choice"),
+                                                                 ("71", "C", "choice")]
+    assert "(J) 100 J" in tasks[0].question and "(I) 90 J" in tasks[0].question
+    assert verify("The answer is (I).", tasks[0].reference, "choice").correct
+
+
+def test_aime_reads_both_column_spellings_and_wants_an_integer() -> None:
+    loaded = load_tasks(f"aime:{ROWS / 'aime.jsonl'}")
+    assert [(t.id, t.reference) for t in loaded.tasks] == [("2024-I-1", "24"), ("2025-I-2", "42")]
+    assert [e.line for e in loaded.errors] == [3] and "not an integer" in loaded.errors[0].message
+    assert verify("so \\boxed{042}", loaded.tasks[1].reference, "math").correct
+    assert not verify("so \\boxed{41}", loaded.tasks[1].reference, "math").correct
+
+
+def test_math500_rows_are_math_rows() -> None:
+    task = load_tasks(f"math500:{ROWS / 'math500.jsonl'}").tasks[0]
+    assert (task.id, task.reference, task.verifier) == ("test/prealgebra/1.json", "\\frac{5}{6}",
+                                                        "math")
+    assert verify("It is $\\boxed{\\dfrac{5}{6}}$", task.reference, "math").correct
+    assert not verify("It is $\\boxed{\\dfrac{1}{5}}$", task.reference, "math").correct
+
+
+def test_rlpr_takes_the_user_message_and_judges_free_form_answers_by_auto() -> None:
+    tasks = load_tasks(f"rlpr:{ROWS / 'rlpr.jsonl'}").tasks
+    assert [t.question for t in tasks] == ["What is the SI unit of force?", "Simplify 2x + 3x."]
+    assert [t.tags for t in tasks][0] == ["WebInstruct-verified", "physics"]
+    text, algebra = tasks
+    said = verify("Answer: The Newton", text.reference, text.verifier)
+    assert said.correct and said.verifier == "exact", "words: normalised text"
+    assert not verify("Answer: the joule", text.reference, text.verifier).correct
+    solved = verify("So $\\boxed{x \\cdot 5}$", algebra.reference, algebra.verifier)
+    assert solved.correct and solved.verifier == "math", "math where it parses"
+    assert not verify("So $\\boxed{6x}$", algebra.reference, algebra.verifier).correct
+
+
+def test_gpqa_diamond_rows_with_all_their_columns_still_load() -> None:
+    task = load_tasks(f"gpqa:{ROWS / 'gpqa_diamond.jsonl'}").tasks[0]
+    assert task.id == "recGPQA0001" and f"({task.reference}) Gluon" in task.question

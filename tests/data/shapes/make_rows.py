@@ -61,8 +61,77 @@ def livecodebench() -> list[dict[str, Any]]:
     return [stdin, functional, bad]
 
 
+def mmlu() -> list[dict[str, Any]]:  # cais/mmlu: `answer` a ClassLabel index
+    return [
+        {"question": "What is the capital of France?", "subject": "geography",
+         "choices": ["Berlin", "Madrid", "Paris", "Rome"], "answer": 2},
+        {"question": "Which gas do plants take in for photosynthesis?", "subject": "biology",
+         "choices": ["Oxygen", "Carbon dioxide", "Nitrogen", "Helium"], "answer": 1},
+        {"question": "2 + 2 = ?", "subject": "math", "choices": ["3", "4"], "answer": 7},
+    ]
+
+
+def mmlu_pro() -> list[dict[str, Any]]:  # TIGER-Lab/MMLU-Pro
+    options = [f"{n} J" for n in range(10, 110, 10)]
+    return [
+        {"question_id": 70, "question": "A force of 10 N moves a body 9 m along it. The work?",
+         "options": options, "answer": "I", "answer_index": 8, "cot_content": "",
+         "category": "physics", "src": "stemez-Physics"},
+        {"question_id": 71, "question": "Which is a prime number?",
+         "options": ["4", "6", "7", "8", "9"], "answer": "C", "answer_index": 2,
+         "cot_content": "", "category": "math", "src": "ori_mmlu-elementary_mathematics"},
+    ]
+
+
+def aime() -> list[dict[str, Any]]:  # AIME 2024 (ID/Problem/Answer) and 2025 (lowercase)
+    return [
+        {"ID": "2024-I-1", "Problem": "Find the remainder when 2024 is divided by 1000.",
+         "Solution": "It is $\\boxed{24}$.", "Answer": 24},
+        {"id": "2025-I-2", "problem": "What is 6 times 7?", "answer": "042"},
+        {"id": "2025-I-3", "problem": "Half of 5?", "answer": "2.5"},
+    ]
+
+
+def math500() -> list[dict[str, Any]]:  # HuggingFaceH4/MATH-500
+    return [
+        {"problem": "Compute $\\frac{1}{2}+\\frac{1}{3}$.", "solution": "$\\boxed{\\frac56}$",
+         "answer": "\\frac{5}{6}", "subject": "Prealgebra", "level": 2,
+         "unique_id": "test/prealgebra/1.json"},
+    ]
+
+
+def rlpr() -> list[dict[str, Any]]:  # openbmb/RLPR-Train-Dataset (verl-style parquet rows)
+    system = {"role": "system", "content": "Think step by step, then give the answer."}
+    return [
+        {"data_source": "WebInstruct-verified", "ability": "physics",
+         "prompt": [system, {"role": "user", "content": "What is the SI unit of force?"}],
+         "reward_model": {"ground_truth": "the newton", "style": "rule"},
+         "extra_info": {"index": 0, "split": "train"}},
+        {"data_source": "WebInstruct-verified", "ability": "math",
+         "prompt": [system, {"role": "user", "content": "Simplify 2x + 3x."}],
+         "reward_model": {"ground_truth": "5x", "style": "rule"},
+         "extra_info": {"index": 1, "split": "train"}},
+    ]
+
+
+def gpqa_diamond() -> list[dict[str, Any]]:  # Idavidrein/gpqa, gpqa_diamond: a few of its columns
+    return [
+        {"Pre-Revision Question": "…", "Question": "Which particle carries the strong force?",
+         "Correct Answer": "Gluon", "Incorrect Answer 1": "Photon",
+         "Incorrect Answer 2": "W boson", "Incorrect Answer 3": "Graviton",
+         "Explanation": "Gluons mediate QCD.", "Record ID": "recGPQA0001",
+         "High-level domain": "Physics", "Subdomain": "Particle physics"},
+    ]
+
+
 def main() -> None:
     write("livecodebench.jsonl", livecodebench())
+    write("mmlu.jsonl", mmlu())
+    write("mmlu_pro.jsonl", mmlu_pro())
+    write("aime.jsonl", aime())
+    write("math500.jsonl", math500())
+    write("rlpr.jsonl", rlpr())
+    write("gpqa_diamond.jsonl", gpqa_diamond())
 
 
 if __name__ == "__main__":
