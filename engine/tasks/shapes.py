@@ -20,6 +20,10 @@ file or `hf:NAME[:CONFIG][@SPLIT]`, and SHAPE one of:
 - `rlpr`: verl-style rows: `prompt` (chat messages; the last user message is the question),
   `reward_model.ground_truth` (free-form), `data_source` and `ability` as tags; verifier `auto`
   (math-verify where the reference reads as math and parses, normalised text otherwise).
+- `humaneval`: `prompt`, `entry_point`, `test` (`def check(candidate)`), `task_id`; verifier
+  `code`, trusted call cases where every assert compares a call with a literal.
+- `mbpp`: `text` (or sanitized's `prompt`), `test_list`, `test_imports`, `test_setup_code`,
+  `task_id`; verifier `code`, trusted as for HumanEval.
 
 A default column may list alternatives (`Problem|problem`: the first the row has) and reach into
 nested objects (`reward_model.ground_truth`).
@@ -67,6 +71,10 @@ MMLU_PRO_COLUMNS = {"id": "question_id", "question": "question", "choices": "opt
                     "answer": "answer", "answer_index": "answer_index", "subject": "category"}
 AIME_COLUMNS = {"id": "ID|id", "question": "Problem|problem|question",
                 "answer": "Answer|answer"}
+HUMANEVAL_COLUMNS = {"id": "task_id", "question": "prompt", "entry_point": "entry_point",
+                     "test": "test"}
+MBPP_COLUMNS = {"id": "task_id", "question": "text|prompt", "tests": "test_list",
+                "imports": "test_imports", "setup": "test_setup_code"}
 RLPR_COLUMNS = {"id": "id", "question": "prompt",
                 "answer": "reward_model.ground_truth", "source": "data_source",
                 "ability": "ability"}
@@ -223,6 +231,45 @@ def rlpr_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
     return out
 
 
+def humaneval_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
+    """HumanEval: complete `prompt`; the reference is `test` then `check(entry_point)`, which
+    code_tests reads as trusted call cases where every assert of `check` is
+    `candidate(literals) == literal`, and runs as untrusted asserts otherwise."""
+    prompt, entry = str(_need(row, columns, "question")), str(_need(row, columns, "entry_point"))
+    if not entry.isidentifier():
+        raise _Problem(f"entry point {entry!r} is not a Python name")
+    question = ("Complete the following Python function. Give the whole function, with the "
+                f"imports it needs, in one ```python block.\n\n```python\n{prompt.rstrip()}\n```")
+    out: dict[str, Any] = {"question": question, "verifier": "code",
+                           "answer": f"{str(_need(row, columns, 'test')).rstrip()}\n\n\n"
+                                     f"check({entry})\n"}
+    if (rid := _get(row, columns, "id")) is not None:
+        out["id"] = str(rid)
+    return out
+
+
+def mbpp_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[str, Any]:
+    """MBPP (full and sanitized): the task text and, as MBPP's own prompt does, its tests; the
+    reference is the setup code, test imports and `test_list` asserts, read by code_tests
+    (trusted call cases where each is `assert f(literals) == literal`)."""
+    tests = _need(row, columns, "tests")
+    if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests) or not tests:
+        raise _Problem(f"column {columns['tests']!r}: expected a list of assert lines")
+    imports = _get(row, columns, "imports") or []
+    if not isinstance(imports, list) or not all(isinstance(t, str) for t in imports):
+        raise _Problem(f"column {columns['imports']!r}: expected a list of import lines")
+    setup = str(_get(row, columns, "setup") or "")
+    shown = "\n".join(tests)
+    question = (f"{str(_need(row, columns, 'question')).strip()}\n\nYour code should pass "
+                f"these tests:\n\n```python\n{shown}\n```\n\nGive your solution in one "
+                "```python block.")
+    reference = "\n".join([*imports, setup, *tests]).strip() + "\n"
+    out: dict[str, Any] = {"question": question, "answer": reference, "verifier": "code"}
+    if (rid := _get(row, columns, "id")) is not None:
+        out["id"] = str(rid)
+    return out
+
+
 def _lcb_cases(row: dict[str, Any], columns: dict[str, str], field: str) -> list[dict[str, str]]:
     try:
         return lcb.read_cases(_get(row, columns, field))
@@ -267,6 +314,7 @@ SHAPES: dict[str, Shape] = {
     "math500": (MATH_COLUMNS, math_row), "code": (CODE_COLUMNS, code_row),
     "mmlu": (MMLU_COLUMNS, choices_row), "mmlu-pro": (MMLU_PRO_COLUMNS, choices_row),
     "aime": (AIME_COLUMNS, aime_row), "rlpr": (RLPR_COLUMNS, rlpr_row),
+    "humaneval": (HUMANEVAL_COLUMNS, humaneval_row), "mbpp": (MBPP_COLUMNS, mbpp_row),
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.engine.rewards import verify
+from conductor_engine.engine.rewards.code_tests import parse_reference
 from conductor_engine.engine.tasks.files import TaskFileError
 from conductor_engine.engine.tasks.shapes import LETTERS
 from conductor_engine.engine.tasks.sources import load_tasks
@@ -113,3 +114,36 @@ def test_rlpr_takes_the_user_message_and_judges_free_form_answers_by_auto() -> N
 def test_gpqa_diamond_rows_with_all_their_columns_still_load() -> None:
     task = load_tasks(f"gpqa:{ROWS / 'gpqa_diamond.jsonl'}").tasks[0]
     assert task.id == "recGPQA0001" and f"({task.reference}) Gluon" in task.question
+
+
+def test_humaneval_check_asserts_become_trusted_call_cases_judged_in_the_sandbox() -> None:
+    trusted, loose = load_tasks(f"humaneval:{ROWS / 'humaneval.jsonl'}").tasks
+    assert trusted.id == "HumanEval/900" and "def evens(numbers: List[int])" in trusted.question
+    tests = parse_reference(trusted.reference or "")
+    assert tests.form == "call" and tests.trusted
+    assert [(c.function, c.args, c.expected) for c in tests.calls] == [
+        ("evens", [[]], []), ("evens", [[1, 2, 3, 4]], [2, 4]), ("evens", [[-2, 7]], [-2])]
+    right = ("```python\nfrom typing import List\n\n\ndef evens(numbers: List[int]) -> "
+             "List[int]:\n    return [n for n in numbers if n % 2 == 0]\n```")
+    verdict = verify(right, trusted.reference, "code")
+    assert (verdict.correct, verdict.details["trusted"]) == (True, True), verdict.reason
+    wrong = verify(right.replace("== 0", "== 1"), trusted.reference, "code")
+    assert (wrong.correct, wrong.details["trusted"]) == (False, True)
+    assert "expected [], got" not in wrong.reason and "#2: expected [2, 4]" in wrong.reason
+
+
+def test_humaneval_tests_that_cannot_be_turned_run_as_they_are_and_say_untrusted() -> None:
+    loose = load_tasks(f"humaneval:{ROWS / 'humaneval.jsonl'}").tasks[1]
+    assert parse_reference(loose.reference or "").form == "asserts"
+    verdict = verify("```python\ndef half(x):\n    return x / 2\n```", loose.reference, "code")
+    assert verdict.correct and verdict.details["trusted"] is False
+    assert not verify("```python\ndef half(x):\n    return x\n```", loose.reference,
+                      "code").correct
+
+
+def test_mbpp_literal_asserts_are_trusted_and_the_rest_stay_untrusted() -> None:
+    literal, loose = load_tasks(f"mbpp:{ROWS / 'mbpp.jsonl'}").tasks
+    assert "assert bigger(1, 2) == 2" in literal.question, "MBPP's prompt shows its tests"
+    assert parse_reference(literal.reference or "").trusted
+    tests = parse_reference(loose.reference or "")
+    assert (tests.form, tests.asserts.splitlines()[0]) == ("asserts", "import math")

@@ -124,6 +124,47 @@ def gpqa_diamond() -> list[dict[str, Any]]:  # Idavidrein/gpqa, gpqa_diamond: a 
     ]
 
 
+HUMANEVAL_METADATA = "\n\nMETADATA = {\n    'author': 'jt',\n    'dataset': 'test'\n}\n\n\n"
+
+
+def humaneval() -> list[dict[str, Any]]:  # openai_humaneval
+    return [
+        {"task_id": "HumanEval/900",
+         "prompt": ("from typing import List\n\n\ndef evens(numbers: List[int]) -> List[int]:\n"
+                    '    """ Keep the even numbers, in order.\n    >>> evens([1, 2, 4])\n'
+                    '    [2, 4]\n    """\n'),
+         "canonical_solution": "    return [n for n in numbers if n % 2 == 0]\n",
+         "test": HUMANEVAL_METADATA + (
+             "def check(candidate):\n    assert candidate([]) == []\n"
+             "    assert candidate([1, 2, 3, 4]) == [2, 4]\n"
+             "    assert candidate([-2, 7]) == [-2], \"negative evens stay\"\n"
+             "    assert True, \"This prints if this assert fails 2 (good for debugging!)\"\n"),
+         "entry_point": "evens"},
+        {"task_id": "HumanEval/901",
+         "prompt": 'def half(x: float) -> float:\n    """ Half of x. """\n',
+         "canonical_solution": "    return x / 2\n",
+         "test": HUMANEVAL_METADATA + (
+             "def check(candidate):\n    assert candidate(4.0) == 2.0\n"
+             "    assert abs(candidate(1.0) - 0.5) < 1e-6\n"),
+         "entry_point": "half"},
+    ]
+
+
+def mbpp() -> list[dict[str, Any]]:  # mbpp "full" (text, test_list) and "sanitized" (prompt)
+    return [
+        {"task_id": 901, "text": "Write a function to find the larger of two numbers.",
+         "code": "def bigger(a, b):\n    return max(a, b)",
+         "test_list": ["assert bigger(1, 2) == 2", "assert bigger(-1, -5) == -1",
+                       "assert bigger(3, 3) == 3"],
+         "test_setup_code": "", "challenge_test_list": []},
+        {"source_file": "Benchmark Questions Verification V2.ipynb", "task_id": 902,
+         "prompt": "Write a function to find the area of a circle of radius r.",
+         "code": "import math\ndef area(r):\n    return math.pi * r * r",
+         "test_imports": ["import math"],
+         "test_list": ["assert math.isclose(area(1), 3.141592653589793, rel_tol=0.001)"]},
+    ]
+
+
 def main() -> None:
     write("livecodebench.jsonl", livecodebench())
     write("mmlu.jsonl", mmlu())
@@ -132,6 +173,8 @@ def main() -> None:
     write("math500.jsonl", math500())
     write("rlpr.jsonl", rlpr())
     write("gpqa_diamond.jsonl", gpqa_diamond())
+    write("humaneval.jsonl", humaneval())
+    write("mbpp.jsonl", mbpp())
 
 
 if __name__ == "__main__":
