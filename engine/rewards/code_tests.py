@@ -4,10 +4,14 @@ A `code` reference is one of:
 - stdin/stdout cases (LiveCodeBench, Codeforces): `{"io": [{"input": "...", "output": "..."}]}`
   or LiveCodeBench's own list `[{"input": ..., "output": ..., "testtype": "stdin"}]`;
 - function-call cases: `{"function": "name", "cases": [{"args": [...], "kwargs": {...},
-  "expected": ...}]}` (`"Class.method"` calls a method of a fresh instance, the LeetCode form);
+  "expected": ...}], "prelude": "..."}` (`"Class.method"` calls a method of a fresh instance,
+  the LeetCode form; the optional prelude is code run before the candidate's, e.g. imports);
 - Python test code: asserts or `test*` functions (HumanEval, MBPP). When every statement is
-  `assert name(literals) == literal` (MBPP's form) it is read as function-call cases; any other
-  test code runs beside the candidate and its verdict is marked untrusted (see UNTRUSTED).
+  `assert name(literals) == literal` (MBPP's form), or the code is HumanEval's `def
+  check(candidate):` of such asserts on `candidate` followed by `check(entry_point)`, it is
+  read as function-call cases (imports, docstrings, `assert True` and literal constants such as
+  `METADATA` are dropped, since no test code runs); any other test code runs beside the
+  candidate and its verdict is marked untrusted (see UNTRUSTED).
 
 For io and call cases the expected values never enter the sandbox: the candidate's stdout or
 return value (typed, see `typed_values`) comes back and is compared here, on plain data, so an
@@ -58,6 +62,10 @@ class CodeTests(BaseModel):
     tuples_as_lists: bool = Field(
         default=False, description="JSON call cases: a returned tuple compares as a list (JSON "
         "has no tuples; LiveCodeBench's grader does the same). Python asserts keep them apart.")
+    prelude: str = Field(
+        default="", max_length=4000,
+        description="call cases: trusted code run before the candidate's (the standard imports "
+        "LiveCodeBench's grader gives LeetCode solutions, which use `List` unimported)")
 
     @property
     def trusted(self) -> bool:
@@ -67,6 +75,7 @@ class CodeTests(BaseModel):
 class _Cases(BaseModel):
     function: str
     cases: list[dict[str, Any]] = Field(min_length=1)
+    prelude: str = ""
 
 
 def _from_json(data: Any) -> CodeTests:
@@ -89,11 +98,13 @@ def _from_json(data: Any) -> CodeTests:
             args = [json.loads(line) for line in str(case["input"]).splitlines() if line.strip()]
             case = {"args": args, "expected": json.loads(str(case["output"]))}
         calls.append(CallCase.model_validate({"function": spec.function, **case}))
-    return CodeTests(form="call", calls=calls, tuples_as_lists=True)
+    return CodeTests(form="call", calls=calls, tuples_as_lists=True, prelude=spec.prelude)
 
 
-def _literal_call(stmt: ast.stmt) -> CallCase | None:
-    """`assert name(literal, ...) == literal` as a call case, else None."""
+def _literal_call(stmt: ast.stmt, callee: tuple[str, str] | None = None) -> CallCase | None:
+    """`assert name(literal, ...) == literal` as a call case, else None. With `callee`
+    (parameter, function): only calls of that parameter, as calls of the function (HumanEval's
+    `candidate(...)` inside `check(candidate)`)."""
     if not (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)):
         return None
     cmp = stmt.test
@@ -101,6 +112,8 @@ def _literal_call(stmt: ast.stmt) -> CallCase | None:
         return None
     call = cmp.left
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        return None
+    if callee is not None and call.func.id != callee[0]:
         return None
     try:
         args = [_jsonable(ast.literal_eval(a)) for a in call.args]
@@ -110,7 +123,57 @@ def _literal_call(stmt: ast.stmt) -> CallCase | None:
         return None
     if len(kwargs) != len(call.keywords):
         return None
-    return CallCase(function=call.func.id, args=args, named=kwargs, expected=expected)
+    name = callee[1] if callee is not None else call.func.id
+    return CallCase(function=name, args=args, named=kwargs, expected=expected)
+
+
+def _inert(stmt: ast.stmt) -> bool:
+    """A statement that tests nothing: a docstring, `pass`, `assert True`, an import, or a
+    constant assigned a literal (HumanEval's `METADATA = {...}`). Dropped when every other
+    statement is a call case, since the cases never run test code."""
+    if isinstance(stmt, ast.Pass | ast.Import | ast.ImportFrom):
+        return True
+    if isinstance(stmt, ast.Expr):
+        return isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    if isinstance(stmt, ast.Assert):
+        return isinstance(stmt.test, ast.Constant) and bool(stmt.test.value)
+    if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+        try:
+            ast.literal_eval(stmt.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return False
+        return True
+    return False
+
+
+def _is_check_run(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
+
+
+def _check_calls(body: list[ast.stmt]) -> list[CallCase] | None:
+    """HumanEval's form, `def check(candidate): assert candidate(...) == literal ...` then
+    `check(entry_point)`: each assert as a call case on the entry point. None for test code of
+    any other shape, or one statement that is not such an assert."""
+    checks = [s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"]
+    runs = [s for s in body if _is_check_run(s)]
+    if len(checks) != 1 or len(runs) != 1:
+        return None
+    check, run = checks[0], runs[0].value
+    if not all(_inert(s) for s in body if s is not check and s is not runs[0]):
+        return None
+    params = check.args
+    if (check.decorator_list or len(params.args) != 1 or params.posonlyargs
+            or params.kwonlyargs or params.vararg or params.kwarg):
+        return None
+    assert isinstance(run, ast.Call)
+    if len(run.args) != 1 or run.keywords or not isinstance(run.args[0], ast.Name):
+        return None
+    callee = (params.args[0].arg, run.args[0].id)
+    cases = [_literal_call(s, callee) for s in check.body if not _inert(s)]
+    if not cases or any(c is None for c in cases):
+        return None
+    return [c for c in cases if c is not None]
 
 
 def _jsonable(value: Any) -> Any:
@@ -150,10 +213,10 @@ def _from_python(source: str) -> CodeTests:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return CodeTests(form="asserts", asserts=source)  # the sandbox reports the error
-    body = [s for s in tree.body
-            if not (isinstance(s, ast.ImportFrom) and s.module == "solution")]
-    calls = [_literal_call(s) for s in body]
-    if body and all(c is not None for c in calls):
+    if (checked := _check_calls(tree.body)) is not None:
+        return CodeTests(form="call", calls=checked)
+    calls = [_literal_call(s) for s in tree.body if not _inert(s)]
+    if calls and all(c is not None for c in calls):
         return CodeTests(form="call", calls=[c for c in calls if c is not None])
     return CodeTests(form="asserts", asserts=source)
 

@@ -286,7 +286,7 @@ def _run_code(code: str, tests: CodeTests, limits: SandboxLimits) -> SandboxResu
     if tests.form == "io":
         return run_io_cases(code, [c.input for c in tests.io], limits)
     if tests.form == "call":  # the value comes back with its types: see typed_values
-        return run_call_cases(with_typed_call(code),
+        return run_call_cases(with_typed_call(tests.prelude + code),
                               [(CALL_FUNCTION, [c.function, c.args, c.named], {})
                                for c in tests.calls], limits)
     return run_python_tests(code, tests.asserts, limits)

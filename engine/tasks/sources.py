@@ -1,5 +1,5 @@
 """Where tasks come from, in one call: a JSONL task file, `hf:NAME` (engine/tasks/files.py),
-or a benchmark in its own row shape, `gpqa:`, `math:` or `code:` (engine/tasks/shapes.py). The
+or a benchmark in its own row shape, `SHAPE:SOURCE` (engine/tasks/shapes.py lists them). The
 commands load through here; the two modules below it stay independent of each other."""
 
 from __future__ import annotations

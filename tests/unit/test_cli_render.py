@@ -289,6 +289,34 @@ def test_a_task_file_with_a_bad_line_submits_nothing(
     assert "--json > valid.jsonl" in lines[2] and len(lines) == 3
 
 
+class _Connected(Exception):
+    """Raised where `conductor eval` would connect: it got past loading its tasks."""
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["bad-rows-listed-rest-run", "strict"])
+def test_eval_lists_a_benchmark_s_bad_rows_and_runs_the_rest_unless_strict(
+        strict: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    async def connect(*args: Any, **kwargs: Any) -> None:
+        raise _Connected
+
+    monkeypatch.setattr(ConductorClient, "connect", connect)
+    rows = Path(__file__).resolve().parents[1] / "data" / "shapes" / "mmlu.jsonl"
+    pool = Path(__file__).resolve().parents[2] / "examples" / "sim" / "pool.toml"
+    args = ["eval", f"mmlu:{rows}", "--name", "e", "--pool", str(pool), "--baselines", "none"]
+    result = CliRunner().invoke(app, [*args, *(["--strict"] if strict else [])],
+                                env={"COLUMNS": "400"})
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"mmlu:{rows}:3: answer 7 is not a letter or index of the 2 choices"
+    if strict:
+        assert result.exit_code == 1 and "nothing was submitted" in lines[1], result.output
+    else:
+        assert isinstance(result.exception, _Connected), result.output
+        assert lines[1] == (f"warning: 1 bad line(s) in mmlu:{rows} left out; 2 valid task(s) "
+                            "run (--strict refuses instead)")
+
+
 # --- every numeric flag has a range ----------------------------------------------------------
 
 def _numeric_params(command: Any, path: str = "conductor") -> Iterator[tuple[str, Any]]:

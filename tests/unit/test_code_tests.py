@@ -140,3 +140,27 @@ def test_literal_asserts_keep_python_types_and_json_cases_read_tuples_as_lists()
     assert tests.calls[0].expected == ((1, 2), frozenset({3}), {1: "a"})
     assert parse_reference('{"function": "f", "cases": [{"expected": [1]}]}').tuples_as_lists
     assert parse_reference("assert f() == b'x'").form == "asserts", "bytes: not a plain value"
+
+
+def test_a_humaneval_check_function_of_literal_asserts_is_call_cases_on_the_entry_point() -> None:
+    source = ("METADATA = {'author': 'x'}\n\ndef check(candidate):\n    '''doc'''\n"
+              "    assert candidate(2, k=3) == (1, 2), 'message'\n    assert True\n\n"
+              "check(pair)\n")
+    tests = parse_reference(source)
+    assert tests.form == "call" and [(c.function, c.args, c.named, c.expected)
+                                     for c in tests.calls] == [("pair", [2], {"k": 3}, (1, 2))]
+
+
+@pytest.mark.parametrize("body", [
+    "    assert helper(1) == 2",  # not the candidate
+    "    assert candidate(1) == 2\n    for x in [1]:\n        assert candidate(x)",
+    "    assert abs(candidate(1.0) - 0.5) < 1e-6",
+], ids=["other-function", "a-loop", "a-tolerance"])
+def test_a_check_function_with_anything_else_stays_untrusted_asserts(body: str) -> None:
+    tests = parse_reference(f"def check(candidate):\n{body}\n\ncheck(f)\n")
+    assert tests.form == "asserts" and not tests.trusted
+
+
+def test_test_code_that_runs_more_than_check_stays_untrusted() -> None:
+    code = "def check(candidate):\n    assert candidate(1) == 2\n\nprint('x')\ncheck(f)\n"
+    assert parse_reference(code).form == "asserts"

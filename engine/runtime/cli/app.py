@@ -116,12 +116,16 @@ def load_pool(settings: Settings) -> Pool:
         raise fail(str(e)) from None
 
 
-def load_task_file(source: str, **options: Any) -> list[Task]:
+def load_task_file(source: str, *, skip_bad: bool = False, **options: Any) -> list[Task]:
     """The tasks of a JSONL file (or hf:NAME), all of them or none: a file with any bad line
     submits nothing. Each bad line is listed as `FILE:LINE: why` (the first MAX_LISTED, then a
     count), then one `error:` line says how to go on, exit status 1. Skipping bad lines instead
     would submit a different set of tasks than the file holds, which a batch of 10,000 tasks
     would hide: the valid ones are one command away (`tasks check --json`) where that is wanted.
+
+    `skip_bad` (`conductor eval`, whose report counts its tasks): the bad lines are listed the
+    same way, then one `warning:` line says how many were left out, and the valid tasks run, so
+    one malformed row of a published benchmark does not stop its evaluation.
     """
     from conductor_engine.engine.tasks.files import TaskFileError
     from conductor_engine.engine.tasks.sources import load_tasks
@@ -132,7 +136,11 @@ def load_task_file(source: str, **options: Any) -> list[Task]:
         raise fail(str(e)) from None
     for line in loaded.error_lines():
         err.print(Text(line), highlight=False, soft_wrap=True)
-    if loaded.errors:
+    if loaded.errors and skip_bad and loaded.tasks:
+        err.print(Text(f"warning: {len(loaded.errors)} bad line(s) in {loaded.path} left out; "
+                       f"{len(loaded.tasks)} valid task(s) run (--strict refuses instead)"),
+                  highlight=False, soft_wrap=True)
+    elif loaded.errors:
         src = shlex.quote(source)
         raise fail(f"{len(loaded.errors)} bad line(s) in {loaded.path} ({len(loaded.tasks)} "
                    f"valid): nothing was submitted. Fix them (`conductor tasks check {src} "

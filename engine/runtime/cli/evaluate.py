@@ -40,8 +40,9 @@ from conductor_engine.engine.runtime.client import ConductorClient
 @app.command(name="eval")
 def evaluate(
     tasks: Annotated[str, typer.Argument(
-        help="a JSONL task file, hf:NAME, or a benchmark in its own shape: gpqa:FILE, "
-             "math:FILE, code:FILE (FILE a JSONL file or hf:NAME)")],
+        help="a JSONL task file, hf:NAME, or a benchmark in its own shape: SHAPE:FILE with "
+             "SHAPE one of gpqa, math, math500, aime, mmlu, mmlu-pro, rlpr, code "
+             "(LiveCodeBench), humaneval, mbpp (FILE a JSONL file or hf:NAME)")],
     name: Annotated[str, typer.Option(help="the eval's name (its batch is NAME)")],
     pool: PoolOpt = None,
     policy: Annotated[str | None, typer.Option(
@@ -61,7 +62,7 @@ def evaluate(
     seed: Annotated[int, typer.Option(
         min=0, max=2**31, help="seeds the random plans and gpqa: choice shuffles")] = 0,
     column: Annotated[list[str] | None, typer.Option(
-        help="with gpqa:/math:/code:, FIELD=COLUMN where the source names a field otherwise "
+        help="with SHAPE:FILE, FIELD=COLUMN where the source names a field otherwise "
              "(repeatable), e.g. --column question=Problem")] = None,
     concurrency: Annotated[int, typer.Option(
         min=1, max=MAX_CONCURRENCY, help=f"most runs in flight at once, at most "
@@ -72,6 +73,9 @@ def evaluate(
         "--out", help="report directory (default evals/NAME)")] = None,
     worker: Annotated[bool | None, typer.Option(
         help="serve the runs from this process (default: yes on the embedded stack)")] = None,
+    strict: Annotated[bool, typer.Option(
+        help="refuse the eval when any row is bad (default: list bad rows, run the rest)")
+    ] = False,
 ) -> None:
     """Compare the conductor with every single agent, the best of them, Mixture-of-Agents, a
     random plan and a planner -> executor -> verifier chain on the same tasks: accuracy, mean
@@ -89,7 +93,7 @@ def evaluate(
         where = ".".join(str(p) for p in first["loc"])
         hint = f" (baselines: {', '.join(BASELINES)})" if "baselines" in where else ""
         raise fail(f"{where + ': ' if where else ''}{first['msg']}{hint}", 2) from None
-    loaded = load_task_file(tasks, **_shape_options(tasks, column, seed))
+    loaded = load_task_file(tasks, skip_bad=not strict, **_shape_options(tasks, column, seed))
     runs = eval_tasks(loaded, spec)
     target = out_dir or Path("evals") / name
 
@@ -128,7 +132,8 @@ def _shape_options(source: str, columns: list[str] | None, seed: int) -> dict[st
 
     if shape_of(source) is None:
         if columns:
-            raise fail("--column applies to gpqa:, math: and code: sources only", 2)
+            raise fail("--column applies to SHAPE:FILE sources only (gpqa:, math:, code:, ...)",
+                       2)
         return {}
     mapping = {}
     for item in columns or []:
