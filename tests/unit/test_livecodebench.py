@@ -54,8 +54,9 @@ def test_the_unpickler_never_calls_what_a_pickle_names(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return os.system, (f"touch {marker}",)
 
-    with pytest.raises(lcb.CaseError, match="refused: the pickle names"):
-        lcb.unpickle_str(pickle.dumps(Touch()))
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # GLOBAL and STACK_GLOBAL opcodes
+        with pytest.raises(lcb.CaseError, match="refused: the pickle names"):
+            lcb.unpickle_str(pickle.dumps(Touch(), protocol=protocol))
     assert not marker.exists()
 
 
