@@ -97,6 +97,8 @@ def test_a_functional_problem_is_call_cases_on_a_fresh_solution_judged_by_truste
                    task.reference, "code")
     assert (wrong.correct, wrong.score) == (False, 0.0)
     assert wrong.details["trusted"] is True
+    future = "```python\nfrom __future__ import annotations\n" + TWO_SUM.removeprefix("```python\n")
+    assert verify(future, task.reference, "code").correct, "a __future__ import still opens it"
 
 
 def test_functional_cases_without_a_func_name_or_with_bad_json_are_row_errors(
