@@ -87,6 +87,7 @@ def test_a_stdin_problem_is_judged_on_public_and_private_cases() -> None:
 def test_a_functional_problem_is_call_cases_on_a_fresh_solution_judged_by_trusted_code() -> None:
     task = load_tasks(f"code:{ROWS}").tasks[1]
     assert "class Solution:\n    def twoSum" in task.question, "the starter code is shown"
+    assert task.tags == ["easy", "leetcode"]
     tests = parse_reference(task.reference or "")
     assert tests.form == "call" and tests.trusted
     assert [c.function for c in tests.calls] == ["Solution.twoSum"] * 3
