@@ -146,9 +146,12 @@ def _inert(stmt: ast.stmt) -> bool:
     return False
 
 
-def _is_check_run(stmt: ast.stmt) -> bool:
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
+def _check_run(stmt: ast.stmt) -> ast.Call | None:
+    """The call of a `check(...)` statement, else None."""
+    if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check"):
+        return stmt.value
+    return None
 
 
 def _check_calls(body: list[ast.stmt]) -> list[CallCase] | None:
@@ -156,17 +159,16 @@ def _check_calls(body: list[ast.stmt]) -> list[CallCase] | None:
     `check(entry_point)`: each assert as a call case on the entry point. None for test code of
     any other shape, or one statement that is not such an assert."""
     checks = [s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"]
-    runs = [s for s in body if _is_check_run(s)]
+    runs = [s for s in body if _check_run(s) is not None]
     if len(checks) != 1 or len(runs) != 1:
         return None
-    check, run = checks[0], runs[0].value
-    if not all(_inert(s) for s in body if s is not check and s is not runs[0]):
+    check, run = checks[0], _check_run(runs[0])
+    if run is None or not all(_inert(s) for s in body if s is not check and s is not runs[0]):
         return None
     params = check.args
     if (check.decorator_list or len(params.args) != 1 or params.posonlyargs
             or params.kwonlyargs or params.vararg or params.kwarg):
         return None
-    assert isinstance(run, ast.Call)
     if len(run.args) != 1 or run.keywords or not isinstance(run.args[0], ast.Name):
         return None
     callee = (params.args[0].arg, run.args[0].id)

@@ -282,11 +282,22 @@ def _shown(value: Any) -> str:
         return "an integer of over 4300 digits"
 
 
+def _after_prelude(prelude: str, code: str) -> str:
+    """The candidate's code after the reference's prelude, its `from __future__` imports
+    moved first (they must open the module, and a solution may well start with one)."""
+    if not prelude:
+        return code
+    lines = code.splitlines(keepends=True)
+    future = [line for line in lines if line.startswith("from __future__ import")]
+    rest = [line for line in lines if not line.startswith("from __future__ import")]
+    return "".join(future) + "\n" + prelude + "".join(rest)
+
+
 def _run_code(code: str, tests: CodeTests, limits: SandboxLimits) -> SandboxResult:
     if tests.form == "io":
         return run_io_cases(code, [c.input for c in tests.io], limits)
     if tests.form == "call":  # the value comes back with its types: see typed_values
-        return run_call_cases(with_typed_call(tests.prelude + code),
+        return run_call_cases(with_typed_call(_after_prelude(tests.prelude, code)),
                               [(CALL_FUNCTION, [c.function, c.args, c.named], {})
                                for c in tests.calls], limits)
     return run_python_tests(code, tests.asserts, limits)

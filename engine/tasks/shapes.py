@@ -63,7 +63,7 @@ MATH_COLUMNS = {"id": "unique_id", "question": "problem", "answer": "answer",
 CODE_COLUMNS = {"id": "question_id", "question": "question_content",
                 "starter_code": "starter_code", "public": "public_test_cases",
                 "private": "private_test_cases", "metadata": "metadata",
-                "difficulty": "difficulty"}
+                "difficulty": "difficulty", "platform": "platform"}
 
 MMLU_COLUMNS = {"id": "id", "question": "question", "choices": "choices", "answer": "answer",
                 "answer_index": "answer_index", "subject": "subject"}
@@ -238,8 +238,9 @@ def humaneval_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> di
     prompt, entry = str(_need(row, columns, "question")), str(_need(row, columns, "entry_point"))
     if not entry.isidentifier():
         raise _Problem(f"entry point {entry!r} is not a Python name")
-    question = ("Complete the following Python function. Give the whole function, with the "
-                f"imports it needs, in one ```python block.\n\n```python\n{prompt.rstrip()}\n```")
+    question = ("Complete the following Python function. Give the complete code, the imports "
+                "and any helper functions shown included, in one ```python block.\n\n"
+                f"```python\n{prompt.rstrip()}\n```")
     out: dict[str, Any] = {"question": question, "verifier": "code",
                            "answer": f"{str(_need(row, columns, 'test')).rstrip()}\n\n\n"
                                      f"check({entry})\n"}
@@ -303,8 +304,8 @@ def code_row(row: dict[str, Any], columns: dict[str, str], seed: int) -> dict[st
                            "answer": reference, "verifier": "code"}
     if (rid := _get(row, columns, "id")) is not None:
         out["id"] = str(rid)
-    if (difficulty := _get(row, columns, "difficulty")) is not None:
-        out["tags"] = [str(difficulty)]
+    out["tags"] = [str(v) for f in ("difficulty", "platform")
+                   if (v := _get(row, columns, f)) is not None]
     return out
 
 

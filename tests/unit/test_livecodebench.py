@@ -54,8 +54,9 @@ def test_the_unpickler_never_calls_what_a_pickle_names(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return os.system, (f"touch {marker}",)
 
-    with pytest.raises(lcb.CaseError, match="refused: the pickle names"):
-        lcb.unpickle_str(pickle.dumps(Touch()))
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # GLOBAL and STACK_GLOBAL opcodes
+        with pytest.raises(lcb.CaseError, match="refused: the pickle names"):
+            lcb.unpickle_str(pickle.dumps(Touch(), protocol=protocol))
     assert not marker.exists()
 
 
@@ -86,6 +87,7 @@ def test_a_stdin_problem_is_judged_on_public_and_private_cases() -> None:
 def test_a_functional_problem_is_call_cases_on_a_fresh_solution_judged_by_trusted_code() -> None:
     task = load_tasks(f"code:{ROWS}").tasks[1]
     assert "class Solution:\n    def twoSum" in task.question, "the starter code is shown"
+    assert task.tags == ["easy", "leetcode"]
     tests = parse_reference(task.reference or "")
     assert tests.form == "call" and tests.trusted
     assert [c.function for c in tests.calls] == ["Solution.twoSum"] * 3
@@ -96,6 +98,8 @@ def test_a_functional_problem_is_call_cases_on_a_fresh_solution_judged_by_truste
                    task.reference, "code")
     assert (wrong.correct, wrong.score) == (False, 0.0)
     assert wrong.details["trusted"] is True
+    future = "```python\nfrom __future__ import annotations\n" + TWO_SUM.removeprefix("```python\n")
+    assert verify(future, task.reference, "code").correct, "a __future__ import still opens it"
 
 
 def test_functional_cases_without_a_func_name_or_with_bad_json_are_row_errors(

@@ -144,7 +144,9 @@ def batch_summary(summary: dict[str, Any]) -> Markdown:
 
 @tasks_app.command("check")
 def tasks_check(
-    source: Annotated[str, typer.Argument(help="a JSONL file, or hf:NAME[:CONFIG][@SPLIT]")],
+    source: Annotated[str, typer.Argument(
+        help="a JSONL file, hf:NAME[:CONFIG][@SPLIT], or a benchmark's rows as SHAPE:SOURCE "
+             "(docs/benchmarks.md)")],
     as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
     all_errors: Annotated[bool, typer.Option(
         "--all", help=f"list every bad line, not the first {MAX_LISTED}")] = False,
