@@ -29,7 +29,8 @@ samples, grouped by prompt and padded by the trainer's own `collate`, plain
 GRPO machinery (no log-prob gather, no shared prefix, no clipping, no optimiser step). On CUDA it
 runs under `torch.autocast(bfloat16)`, the mixed precision a plain training loop would use, so
 the ratio says how far the trainer is from what the GPU gives a simple loop. If a bare
-micro-batch runs out of GPU memory it is split in halves (the same tokens; the split is printed).
+micro-batch runs out of GPU memory it is split in halves (the same tokens; the split is printed;
+the timed pass starts at the size the warm-up found).
 
 Each update (ours, bare) runs once to warm up, on the first `--warmup-groups` groups only (the
 same micro-batch shapes and kernels, a quarter of the time for lora7b), then once timed on all
@@ -225,6 +226,9 @@ class Bench:
     policy: Policy
     optimizer: torch.optim.Optimizer
     samples: list[Sample]
+    # the bare pass's micro-batch that last fit: the timed bare pass starts there, so the
+    # warm-up's out-of-memory attempts are not timed again (they would flatter the ratio)
+    bare_size: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -249,11 +253,12 @@ class Bench:
     def bare(self, samples: Sequence[Sample]) -> int:
         """Forward + cross-entropy + backward of the same tokens, no GRPO: the baseline. Returns
         the micro-batch size it ran at (halved on running out of GPU memory)."""
-        size = micro_batch_size(self.recipe)
+        size = self.bare_size or micro_batch_size(self.recipe)
         while True:
             try:
                 bare_forward_backward(self.policy.model, samples, self.policy.pad_id, size,
                                       self.device)
+                self.bare_size = size
                 return size
             except torch.cuda.OutOfMemoryError:
                 if size == 1:
