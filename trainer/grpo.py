@@ -589,8 +589,9 @@ class Compute:
     (per_token_logprobs).
 
     auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its
-    activations would not fit the device's free memory (`_needs_checkpointing`); load_policy
-    has installed checkpointing, off. False: the model's own setting, as it was loaded.
+    activations would not fit the device's free memory (`_needs_checkpointing`), and rerun a
+    step checkpointed where a micro-batch ran out of memory anyway (`_optimiser_step`);
+    load_policy has installed checkpointing, off. False: the model's own setting, as loaded.
     """
 
     autocast: torch.dtype | None = None

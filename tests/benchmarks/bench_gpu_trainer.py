@@ -29,7 +29,8 @@ samples, grouped by prompt and padded by the trainer's own `collate`, plain
 GRPO machinery (no log-prob gather, no shared prefix, no clipping, no optimiser step). On CUDA it
 runs under `torch.autocast(bfloat16)`, the mixed precision a plain training loop would use, so
 the ratio says how far the trainer is from what the GPU gives a simple loop. If a bare
-micro-batch runs out of GPU memory it is split in halves (the same tokens; the split is printed).
+micro-batch runs out of GPU memory it is split in halves (the same tokens; the split is printed;
+the timed pass starts at the size the warm-up found).
 
 Each update (ours, bare) runs once to warm up, on the first `--warmup-groups` groups only (the
 same micro-batch shapes and kernels, a quarter of the time for lora7b), then once timed on all
@@ -73,6 +74,7 @@ from conductor_engine.trainer.grpo import (  # noqa: E402
     Sample,
     StepMetrics,
     collate,
+    compute_of,
     make_optimizer,
     train_step,
 )
@@ -224,6 +226,9 @@ class Bench:
     policy: Policy
     optimizer: torch.optim.Optimizer
     samples: list[Sample]
+    # the bare pass's micro-batch that last fit: the timed bare pass starts there, so the
+    # warm-up's out-of-memory attempts are not timed again (they would flatter the ratio)
+    bare_size: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -248,11 +253,12 @@ class Bench:
     def bare(self, samples: Sequence[Sample]) -> int:
         """Forward + cross-entropy + backward of the same tokens, no GRPO: the baseline. Returns
         the micro-batch size it ran at (halved on running out of GPU memory)."""
-        size = micro_batch_size(self.recipe)
+        size = self.bare_size or micro_batch_size(self.recipe)
         while True:
             try:
                 bare_forward_backward(self.policy.model, samples, self.policy.pad_id, size,
                                       self.device)
+                self.bare_size = size
                 return size
             except torch.cuda.OutOfMemoryError:
                 if size == 1:
@@ -374,14 +380,20 @@ def _status_bytes(name: str) -> int | None:
 @contextlib.contextmanager
 def compute_dtype_probe(model: Any) -> Iterator[dict[str, Any]]:
     """What a linear layer of the first decoder layer computed in while the block ran: its output
-    dtype and whether autocast was on, however the trainer set precision up."""
+    dtype and whether autocast was on, however the trainer set precision up; and how many of
+    the first decoder layer's passes ran checkpointed (auto checkpointing decides per
+    micro-batch, so the model's flag after the update does not say)."""
     seen: dict[str, Any] = {}
+    layer = next((m for n, m in model.named_modules() if n.endswith("layers.0")), None)
+
+    def count(module: Any, _: Any) -> None:
+        key = "layer0_passes_checkpointed" if getattr(module, "gradient_checkpointing", False) \
+            else "layer0_passes_not_checkpointed"
+        seen[key] = seen.get(key, 0) + 1
+
     target = next((m for n, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and "layers.0." in n and "lora" not in n),
                   None)
-    if target is None:
-        yield seen
-        return
 
     def hook(_: Any, __: Any, output: Any) -> None:
         if "linear_output_dtype" not in seen and isinstance(output, torch.Tensor):
@@ -391,11 +403,13 @@ def compute_dtype_probe(model: Any) -> Iterator[dict[str, Any]]:
             if seen["autocast"]:
                 seen["autocast_dtype"] = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
 
-    handle = target.register_forward_hook(hook)
+    handles = ([layer.register_forward_pre_hook(count)] if layer is not None else []) + \
+        ([target.register_forward_hook(hook)] if target is not None else [])
     try:
         yield seen
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def settings_in_effect(bench: Bench) -> dict[str, Any]:
@@ -426,6 +440,10 @@ def settings_in_effect(bench: Bench) -> dict[str, Any]:
         "trainable_params_by_dtype": dtypes(True),
         "frozen_params_by_dtype": dtypes(False),
         "gradient_checkpointing": checkpointing,
+        # auto checkpointing (on CUDA): decided per micro-batch from the bytes per token it
+        # measured (doubled after a micro-batch ran out of memory and the step was rerun)
+        "auto_checkpointing": compute_of(model).auto_checkpointing,
+        "auto_checkpointing_measured": dict(compute_of(model).measured),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "optimizer": type(bench.optimizer).__name__ + str(
@@ -514,7 +532,8 @@ def report(r: dict[str, Any]) -> str:
         f"  peak memory: {r['peak_memory_is']}",
         f"  settings: kind {s['kind']}, trainable {s['trainable_params_by_dtype']}, frozen "
         f"{s['frozen_params_by_dtype']}, gradient checkpointing (the model's flag after the "
-        f"updates) {s['gradient_checkpointing']}, "
+        f"updates) {s['gradient_checkpointing']}, auto {s['auto_checkpointing']} "
+        f"{s['auto_checkpointing_measured']}, "
         f"fp32 matmul precision {s['float32_matmul_precision']} (TF32 "
         f"{s['cuda_matmul_allow_tf32']}), {s['optimizer']}",
         f"  computed (first decoder layer's linear, during the update): {r['compute_seen']}",

@@ -564,6 +564,30 @@ def test_load_policy_sets_bf16_mixed_compute_over_float32_weights(tmp_path: Path
     assert compute_of(policy.model) == Compute(autocast=None)
 
 
+def test_a_lora_adapter_over_a_bfloat16_base_stays_float32_new_and_continued(tmp_path: Path
+                                                                            ) -> None:
+    """As on CUDA: the frozen base in bfloat16, the adapter (what AdamW, fused there, steps)
+    in float32, whether new or continued from a saved checkpoint; an update under bf16-mixed
+    moves it."""
+    from conductor_engine.trainer.policy import load_policy, save_checkpoint
+
+    cfg = PolicyConfig(base=str(tiny_model_dir(tmp_path / "base")), lora_r=4, device="cpu",
+                       bf16=True, precision="bf16-mixed")
+    policy = load_policy(cfg)
+    for _ in range(2):
+        model = policy.model
+        assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+        assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+        before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        loss = LossConfig(learning_rate=1e-3)
+        step = train_step(model, make_optimizer(model, loss), random_samples(4), loss)
+        assert step.skipped is None
+        assert any(not torch.equal(b, p) for b, p in zip(
+            before, (p for p in model.parameters() if p.requires_grad), strict=True))
+        save_checkpoint(policy, tmp_path / "adapter")
+        policy = load_policy(cfg, checkpoint_dir=tmp_path / "adapter")
+
+
 # ------------------------------------------------------------------------------ checkpoints
 
 
