@@ -44,8 +44,8 @@ class SuiteError(ValueError):
     """A suite file that cannot be used; the message names the file and what to fix."""
 
 
-class Benchmark(BaseModel):
-    """One benchmark of a suite: where its rows are and how to read them."""
+class DataSource(BaseModel):
+    """A dataset read in one row shape: a suite's benchmark or a training mix's source."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,8 +60,6 @@ class Benchmark(BaseModel):
     split: str = "test"
     columns: dict[str, str] = Field(default_factory=dict,
                                     description="shape field -> the source's column")
-    paper: float | None = Field(default=None, ge=0, le=100, description="the published "
-                                "accuracy (%) for reference; None where it is not known")
 
     @field_validator("shape")
     @classmethod
@@ -79,6 +77,22 @@ class Benchmark(BaseModel):
             return f"{self.shape}:{local}"
         name = str(local) if local.exists() else self.source
         return f"{self.shape}:hf:{name}{':' + self.config if self.config else ''}@{self.split}"
+
+    def task(self, task: Task, options: dict[str, Any] | None = None) -> Task:
+        """A loaded task renamed `KEY/ID` with dataset KEY, and `options` (RunOptions fields)
+        set on it."""
+        merged = task.options
+        if options:
+            merged = RunOptions.model_validate({**task.options.model_dump(), **options})
+        return task.model_copy(update={"id": f"{self.key}/{task.id}", "dataset": self.key,
+                                       "options": merged})
+
+
+class Benchmark(DataSource):
+    """One benchmark of a suite, with the paper's figure for it."""
+
+    paper: float | None = Field(default=None, ge=0, le=100, description="the published "
+                                "accuracy (%) for reference; None where it is not known")
 
 
 class Suite(BaseModel):
@@ -112,10 +126,7 @@ class Suite(BaseModel):
 
     def task(self, benchmark: Benchmark, task: Task) -> Task:
         """A loaded task as this suite runs it: `KEY/ID`, dataset KEY, the suite's options."""
-        options = task.options.model_copy(update=RunOptions.model_validate(
-            {**task.options.model_dump(), **self.options}).model_dump())
-        return task.model_copy(update={"id": f"{benchmark.key}/{task.id}",
-                                       "dataset": benchmark.key, "options": options})
+        return benchmark.task(task, self.options)
 
     def published(self) -> dict[str, float]:
         """{benchmark key: published accuracy as a fraction} where the suite gives one."""
