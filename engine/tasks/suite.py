@@ -130,7 +130,7 @@ class Suite(BaseModel):
 
     def published(self) -> dict[str, float]:
         """{benchmark key: published accuracy as a fraction} where the suite gives one."""
-        return {b.key: b.paper / 100 for b in self.benchmarks if b.paper is not None}
+        return {b.key: round(b.paper / 100, 6) for b in self.benchmarks if b.paper is not None}
 
 
 def shipped() -> list[str]:
