@@ -57,8 +57,9 @@ def evaluate(
              "LiveCodeBench, MATH500, AIME 2025) or a suite file (TOML, docs/benchmarks.md); "
              "the report adds a table with a column per benchmark")] = None,
     limit: Annotated[int | None, typer.Option(
-        min=1, help="only the first N tasks (of each benchmark with --suite): a cheap first "
-                    "run")] = None,
+        min=1, max=1_000_000,
+        help="only the first N tasks (of each benchmark with --suite): a cheap first run")
+    ] = None,
     pool: PoolOpt = None,
     policy: Annotated[str | None, typer.Option(
         help="the conductor's policy version (base, latest, vN; default: the pool file's)")
@@ -95,7 +96,10 @@ def evaluate(
     """Compare the conductor with every single agent, the best of them, Mixture-of-Agents, a
     random plan and a planner -> executor -> verifier chain on the same tasks: accuracy, mean
     reward, tokens, cost, latency and calls per task. Every run is a Temporal workflow of one
-    batch (NAME): an interrupted eval resumes where it stopped when run again."""
+    batch (NAME): an interrupted eval resumes where it stopped when run again.
+
+    `--suite paper` runs the Conductor paper's benchmarks as one eval and adds its table: a
+    column per benchmark, their average, tokens and cost per task, the published figures."""
     if (tasks is None) == (suite is None):
         raise fail("give TASKS (a task file or SHAPE:SOURCE) or --suite NAME|FILE, not "
                    f"{'both' if tasks else 'neither'}", 2)
@@ -176,9 +180,9 @@ def _suite_tasks(suite: Suite, *, strict: bool, seed: int, limit: int | None) ->
         options: dict[str, Any] = {"columns": benchmark.columns, "seed": seed}
         if limit is not None:
             options["limit"] = limit
-        loaded = load_task_file(source, skip_bad=not strict, **options)
-        err.print(f"{benchmark.name}: {len(loaded)} task(s) from {source}", markup=False,
-                  highlight=False)
+        err.print(f"{benchmark.name}: reading {source}", markup=False, highlight=False)
+        loaded = load_task_file(source, skip_bad=not strict, **options)  # fails: says why
+        err.print(f"{benchmark.name}: {len(loaded)} task(s)", markup=False, highlight=False)
         out += [suite.task(benchmark, t) for t in loaded]
     return out
 
