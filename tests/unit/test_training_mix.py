@@ -104,8 +104,11 @@ def test_train_start_refuses_a_mix_holding_a_held_out_problem(tmp_path: Path,
 
 def test_train_start_draws_a_mix_that_keeps_the_held_out_suite_out(tmp_path: Path,
                                                                   no_temporal: None) -> None:
-    path = _mix_dir(tmp_path, '{"id": "1983-1", "problem": "A new problem?", "answer": "7"}\n')
+    path = _mix_dir(tmp_path, '{"id": "1983-1", "problem": "A new problem?", "answer": "7"}\n'
+                              '{"id": "1983-2", "problem": "Not an integer?", "answer": "2.5"}\n')
     result = CliRunner().invoke(app, ["train", "start", str(path)], env={"COLUMNS": "400"})
     assert isinstance(result.exception, _Connected), result.output
+    assert (f"warning: 1 bad row(s) in aime:{tmp_path / 'mix_aime.jsonl'} left out of the "
+            "draw; 1 valid") in result.stderr
     assert "held out: none of 2 task(s) of" in result.stderr
     assert "AIME (old): 1 of 1 task(s)" in result.stderr

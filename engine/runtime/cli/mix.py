@@ -3,7 +3,9 @@ tasks (engine/tasks/mix.py) and refuses a mix that holds a held-out benchmark's 
 
 from __future__ import annotations
 
-from conductor_engine.engine.runtime.cli.app import err, fail, load_task_file
+from rich.text import Text
+
+from conductor_engine.engine.runtime.cli.app import err, fail
 from conductor_engine.engine.tasks.files import TaskFileError
 from conductor_engine.engine.tasks.mix import draw, load_mix, overlap, overlap_error
 from conductor_engine.engine.tasks.model import Task
@@ -21,7 +23,7 @@ def mix_tasks(path: str) -> list[Task]:
         raise fail(str(e), 2) from None
     tasks: list[Task] = []
     for source, where in mix.source_strings():
-        loaded = load_task_file(where, skip_bad=True)
+        loaded = _valid_tasks(where)
         try:
             drawn = draw(source, loaded, mix.seed)
         except SuiteError as e:
@@ -31,6 +33,21 @@ def mix_tasks(path: str) -> list[Task]:
         tasks += drawn
     _check_heldout(mix.heldout_paths(), tasks)
     return tasks
+
+
+def _valid_tasks(where: str) -> list[Task]:
+    """A source's valid tasks; its bad rows listed (the first MAX_LISTED, then a count) and a
+    warning saying how many were left out of the draw."""
+    try:
+        loaded = load_tasks(where)
+    except TaskFileError as e:
+        raise fail(str(e)) from None
+    for line in loaded.error_lines():
+        err.print(Text(line), highlight=False, soft_wrap=True)
+    if loaded.errors:
+        err.print(Text(f"warning: {len(loaded.errors)} bad row(s) in {loaded.path} left out of "
+                       f"the draw; {len(loaded.tasks)} valid"), highlight=False, soft_wrap=True)
+    return list(loaded.tasks)
 
 
 def _check_heldout(suites: list[str], tasks: list[Task]) -> None:
