@@ -17,6 +17,7 @@ setup(
     package_dir={f"{NAMESPACE}.{f}": f for f in FOLDERS},
     package_data={
         f"{NAMESPACE}.engine.providers.pools": ["*.toml"],
+        f"{NAMESPACE}.engine.tasks.suites": ["*.toml"],
         f"{NAMESPACE}.engine.storage": ["migrations/*.sql"],
     },
 )

@@ -111,8 +111,12 @@ _RANK = {CONDUCTOR: 0, "single": 1, "moa": 3, "random": 4, "chain": 5}
 
 
 def _order(row: SystemRow) -> tuple[int, str]:
+    return system_order(row.system)
+
+
+def system_order(system: str) -> tuple[int, str]:
     """The conductor (by rounds), the single agents, then the other baselines."""
-    return _RANK.get(row.system.split(" ", 1)[0], 6), row.system
+    return _RANK.get(system.split(" ", 1)[0], 6), system
 
 
 HEADER = ("system", "accuracy", "untrusted", "mean reward", "tokens in / task",

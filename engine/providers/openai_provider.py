@@ -82,6 +82,8 @@ def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
     args.update(_sampling(spec, request))
     if request.seed is not None:  # both take it: vLLM exactly, OpenAI on a best-effort basis
         args["seed"] = request.seed
+    if spec.params.reasoning_effort is not None:
+        args["reasoning_effort"] = spec.params.reasoning_effort
     if spec.provider == "openai":
         # OpenAI's reasoning models (gpt-5, o-series) reject `max_tokens`.
         args["max_completion_tokens"] = request.max_tokens
@@ -193,6 +195,8 @@ def _response_arguments(
         "store": False,
     }
     args.update(_sampling(spec, request))
+    if spec.params.reasoning_effort is not None:
+        args["reasoning"] = {"effort": spec.params.reasoning_effort}
     if search.max_uses is not None:
         args["max_tool_calls"] = search.max_uses  # web search is the only tool offered
     if request.json_schema is not None and spec.structured_output:

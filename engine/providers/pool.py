@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -47,7 +47,12 @@ class GenerationParams(BaseModel):
 
     temperature: float | None = None
     top_p: float | None = None
-    max_tokens: int = Field(default=1024, gt=0)
+    max_tokens: int = Field(default=1024, gt=0, description="completion budget; a reasoning "
+                            "model's hidden reasoning counts against it (engine/providers/"
+                            "budget.py: what `pool show` flags)")
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="openai and openai-compatible only: how long a reasoning "
+        "model (gpt-5, o-series; servers that take it) thinks; None = the model's default")
 
 
 class UserLocation(BaseModel):
@@ -234,6 +239,18 @@ class AgentSpec(BaseModel):
                 f'api_key_env = "{self.provider.upper().replace("-", "_")}_API_KEY" and export '
                 "the key under that name"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _effort_where_it_is_taken(self) -> AgentSpec:
+        """Only the OpenAI wire format has a reasoning-effort parameter; elsewhere it would be
+        dropped without a word, and a person who asked for `high` would not know."""
+        if self.params.reasoning_effort is not None and self.provider not in (
+                "openai", "openai-compatible"):
+            raise ValueError(
+                f"agent {self.id!r}: params.reasoning_effort is for providers openai and "
+                f"openai-compatible, not {self.provider}; remove it (this model's thinking is "
+                "set by its own defaults) and give it a max_tokens with room to think")
         return self
 
     @model_validator(mode="after")

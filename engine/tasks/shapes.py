@@ -340,9 +340,12 @@ def _rows(source: str) -> tuple[Iterator[tuple[int, Any]], str]:
 
 
 def load_shaped(source: str, *, columns: dict[str, str] | None = None,
-                seed: int = 0) -> TaskFile:
+                seed: int = 0, limit: int | None = None) -> TaskFile:
     """Tasks from `SHAPE:SOURCE` (module docstring); TaskFileError for an unknown shape or
-    column name, or a source that cannot be read."""
+    column name, or a source that cannot be read. `limit` stops after that many rows have
+    converted (a cheap first run: `conductor eval --limit N`), so the rest of a large
+    benchmark (LiveCodeBench's compressed tests) is never decoded; bad rows met before then
+    are still reported."""
     shape, _, inner = source.partition(":")
     if shape not in SHAPES:
         raise TaskFileError(f"unknown task shape {shape!r}: use one of {', '.join(SHAPES)}")
@@ -355,13 +358,19 @@ def load_shaped(source: str, *, columns: dict[str, str] | None = None,
     rows, dataset = _rows(inner)
 
     def converted() -> Iterator[tuple[int, Any]]:
+        taken = 0
         for line, row in rows:
+            if limit is not None and taken >= limit:
+                return
             if isinstance(row, _Problem) or not isinstance(row, dict):
                 yield line, row
                 continue
             try:
-                yield line, {**convert(row, mapping, seed), "dataset": dataset}
+                task = {**convert(row, mapping, seed), "dataset": dataset}
             except _Problem as problem:
                 yield line, problem
+                continue
+            taken += 1
+            yield line, task
 
     return _collect(converted(), source, dataset)

@@ -5,6 +5,7 @@ pickle, stdin and functional problems both judged by trusted code in the real sa
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import pickle
@@ -40,8 +41,14 @@ def test_compressed_private_tests_decode_to_the_cases_they_were_made_from() -> N
     assert lcb.read_cases(json.dumps(cases)) == cases
 
 
-@pytest.mark.parametrize("value", [Boom(), {"a": "b"}, ["x"], b"bytes", 7],
-                         ids=["os.system", "dict", "list", "bytes", "int"])
+class Plain:
+    """An ordinary class: its pickle names it (GLOBAL), and unpickling would build one."""
+
+
+@pytest.mark.parametrize("value", [Boom(), Plain(), datetime.date(2025, 1, 1), {"a": "b"},
+                                   ["x"], {"s"}, b"bytes", 7, None],
+                         ids=["os.system", "class-instance", "date", "dict", "list", "set",
+                              "bytes", "int", "none"])
 def test_the_unpickler_admits_nothing_but_a_str(value: object) -> None:
     with pytest.raises(lcb.CaseError):
         lcb.read_cases(packed(value))

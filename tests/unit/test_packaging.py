@@ -46,6 +46,7 @@ def test_the_wheel_installs_one_namespace_and_no_generic_top_level_name(wheel: P
         for path in (ROOT / folder).rglob("*.py"):
             assert f"conductor_engine/{path.relative_to(ROOT).as_posix()}" in names, path
     assert "conductor_engine/engine/providers/pools/default.toml" in names
+    assert "conductor_engine/engine/tasks/suites/paper.toml" in names
     assert "conductor_engine/engine/storage/migrations/001_traces.sql" in names
 
 

@@ -19,6 +19,9 @@ from conductor_engine.engine.eval.report import (
     narrow_cells,
     rows_json,
 )
+from conductor_engine.engine.eval.suite_report import cells as suite_cells
+from conductor_engine.engine.eval.suite_report import header as suite_header
+from conductor_engine.engine.eval.suite_report import suite_rows, write_suite_report
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -35,15 +38,28 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.cli.batches import _watch_batch
 from conductor_engine.engine.runtime.cli.render import column_widths, fitted_table
 from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.tasks.suite import Suite, SuiteError, load_suite
 
 
 @app.command(name="eval")
 def evaluate(
-    tasks: Annotated[str, typer.Argument(
+    tasks: Annotated[str | None, typer.Argument(
         help="a JSONL task file, hf:NAME, or a benchmark in its own shape: SHAPE:FILE with "
              "SHAPE one of gpqa, math, math500, aime, mmlu, mmlu-pro, rlpr, code "
-             "(LiveCodeBench), humaneval, mbpp (FILE a JSONL file or hf:NAME)")],
-    name: Annotated[str, typer.Option(help="the eval's name (its batch is NAME)")],
+             "(LiveCodeBench), humaneval, mbpp (FILE a JSONL file or hf:NAME); or none "
+             "with --suite")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="the eval's name (its batch is NAME; default with --suite: the suite's name)")
+    ] = None,
+    suite: Annotated[str | None, typer.Option(
+        help="run a benchmark suite instead of TASKS: a shipped one (paper: GPQA-Diamond, "
+             "LiveCodeBench, MATH500, AIME 2025) or a suite file (TOML, docs/benchmarks.md); "
+             "the report adds a table with a column per benchmark")] = None,
+    limit: Annotated[int | None, typer.Option(
+        min=1, max=1_000_000,
+        help="only the first N tasks (of each benchmark with --suite): a cheap first run")
+    ] = None,
     pool: PoolOpt = None,
     policy: Annotated[str | None, typer.Option(
         help="the conductor's policy version (base, latest, vN; default: the pool file's)")
@@ -80,7 +96,17 @@ def evaluate(
     """Compare the conductor with every single agent, the best of them, Mixture-of-Agents, a
     random plan and a planner -> executor -> verifier chain on the same tasks: accuracy, mean
     reward, tokens, cost, latency and calls per task. Every run is a Temporal workflow of one
-    batch (NAME): an interrupted eval resumes where it stopped when run again."""
+    batch (NAME): an interrupted eval resumes where it stopped when run again.
+
+    `--suite paper` runs the Conductor paper's benchmarks as one eval and adds its table: a
+    column per benchmark, their average, tokens and cost per task, the published figures."""
+    if (tasks is None) == (suite is None):
+        raise fail("give TASKS (a task file or SHAPE:SOURCE) or --suite NAME|FILE, not "
+                   f"{'both' if tasks else 'neither'}", 2)
+    chosen_suite = _load_suite(suite) if suite is not None else None
+    name = name or (chosen_suite.name if chosen_suite is not None else None)
+    if name is None:
+        raise fail("--name is required: the eval's name (its batch is NAME)", 2)
     settings = load_settings(pool)
     agents = load_pool(settings)
     chosen = [b.strip() for b in baselines.split(",") if b.strip() and b.strip() != "none"]
@@ -93,7 +119,17 @@ def evaluate(
         where = ".".join(str(p) for p in first["loc"])
         hint = f" (baselines: {', '.join(BASELINES)})" if "baselines" in where else ""
         raise fail(f"{where + ': ' if where else ''}{first['msg']}{hint}", 2) from None
-    loaded = load_task_file(tasks, skip_bad=not strict, **_shape_options(tasks, column, seed))
+    if chosen_suite is not None:
+        if column:
+            raise fail("--column does not apply with --suite: a suite file maps each "
+                       "benchmark's columns itself ([[benchmarks]] columns)", 2)
+        loaded = _suite_tasks(chosen_suite, strict=strict, seed=seed, limit=limit)
+    else:
+        assert tasks is not None
+        options = _shape_options(tasks, column, seed)
+        if limit is not None and options:
+            options["limit"] = limit  # a shaped source stops reading after N rows
+        loaded = load_task_file(tasks, skip_bad=not strict, **options)[:limit]
     runs = eval_tasks(loaded, spec)
     target = out_dir or Path("evals") / name
 
@@ -118,12 +154,50 @@ def evaluate(
             header, table = NARROW_HEADER, [narrow_cells(r) for r in rows]
         for part in fitted_table(title, header, table, out.width):
             out.print(part, soft_wrap=True)
-        for path in write_report(name, rows, target):
+        written = write_report(name, rows, target)
+        if chosen_suite is not None:
+            written += _suite_table(name, chosen_suite, traces, target)
+        for path in written:
             out.print(f"wrote {path}", markup=False, highlight=False)
         if json_file is not None:
             json_file.write_text(json.dumps(rows_json(rows), indent=2) + "\n")
 
     run_async(go())
+
+
+def _load_suite(suite: str) -> Suite:
+    try:
+        return load_suite(suite)
+    except SuiteError as e:
+        raise fail(str(e), 2) from None
+
+
+def _suite_tasks(suite: Suite, *, strict: bool, seed: int, limit: int | None) -> list[Task]:
+    """Every benchmark's tasks, each loaded as `conductor eval SHAPE:SOURCE` loads one (bad
+    rows listed, the rest run unless --strict), renamed `KEY/ID` with the suite's options."""
+    out: list[Task] = []
+    for benchmark, source in suite.sources():
+        options: dict[str, Any] = {"columns": benchmark.columns, "seed": seed}
+        if limit is not None:
+            options["limit"] = limit
+        err.print(f"{benchmark.name}: reading {source}", markup=False, highlight=False)
+        loaded = load_task_file(source, skip_bad=not strict, **options)  # fails: says why
+        err.print(f"{benchmark.name}: {len(loaded)} task(s)", markup=False, highlight=False)
+        out += [suite.task(benchmark, t) for t in loaded]
+    return out
+
+
+def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> list[Path]:
+    """Print the paper-shaped table and write it beside the eval's report."""
+    rows = suite_rows(suite, traces)
+    head, table = suite_header(suite, rows), [suite_cells(r) for r in rows]
+    title = f"suite {suite.name}: accuracy (%) per benchmark and their average"
+    for part in fitted_table(title, head, table, out.width):
+        out.print(part, soft_wrap=True)
+    if any(r.published for r in rows):
+        out.print(f"last row published, not measured: {suite.citation}", markup=False,
+                  highlight=False, soft_wrap=True)
+    return write_suite_report(name, suite, rows, target)
 
 
 def _shape_options(source: str, columns: list[str] | None, seed: int) -> dict[str, Any]:

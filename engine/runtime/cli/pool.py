@@ -12,11 +12,13 @@ import typer
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.plan.language import PlanError, parse_plan
+from conductor_engine.engine.providers.budget import truncation_risk
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.prices import AgentPrices, Price, agent_prices
 from conductor_engine.engine.providers.registry import capabilities
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
+    err,
     fail,
     field_range,
     load_pool,
@@ -45,6 +47,8 @@ class AgentListing(BaseModel):
     capabilities: dict[str, Any] = Field(description="what its provider can do")
     web_search: str | None
     description: str
+    truncation: str | None = Field(default=None, description="why its answers are likely to "
+                                   "be cut short (engine/providers/budget.py), or null")
 
 
 def _listing(pool: Pool) -> list[AgentListing]:
@@ -64,6 +68,7 @@ def _listing(pool: Pool) -> list[AgentListing]:
             },
             web_search=a.web_search.summary() if a.web_search else None,
             description=a.description,
+            truncation=truncation_risk(a) if a is not pool.conductor else None,
         ))
     return listed
 
@@ -83,7 +88,8 @@ def pool_show(
     as_json: Annotated[bool, typer.Option("--json", help="print the agents as JSON")] = False,
 ) -> None:
     """List the agents, whether each is usable here, and what they cost (and where each price
-    comes from: the pool file, the genai-prices table, local, or unknown)."""
+    comes from: the pool file, the genai-prices table, local, or unknown). A reasoning model
+    whose max_tokens or timeout is likely to cut its answers short gets a warning line."""
     settings = load_settings(pool)
     agents = _listing(load_pool(settings))
     if as_json:
@@ -98,6 +104,11 @@ def pool_show(
     for part in fitted_table(f"pool: {settings.pool_file or 'default'}", headers, rows,
                              out.width):
         out.print(part, soft_wrap=True)
+    for a in agents:  # below the table, whole, however narrow the terminal
+        if a.truncation:
+            err.print(f"warning: {a.id}: likely to truncate: {a.truncation}; raise it in the "
+                      "pool file (docs/benchmarks.md, the paper's pool)", markup=False,
+                      highlight=False, soft_wrap=True)
 
 
 @plan_app.command("check")

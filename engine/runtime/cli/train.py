@@ -111,7 +111,8 @@ async def _in_process_trainer(conductor: ConductorClient, enabled: bool) -> Asyn
 @train_app.command("start")
 def train_start(
     tasks: Annotated[str | None, typer.Argument(
-        help="JSONL task file (or hf:NAME) to sample rollouts from")] = None,
+        help="JSONL task file (or hf:NAME, SHAPE:SOURCE) to sample rollouts from, or a "
+             "training mix manifest (.toml: examples/paper/train_mix.toml)")] = None,
     name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
     recipe: Annotated[Path | None, typer.Option(
         help="TOML recipe: [policy], [loss], [rollouts] (see trainer/config.py)")] = None,
@@ -158,8 +159,11 @@ def train_start(
     loaded_tasks: list[Any] = []
     if tasks is not None:
         from conductor_engine.engine.contracts.training import interleave_tags
+        from conductor_engine.engine.runtime.cli.mix import mix_tasks
+        from conductor_engine.engine.tasks.mix import is_mix
 
-        loaded_tasks = interleave_tags(load_task_file(tasks), seed)
+        chosen = mix_tasks(tasks) if is_mix(tasks) else load_task_file(tasks)
+        loaded_tasks = interleave_tags(chosen, seed)
     elif not from_traces:
         raise fail("give a task file to sample rollouts from, or --from-traces")
     name = name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id)
