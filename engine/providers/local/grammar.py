@@ -123,11 +123,12 @@ class GrammarMask:
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         masked, forcing = [], []
+        last = input_ids[:, -1].tolist() if self._started else []  # one read, not one per row
         for r, matcher in enumerate(self._matchers):
             if matcher is None or self._rows.finished[r]:
                 continue
             if self._started:
-                token = int(input_ids[r, -1])
+                token = int(last[r])
                 if not matcher.accept_token(token):
                     raise RuntimeError(f"the JSON grammar rejected token {token}")
             matcher.fill_next_token_bitmask(self._bitmask, r)
@@ -146,11 +147,16 @@ class GrammarMask:
                 scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
                 indices=masked,
             )
-        for r, token in forcing:
-            keep = scores[r, token].clone()
-            scores[r] = float("-inf")
-            scores[r, token] = keep
-            self.forced[r].append(self._step)
+        if forcing:  # all forced rows at once: a few kernels on a GPU, not a few per row
+            import torch
+
+            rows = torch.tensor([r for r, _ in forcing], device=scores.device)
+            tokens = torch.tensor([t for _, t in forcing], device=scores.device)
+            keep = scores[rows, tokens]
+            scores[rows] = float("-inf")
+            scores[rows, tokens] = keep
+            for r, _ in forcing:
+                self.forced[r].append(self._step)
         self._step += 1
         return scores
 
