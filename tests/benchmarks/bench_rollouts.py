@@ -236,8 +236,9 @@ async def main(argv: list[str] | None = None) -> int:
         where = rollout_model_dir(args.shape, args.cache_dir, args.small)
         spec = AgentSpec(id="conductor", provider="local", model=str(where))
     batch = args.batch or (64 if big else 8)
-    group = requests(spec, batch, args.max_tokens or (200 if big else 96), max_steps=3)
-    runs = args.runs or (1 if big else 3)
+    max_tokens = args.max_tokens or (200 if big else 32 if args.small else 96)
+    group = requests(spec, batch, max_tokens, max_steps=3)
+    runs = args.runs or (3 if args.shape == "smollm2" else 1)
     print(f"{args.shape}{' (small)' if args.small else ''}: {batch} plans at once, "
           f"{runs} timed round(s)", flush=True)
     r = await run(spec, group, runs, warmup_tokens=8)
