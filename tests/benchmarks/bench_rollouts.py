@@ -63,16 +63,25 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
                "model.safetensors.index.json")
 
 
-def byte_tokenizer() -> Any:
+def byte_tokenizer(vocab_size: int) -> Any:
     """A byte-level BPE tokenizer with no merges: ids 0-2 the trainer bench's specials (pad,
     unk, eos), then one id per byte, so any text (a plan) tokenizes and xgrammar reads it as a
-    byte-level vocabulary."""
+    byte-level vocabulary; then, as far as `vocab_size` allows, every pair of printable ASCII
+    characters. Text always tokenizes to bytes (no merges), but the grammar sees thousands of
+    tokens that free text may take, as a real vocabulary offers: a string's characters are no
+    "choice" (at most grammar.CHOICE_MAX tokens), only the plan's decisions are."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<unk>": 1, "<eos>": 2}
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
+    for ch in alphabet:
         vocab[ch] = len(vocab)
+    printable = [ch for ch in alphabet if ch.isprintable() and ord(ch) < 127] + ["\u0120"]
+    for a in printable:
+        for b in printable:
+            if len(vocab) < vocab_size:
+                vocab.setdefault(a + b, len(vocab))
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
@@ -99,7 +108,7 @@ def rollout_model_dir(shape: str, cache: Path, small: bool) -> Path:
             link = out / f.name
             if not link.exists():
                 link.symlink_to(f.resolve())
-    byte_tokenizer().save_pretrained(out)
+    byte_tokenizer(int(shapes[name].config["vocab_size"])).save_pretrained(out)
     return out
 
 
@@ -142,8 +151,8 @@ def bare(loaded: local.LoadedModel, group: list[CompletionRequest], steps: int) 
     with torch.inference_mode():
         out = loaded.model.generate(
             input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
-            top_k=0, top_p=1.0, min_new_tokens=steps, max_new_tokens=steps, pad_token_id=pad,
-            eos_token_id=loaded.eos_ids)
+            top_k=0, top_p=1.0, use_cache=True, min_new_tokens=steps, max_new_tokens=steps,
+            pad_token_id=pad, eos_token_id=loaded.eos_ids)
     _sync()
     assert out.shape[1] - width == steps, (out.shape, width, steps)
     return time.perf_counter() - started

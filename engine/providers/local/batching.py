@@ -190,6 +190,7 @@ def _run_batch(jobs: list[Job]) -> None:
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,
+                use_cache=True,  # a trainer-saved config may say False (checkpointing)
                 logits_processor=([mask] if mask else []) + sampler,
                 stopping_criteria=[rows],
                 return_dict_in_generate=True,
