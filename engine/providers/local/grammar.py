@@ -24,6 +24,8 @@ log = structlog.get_logger(__name__)
 
 _compiler_lock = threading.Lock()
 
+_gpu_backend = "auto"  # xgrammar's choice (Triton) until it fails once: see _apply_bitmask
+
 CHOICE_MAX = 256
 """A step whose grammar allows at most this many tokens is a choice (see GrammarMask)."""
 
@@ -143,10 +145,7 @@ class GrammarMask:
         # the behaviour logprobs are computed from (renormalised over `choices` where recorded)
         scores = scores.clone()
         if masked:
-            self._xgr.apply_token_bitmask_inplace(
-                scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
-                indices=masked,
-            )
+            self._apply_bitmask(scores, masked)
         if forcing:  # all forced rows at once: a few kernels on a GPU, not a few per row
             import torch
 
@@ -159,6 +158,26 @@ class GrammarMask:
                 self.forced[r].append(self._step)
         self._step += 1
         return scores
+
+    def _apply_bitmask(self, scores: Any, rows: list[int]) -> None:
+        """Mask `rows` of `scores` where they are (on a GPU, xgrammar's Triton kernel). Should
+        Triton be unusable there (it compiles a small launcher with the system's C compiler on
+        first use), the process falls back to xgrammar's plain torch kernel, with a warning."""
+        global _gpu_backend
+        bitmask = self._bitmask.to(scores.device)
+        backend = _gpu_backend if scores.device.type == "cuda" else "auto"
+        try:
+            self._xgr.apply_token_bitmask_inplace(
+                scores, bitmask, vocab_size=self._vocab_size, indices=rows, backend=backend)
+        except Exception as e:
+            if backend != "auto":
+                raise
+            log.warning("xgrammar's GPU kernel failed; masking with plain torch instead",
+                        error=repr(e)[:300])
+            _gpu_backend = "torch_native"
+            self._xgr.apply_token_bitmask_inplace(
+                scores, bitmask, vocab_size=self._vocab_size, indices=rows,
+                backend=_gpu_backend)
 
     def _record_choice(self, row: int) -> None:
         """Keep the row's allowed tokens at this step when they are few (a decision); a step
