@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 _compiler_lock = threading.Lock()
 
-_gpu_backend = "auto"  # xgrammar's choice (Triton) until it fails once: see _apply_bitmask
+_gpu_backend: Any = "auto"  # xgrammar's choice (Triton) until it fails once: see _apply_bitmask
 
 CHOICE_MAX = 256
 """A step whose grammar allows at most this many tokens is a choice (see GrammarMask)."""
@@ -112,7 +112,8 @@ class GrammarMask:
         import xgrammar as xgr
 
         self._xgr = xgr
-        self._matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self._matchers: list[Any] = [None if g is None else xgr.GrammarMatcher(g)
+                                     for g in grammars]
         self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
         self._vocab_size = vocab_size
         self._rows = rows
@@ -188,7 +189,7 @@ class GrammarMask:
         first use), the process falls back to xgrammar's plain torch kernel, with a warning."""
         global _gpu_backend
         bitmask = self._bitmask.to(scores.device)
-        backend = _gpu_backend if scores.device.type == "cuda" else "auto"
+        backend: Any = _gpu_backend if scores.device.type == "cuda" else "auto"
         try:
             self._xgr.apply_token_bitmask_inplace(
                 scores, bitmask, vocab_size=self._vocab_size, indices=rows, backend=backend)

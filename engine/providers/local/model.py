@@ -117,7 +117,8 @@ def _apply_checkpoint(spec: AgentSpec, loaded: LoadedModel) -> None:
             from transformers import AutoModelForCausalLM
 
             loaded.model = AutoModelForCausalLM.from_pretrained(
-                str(where), **placement(loaded.device)).to(loaded.device or "cpu")
+                str(where), **placement(loaded.device))
+            loaded.model = loaded.model.to(loaded.device or "cpu")
         else:
             raise FileNotFoundError(f"neither adapter_config.json nor config.json in {where}")
     except AgentCallError:
