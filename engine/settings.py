@@ -57,6 +57,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
     f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
     f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
+    f"{ENV_PREFIX}LOCAL_DEVICE",  # engine/providers/local/device.py
     f"{ENV_PREFIX}FAULT_TABLE",  # tests/faults/conftest.py
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
     f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py

@@ -63,8 +63,15 @@ class Job:
         threads split the rows), and the left padding a shorter prompt gets: enough to flip a
         sampled token now and then. Alone, its draws depend on its seed and prompt only, so a
         training rollout is the same whatever else waits (tests/benchmarks/bench_local_batching.py
-        measures both the differences and what generating alone costs)."""
-        alone = id(self) if self.request.seed is not None else None
+        measures both the differences and what generating alone costs).
+
+        On a GPU seeded requests share batches: a group of rollouts generated one at a time
+        would leave the GPU idle (it is built for batches), and a bfloat16 row's logits depend
+        on its batch in the last bits there too. Each row still draws from its own seeded
+        generator (sampling.Sampler), so its draws are its seed's; its tokens are reproducible
+        given the same batch."""
+        seeded = self.request.seed is not None and not self.loaded.on_gpu
+        alone = id(self) if seeded else None
         return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0, alone
 
 
@@ -162,9 +169,12 @@ def _run_batch(jobs: list[Job]) -> None:
     loaded, first = jobs[0].loaded, jobs[0]
     pad = loaded.eos_ids[0]
     width = max(len(j.prompt_ids) for j in jobs)
-    input_ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs])
+    device = loaded.device or "cpu"
+    input_ids = torch.tensor(
+        [[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs], device=device)
     attention = torch.tensor(
-        [[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs]
+        [[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs],
+        device=device,
     )
     rows = Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
                 loaded.eos_ids)
@@ -180,6 +190,7 @@ def _run_batch(jobs: list[Job]) -> None:
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,
+                use_cache=True,  # a trainer-saved config may say False (checkpointing)
                 logits_processor=([mask] if mask else []) + sampler,
                 stopping_criteria=[rows],
                 return_dict_in_generate=True,
@@ -196,13 +207,14 @@ def _run_batch(jobs: list[Job]) -> None:
         return
     logprobs = sampling.sampled_logprobs(
         out.logits, out.sequences[:, width:], first.request.temperature,
-        mask.choices if mask else None)
+        mask.choices if mask else None).cpu()
+    sequences = out.sequences[:, width:].cpu()  # one copy from the GPU, not one per row
     for r, j in enumerate(jobs):
         try:
             if j.cancelled.is_set():
                 raise AgentCallError(f"agent {j.spec.id}: cancelled", retryable=True)
             j.future.set_result(
-                _completion(j, out, r, width, mask.forced[r] if mask else [],
+                _completion(j, sequences[r], mask.forced[r] if mask else [],
                             mask.choices[r] if mask else {}, logprobs[r]))
         except Exception as e:  # settle every future, whatever happens: a caller waits on it
             j.future.set_exception(e if isinstance(e, AgentCallError) else AgentCallError(
@@ -212,16 +224,16 @@ def _run_batch(jobs: list[Job]) -> None:
 
 
 def _completion(
-    job: Job, out: Any, row: int, width: int, forced: list[int],
-    choices: dict[int, list[int]], logprobs: Any,
+    job: Job, generated: Any, forced: list[int], choices: dict[int, list[int]], logprobs: Any,
 ) -> Completion:
-    """Row `row` of a batch's output: its tokens up to its end of turn or its own limit;
+    """A row of a batch's output (`generated`, its tokens after the prompt): its tokens up to
+    its end of turn or its own limit;
     `forced`, the steps at which the row was given the next token of its grammar's forced text
     (the only token it was allowed); `choices`, the steps at which its grammar allowed only a
     few tokens, and those tokens; `logprobs`, the row of `sampling.sampled_logprobs`."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
-    for t in out.sequences[row, width:].tolist()[: job.max_new_tokens]:
+    for t in generated.tolist()[: job.max_new_tokens]:
         token_ids.append(int(t))
         if t in eos:
             break

@@ -24,6 +24,8 @@ log = structlog.get_logger(__name__)
 
 _compiler_lock = threading.Lock()
 
+_gpu_backend: Any = "auto"  # xgrammar's choice (Triton) until it fails once: see _apply_bitmask
+
 CHOICE_MAX = 256
 """A step whose grammar allows at most this many tokens is a choice (see GrammarMask)."""
 
@@ -110,11 +112,13 @@ class GrammarMask:
         import xgrammar as xgr
 
         self._xgr = xgr
-        self._matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self._matchers: list[Any] = [None if g is None else xgr.GrammarMatcher(g)
+                                     for g in grammars]
         self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
         self._vocab_size = vocab_size
         self._rows = rows
         self._started = False
+        self._batch_matcher: Any = None  # xgrammar's BatchGrammarMatcher, on a GPU only
         self._step = 0  # the index of the token each unfinished row generates next
         self.forced: list[list[int]] = [[] for _ in grammars]  # per row: steps it was forced
         self.choices: list[dict[int, list[int]]] = [{} for _ in grammars]  # per row: see above
@@ -122,17 +126,16 @@ class GrammarMask:
         self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        masked, forcing = [], []
-        for r, matcher in enumerate(self._matchers):
-            if matcher is None or self._rows.finished[r]:
-                continue
-            if self._started:
-                token = int(input_ids[r, -1])
-                if not matcher.accept_token(token):
-                    raise RuntimeError(f"the JSON grammar rejected token {token}")
-            matcher.fill_next_token_bitmask(self._bitmask, r)
-            masked.append(r)
-            forced = self._forced_token(matcher, r)
+        forcing = []
+        last = input_ids[:, -1].tolist() if self._started else []  # one read, not one per row
+        masked = [r for r, m in enumerate(self._matchers)
+                  if m is not None and not self._rows.finished[r]]
+        if scores.device.type == "cuda" and len(masked) > 1:
+            self._accept_and_fill_batch(masked, last)
+        else:
+            self._accept_and_fill(masked, last)
+        for r in masked:
+            forced = self._forced_token(self._matchers[r], r)
             if forced is not None:
                 forcing.append((r, forced))
             else:
@@ -142,27 +145,76 @@ class GrammarMask:
         # the behaviour logprobs are computed from (renormalised over `choices` where recorded)
         scores = scores.clone()
         if masked:
-            self._xgr.apply_token_bitmask_inplace(
-                scores, self._bitmask.to(scores.device), vocab_size=self._vocab_size,
-                indices=masked,
-            )
-        for r, token in forcing:
-            keep = scores[r, token].clone()
-            scores[r] = float("-inf")
-            scores[r, token] = keep
-            self.forced[r].append(self._step)
+            self._apply_bitmask(scores, masked)
+        if forcing:  # all forced rows at once: a few kernels on a GPU, not a few per row
+            import torch
+
+            rows = torch.tensor([r for r, _ in forcing], device=scores.device)
+            tokens = torch.tensor([t for _, t in forcing], device=scores.device)
+            keep = scores[rows, tokens]
+            scores[rows] = float("-inf")
+            scores[rows, tokens] = keep
+            for r, _ in forcing:
+                self.forced[r].append(self._step)
         self._step += 1
         return scores
+
+    def _accept_and_fill(self, rows: list[int], last: list[int]) -> None:
+        """Feed each row's matcher its last token, then fill its row of the bitmask: one row
+        after the other, on this thread (the CPU path: the CPU's cores run the model)."""
+        for r in rows:
+            matcher = self._matchers[r]
+            if self._started and not matcher.accept_token(int(last[r])):
+                raise RuntimeError(f"the JSON grammar rejected token {int(last[r])}")
+            matcher.fill_next_token_bitmask(self._bitmask, r)
+
+    def _accept_and_fill_batch(self, rows: list[int], last: list[int]) -> None:
+        """The same for a GPU batch, where the matchers are the step's cost rather than the
+        model: xgrammar's batch matcher accepts and fills every row at once, on its own
+        threads (the same bitmask row by row as `_accept_and_fill`)."""
+        matchers = [self._matchers[r] for r in rows]
+        if self._started:
+            tokens = [int(last[r]) for r in rows]
+            accepted = self._xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+            for ok, token in zip(accepted, tokens, strict=True):
+                if not ok:
+                    raise RuntimeError(f"the JSON grammar rejected token {token}")
+        if self._batch_matcher is None:
+            self._batch_matcher = self._xgr.BatchGrammarMatcher()
+        self._batch_matcher.batch_fill_next_token_bitmask(matchers, self._bitmask, indices=rows)
+
+    def _apply_bitmask(self, scores: Any, rows: list[int]) -> None:
+        """Mask `rows` of `scores` where they are (on a GPU, xgrammar's Triton kernel). Should
+        Triton be unusable there (it compiles a small launcher with the system's C compiler on
+        first use), the process falls back to xgrammar's plain torch kernel, with a warning."""
+        global _gpu_backend
+        bitmask = self._bitmask.to(scores.device)
+        backend: Any = _gpu_backend if scores.device.type == "cuda" else "auto"
+        try:
+            self._xgr.apply_token_bitmask_inplace(
+                scores, bitmask, vocab_size=self._vocab_size, indices=rows, backend=backend)
+        except Exception as e:
+            if backend != "auto":
+                raise
+            log.warning("xgrammar's GPU kernel failed; masking with plain torch instead",
+                        error=repr(e)[:300])
+            _gpu_backend = "torch_native"
+            self._xgr.apply_token_bitmask_inplace(
+                scores, bitmask, vocab_size=self._vocab_size, indices=rows,
+                backend=_gpu_backend)
 
     def _record_choice(self, row: int) -> None:
         """Keep the row's allowed tokens at this step when they are few (a decision); a step
         with one allowed token (the end of turn after the closing brace) is forced."""
+        import numpy as np
         import torch
 
         if self._bits is None:
             self._bits = torch.arange(32, dtype=torch.int32)
         words = self._bitmask[row]
-        if int((words != 0).sum()) > CHOICE_MAX:  # more words set than a choice may have
+        # more words set than a choice may have (numpy on the same memory: a row per plan and
+        # step, where torch's per-call overhead would be most of the cost)
+        if int(np.count_nonzero(words.numpy())) > CHOICE_MAX:
             return
         allowed = ((words[:, None] >> self._bits) & 1).flatten()[: self._vocab_size].nonzero()
         if allowed.shape[0] == 1:

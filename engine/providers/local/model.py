@@ -19,6 +19,7 @@ import structlog
 
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.local.chat import ensure_chat_template
+from conductor_engine.engine.providers.local.device import choose_device, placement
 from conductor_engine.engine.providers.local.errors import INSTALL_HINT, LOAD_FAILED
 from conductor_engine.engine.providers.local.weights import (
     SMOLLM2,
@@ -42,6 +43,11 @@ class LoadedModel:
     source: str  # "cache", "converted from GGUF" or "from_pretrained"
     load_seconds: float
     xgrammar_compiler: Any = field(default=None, repr=False)  # see grammar.grammar_compiler
+    device: Any = None  # torch.device the weights are on (device.choose_device); None: the CPU
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device is not None and self.device.type == "cuda"
 
     @property
     def context_length(self) -> int:
@@ -110,7 +116,9 @@ def _apply_checkpoint(spec: AgentSpec, loaded: LoadedModel) -> None:
         elif (where / "config.json").is_file():
             from transformers import AutoModelForCausalLM
 
-            loaded.model = AutoModelForCausalLM.from_pretrained(str(where), dtype="float32")
+            loaded.model = AutoModelForCausalLM.from_pretrained(
+                str(where), **placement(loaded.device))
+            loaded.model = loaded.model.to(loaded.device or "cpu")
         else:
             raise FileNotFoundError(f"neither adapter_config.json nor config.json in {where}")
     except AgentCallError:
@@ -140,13 +148,14 @@ def load_base_model(spec: AgentSpec) -> LoadedModel:
     cache (building it first when needed), any other model straight from `from_pretrained`."""
     started = time.perf_counter()
     require_modules(spec, ["torch", "transformers"])
+    device = choose_device(spec.id)
     if spec.model != SMOLLM2:
         fix = (
             f"set the agent's model to {SMOLLM2!r}, to an existing local directory, or to a "
             f"Hugging Face id this machine can download"
         )
-        model, tokenizer = _from_pretrained(spec, spec.model, fix)
-        return _ready(spec.model, model, tokenizer, "from_pretrained", started)
+        model, tokenizer = _from_pretrained(spec, spec.model, fix, device)
+        return _ready(spec.model, model, tokenizer, "from_pretrained", started, device)
 
     target = model_cache_dir(spec.model)
     source = "cache"
@@ -157,11 +166,12 @@ def load_base_model(spec: AgentSpec) -> LoadedModel:
     # Load what was saved even right after converting, so the first start behaves exactly as
     # every later one and a broken cache shows up now rather than on the next start.
     fix = f"delete the folder {target} and the next start rebuilds it"
-    model, tokenizer = _from_pretrained(spec, str(target), fix)
-    return _ready(spec.model, model, tokenizer, source, started)
+    model, tokenizer = _from_pretrained(spec, str(target), fix, device)
+    return _ready(spec.model, model, tokenizer, source, started, device)
 
 
-def _ready(name: str, model: Any, tokenizer: Any, source: str, started: float) -> LoadedModel:
+def _ready(name: str, model: Any, tokenizer: Any, source: str, started: float,
+           device: Any) -> LoadedModel:
     """Finish loading: evaluation mode, a chat template, and the ids that end a generation."""
     model.eval()
     ensure_chat_template(tokenizer)
@@ -172,6 +182,7 @@ def _ready(name: str, model: Any, tokenizer: Any, source: str, started: float) -
         eos_ids=_eos_ids(model, tokenizer),
         source=source,
         load_seconds=time.perf_counter() - started,
+        device=device,
     )
 
 
@@ -187,15 +198,15 @@ def require_modules(spec: AgentSpec, names: list[str]) -> None:
         )
 
 
-def _from_pretrained(spec: AgentSpec, where: str, fix: str) -> tuple[Any, Any]:
-    """A float32 model and its tokenizer from a Hugging Face id or a directory."""
-    import torch
+def _from_pretrained(spec: AgentSpec, where: str, fix: str, device: Any) -> tuple[Any, Any]:
+    """The model on `device` in its dtype (device.weights_dtype: float32 on the CPU, bfloat16
+    on a GPU) and its tokenizer, from a Hugging Face id or a directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(where, **placement(device)).to(device)
     except Exception as e:  # transformers raises OSError, ValueError, ... for the same fault
         raise AgentCallError(
             f"agent {spec.id}: could not load the local model from {where!r}: {e}; {fix}",

@@ -46,7 +46,12 @@ class Sampler:
 
 
 def row_generators(seeds: list[int | None]) -> list[Any]:
-    """A torch.Generator per seeded row (seeded with it), None for a row without a seed."""
+    """A torch.Generator per seeded row (seeded with it), None for a row without a seed.
+
+    Always a CPU generator, even when the model runs on a GPU: a row draws one uniform per
+    step, a scalar that costs nothing to copy, and a CPU generator's stream is the same on
+    every machine, so a seed gives the same draws on a GPU box as on a laptop (a CUDA
+    generator's stream differs from the CPU's for the same seed)."""
     import torch
 
     return [None if s is None else torch.Generator().manual_seed(s % 2**63) for s in seeds]
@@ -65,9 +70,11 @@ def sample_rows(probs: Any, generators: list[Any] | None = None) -> Any:
     cdf = probs.float().cumsum(-1)
     total = cdf[:, -1:].contiguous()
     u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
-    for r, g in enumerate(generators or []):
-        if g is not None:
-            u[r, 0] = torch.rand((), dtype=cdf.dtype, generator=g)
+    seeded = [(r, g) for r, g in enumerate(generators or []) if g is not None]
+    if seeded:  # drawn on the CPU (see row_generators), copied to the logits' device at once
+        draws = torch.stack([torch.rand((), dtype=cdf.dtype, generator=g) for _, g in seeded])
+        rows = torch.tensor([r for r, _ in seeded], device=cdf.device)
+        u[rows, 0] = draws.to(cdf.device)
     u = u * total
     token = torch.searchsorted(cdf, u, right=True)
     last = torch.searchsorted(cdf, total, right=False)
