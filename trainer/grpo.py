@@ -1,8 +1,8 @@
 """GRPO, top to bottom: samples -> advantages -> batch -> log-probs -> loss -> optimiser step.
 
 The objective is TRL's `GRPOTrainer` loss for `loss_type` in {grpo, dr_grpo, dapo}, with the same
-names and meanings (tests/test_grpo_trl.py checks loss and gradients against TRL itself). For one
-completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
+names and meanings (tests/unit/test_grpo_trl.py checks loss and gradients against TRL itself).
+For one completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
 
     logp_it = log pi(o_it | q, o_i<t)        (the policy being trained)
     old_it  = log pi_old(o_it | q, o_i<t)    (recorded when the rollout was sampled)
