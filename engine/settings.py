@@ -259,7 +259,7 @@ class Settings(BaseSettings):
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
     log_level: str = "warning"
-    # --- observability (README: Observability) ------------------------------------------------
+    # --- observability (docs/guides/metrics.md) ---------------------------------------------------
     metrics_bind: str | None = Field(
         default=None,
         description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
@@ -277,7 +277,7 @@ class Settings(BaseSettings):
         "then pays for no call twice); what is still running after that is retried elsewhere",
     )
 
-    # --- the code verifier's sandbox (README: Security) -----------------------------------------
+    # --- the code verifier's sandbox (docs/security.md) -------------------------------------------
     code_sandbox: Literal["auto", "bwrap", "namespaces", "unconfined"] = Field(
         default="auto",
         description="how model-written code is isolated: auto = bubblewrap (non-root) or own "
