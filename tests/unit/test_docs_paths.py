@@ -166,3 +166,23 @@ def test_the_generated_reference_page_matches_the_code(name: str) -> None:
     committed = (docs_reference.REFERENCE / name).read_text(encoding="utf-8")
     assert committed == docs_reference.PAGES[name](), (
         f"docs/reference/{name} is stale: run `python -m tests.docs_reference` and commit it")
+
+
+def _readme_test_block() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Tests (one command)", 1)[1]
+    return section.split("```bash", 1)[1].split("```", 1)[0]
+
+
+def test_ci_runs_the_test_commands_the_readme_gives() -> None:
+    """What a reader runs is what CI runs: each `pytest` command of the README's Tests block is
+    a line of .ci/run (up to `-q`), and CI installs every extra the README's install names."""
+    block = _readme_test_block()
+    commands = [part.split("#", 1)[0].strip() for line in block.splitlines()
+                for part in line.split("&&") if part.strip().startswith("pytest")]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    ci_lines = {" ".join(w for w in line.split() if w != "-q") for line in ci.splitlines()}
+    assert commands and all(c in ci_lines for c in commands), (commands, sorted(ci_lines))
+    readme_extras = set(re.findall(r"-e '\.\[([\w,]+)\]'", block)[0].split(","))
+    ci_extras = set(re.findall(r"-e '\.\[([\w,]+)\]'", ci)[0].split(","))
+    assert readme_extras <= ci_extras
