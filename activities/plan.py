@@ -177,7 +177,10 @@ class PlanActivities:
             log.info("plan written", steps=len(out.plan))
         except PlanError as e:
             out.error = str(e)
-            log.warning("plan rejected", error=out.error)
+            # Not a warning: a rejected plan is the conductor's mistake, which the run handles
+            # (another attempt, or invalid_plan), the trace records and `conductor run` counts
+            # in its plans; at warning it printed a raw log line in the middle of the CLI's.
+            log.info("plan rejected", error=out.error)
         meter = activity.metric_meter()
         metrics.record_call(meter, agent=conductor.id, provider=conductor.provider, kind="plan",
                             input_tokens=completion.usage.input_tokens,

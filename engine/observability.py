@@ -61,8 +61,9 @@ METRICS: tuple[Metric, ...] = (TOKENS_IN, TOKENS_OUT, COST, STEP_LATENCY, STEP_E
 
 
 # The Temporal SDK's own metrics (its Rust core's, prefixed `temporal_`) that the dashboard
-# (infra/grafana/conductor-dashboard.json) and the README use; durations in milliseconds, as the
-# SDK exports them by default. tests/integration/test_observability.py checks they are served.
+# (infra/grafana/conductor-dashboard.json) and docs/guides/metrics.md use; durations in
+# milliseconds, as the SDK exports them by default. tests/integration/test_observability.py
+# checks they are served.
 SDK_METRICS: tuple[Metric, ...] = (
     Metric("temporal_workflow_completed", "counter", ("workflow_type", "task_queue"),
            "workflows that completed"),

@@ -249,18 +249,19 @@ class Settings(BaseSettings):
         default=60.0, ge=0, description="seconds `conductor worker` and `trainer` wait for a "
         "Temporal that refuses connections (still starting) before they give up"
     )
-    task_queue: str = TASK_QUEUE
+    task_queue: str = Field(default=TASK_QUEUE, description="where runs' tasks go")
     trainer_task_queue: str = Field(
         default=TRAINER_TASK_QUEUE, description="where `conductor trainer` takes GRPO updates from"
     )
-    data_dir: Path = Path(".conductor")
-    pool_file: Path | None = None
-    embedded_port: int = Field(default=7233, ge=1, le=65535)
-    embedded_ui_port: int = Field(default=8233, ge=1, le=65535)
+    data_dir: Path = Field(default=Path(".conductor"), description="the embedded stack's state, "
+                           "the converted local model, blobs, batch reports")
+    pool_file: Path | None = Field(default=None, description="the pool; unset: the shipped one")
+    embedded_port: int = Field(default=7233, ge=1, le=65535, description="the dev server's port")
+    embedded_ui_port: int = Field(default=8233, ge=1, le=65535, description="its UI's port")
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto, json or console")
-    log_level: str = "warning"
-    # --- observability (README: Observability) ------------------------------------------------
+    log_level: str = Field(default="warning", description="debug, info, warning or error")
+    # --- observability (docs/guides/metrics.md) ---------------------------------------------------
     metrics_bind: str | None = Field(
         default=None,
         description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
@@ -278,7 +279,7 @@ class Settings(BaseSettings):
         "then pays for no call twice); what is still running after that is retried elsewhere",
     )
 
-    # --- the code verifier's sandbox (README: Security) -----------------------------------------
+    # --- the code verifier's sandbox (docs/security.md) -------------------------------------------
     code_sandbox: Literal["auto", "bwrap", "namespaces", "unconfined"] = Field(
         default="auto",
         description="how model-written code is isolated: auto = bubblewrap (non-root) or own "
@@ -298,9 +299,9 @@ class Settings(BaseSettings):
         default=None, description="local blob store; default data_dir/blobs"
     )
     s3_bucket: str | None = Field(default=None, description="set to keep blobs in S3 instead")
-    s3_prefix: str = "conductor/"
+    s3_prefix: str = Field(default="conductor/", description="every blob's key prefix")
     s3_endpoint_url: str | None = Field(default=None, description="e.g. MinIO's URL")
-    s3_region: str | None = None
+    s3_region: str | None = Field(default=None, description="the bucket's region (e.g. for MinIO)")
     trace_blob_threshold: int = Field(
         default=64 * 1024, ge=0, description="trace texts above this many bytes go to blobs"
     )

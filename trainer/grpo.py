@@ -1,8 +1,8 @@
 """GRPO, top to bottom: samples -> advantages -> batch -> log-probs -> loss -> optimiser step.
 
 The objective is TRL's `GRPOTrainer` loss for `loss_type` in {grpo, dr_grpo, dapo}, with the same
-names and meanings (tests/test_grpo_trl.py checks loss and gradients against TRL itself). For one
-completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
+names and meanings (tests/unit/test_grpo_trl.py checks loss and gradients against TRL itself).
+For one completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
 
     logp_it = log pi(o_it | q, o_i<t)        (the policy being trained)
     old_it  = log pi_old(o_it | q, o_i<t)    (recorded when the rollout was sampled)
@@ -45,6 +45,7 @@ in engine/contracts/training.py, so that workflows can carry them; they are re-e
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 import time
@@ -367,18 +368,25 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     # the layers fill the cache they are given; the model's output may not return it (with
     # checkpointing installed, transformers' Qwen2 forces use_cache off and returns None)
     cache = DynamicCache(config=hf.config)
+    given = {_cache_keyword(hf.base_model): cache}
     with _checkpointed(hf, False):
-        hf.base_model(input_ids=_prefix_ids(batch, shared), past_key_values=cache,
-                      use_cache=True)
+        hf.base_model(input_ids=_prefix_ids(batch, shared), use_cache=True, **given)
     rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
                                         for m in decoder_layers(hf))
     with _checkpointed(hf, _checkpointing(hf) and kept), _cache_kept(hf, kept):
-        rest = hf.base_model(input_ids=rest_ids, position_ids=positions, past_key_values=cache,
+        rest = hf.base_model(input_ids=rest_ids, position_ids=positions,
                              attention_mask=torch.cat([rest_mask.new_ones(b, shared), rest_mask],
                                                       1),
-                             use_cache=True).last_hidden_state
+                             use_cache=True, **given).last_hidden_state
     return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+
+
+def _cache_keyword(model: Any) -> str:
+    """The name a decoder's forward takes its KV cache under: transformers 5 renamed
+    `past_key_values` to `cache` (the old name warns, and is removed in 5.40); releases before
+    the rename know only `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _prefix_ids(batch: Batch, shared: int) -> Tensor:

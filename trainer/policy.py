@@ -12,11 +12,14 @@ The tokenizer is always the base model's and is not saved with a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import shutil
 import uuid
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -68,6 +71,18 @@ def base_model_dir(base: str) -> str:
     if not (target / "config.json").is_file():
         build_smollm2_cache(AgentSpec(id="trainer", provider="local", model=SMOLLM2), target)
     return str(target)
+
+
+@contextlib.contextmanager
+def _peft_reads_a_deprecated_property() -> Iterator[None]:
+    """Wrapping a model in a LoRA, peft (0.21) reads transformers' `is_gradient_checkpointing`,
+    which transformers 5 deprecated for `is_activation_checkpointing`: a FutureWarning on every
+    `conductor train start` that no call of ours can avoid. Only that warning is silenced, and
+    only around peft's wrapping; every other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 def load_policy(cfg: PolicyConfig, *, checkpoint_dir: Path | None = None) -> Policy:
@@ -123,12 +138,13 @@ def load_policy(cfg: PolicyConfig, *, checkpoint_dir: Path | None = None) -> Pol
     if cfg.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        if adapter:
-            model = PeftModel.from_pretrained(model, str(checkpoint_dir), is_trainable=True)
-        else:
-            model = get_peft_model(model, LoraConfig(
-                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM"))
+        with _peft_reads_a_deprecated_property():
+            if adapter:
+                model = PeftModel.from_pretrained(model, str(checkpoint_dir), is_trainable=True)
+            else:
+                model = get_peft_model(model, LoraConfig(
+                    r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                    target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM"))
     set_compute(model, Compute(
         autocast=torch.bfloat16 if precision == "bf16-mixed" else None, auto_checkpointing=auto))
     if auto:  # installed above, and off until a micro-batch needs it

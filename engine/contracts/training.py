@@ -121,10 +121,11 @@ class LossConfig(_TrlNames):
     own names are accepted too: `epsilon`, `mask_truncated_completions`,
     `per_device_train_batch_size`, `num_iterations`)."""
 
-    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
-    epsilon_low: float = Field(default=0.2, ge=0,
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        default="dapo", description="how token losses are aggregated, as TRL's loss_type")
+    epsilon_low: float = Field(default=0.2, ge=0, description="clip range below 1",
                                validation_alias=_trl("epsilon_low", "epsilon"))
-    epsilon_high: float = Field(default=0.2, ge=0)
+    epsilon_high: float = Field(default=0.2, ge=0, description="clip range above 1 (clip-higher)")
     beta: float = Field(default=0.0, ge=0, description="KL to the frozen base; 0 = no KL")
     mask_truncated: bool = Field(default=False, description="drop completions cut at max_tokens",
                                  validation_alias=_trl("mask_truncated",
@@ -133,8 +134,8 @@ class LossConfig(_TrlNames):
     temperature: float = Field(default=1.0, gt=0, le=2.0,
                                description="the rollouts' sampling temperature, at which the "
                                "trainer also scores their tokens")
-    learning_rate: float = Field(default=1e-6, gt=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    learning_rate: float = Field(default=1e-6, gt=0, description="AdamW's, set before each update")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping")
     micro_batch_size: int = Field(default=8, ge=1, description="gradient accumulation unit",
                                   validation_alias=_trl("micro_batch_size",
                                                         "per_device_train_batch_size"))
@@ -162,11 +163,12 @@ class PolicyConfig(BaseModel):
         default="smollm2-135m-instruct",
         description="a Hugging Face id, a local directory, or the engine's local default",
     )
-    lora: bool = True
-    lora_r: int = Field(default=16, ge=1)
-    lora_alpha: int = Field(default=32, ge=1)
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
-    lora_target_modules: str | list[str] = "all-linear"
+    lora: bool = Field(default=True, description="train a LoRA adapter; false: every weight")
+    lora_r: int = Field(default=16, ge=1, description="the adapter's rank")
+    lora_alpha: int = Field(default=32, ge=1, description="the adapter's scale numerator")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on its input")
+    lora_target_modules: str | list[str] = Field(
+        default="all-linear", description="the modules adapted, as peft's target_modules")
     device: str | None = Field(default=None, description="None: cuda when present, else cpu")
     bf16: bool | None = Field(
         default=None, description="store the weights in bfloat16 (None: a LoRA policy's frozen "

@@ -3,7 +3,7 @@
 Traces keep large texts here and record only a reference, `sha256:<hex>`; the same bytes always
 give the same reference and are stored once, so a retried activity or a duplicated output costs
 nothing extra. The key-level methods (`put_key`, `get_key`, `exists_key`) exist for the Temporal
-external-storage driver (engine/payloads.py), which chooses its own keys.
+external-storage driver (engine/storage/payloads.py), which chooses its own keys.
 
 Checkpoints and optimiser states go through `put_file`/`get_to_file` instead: a 7B full fine-tune's
 optimiser state is ~56 GB, so those stream in chunks (local: a temporary file renamed into place;

@@ -6,8 +6,8 @@ in `data_dir/postgres.password` (postgres_server.py says how and why). It is sta
 (like the embedded Temporal) so every process of the embedded stack shares it, and
 `conductor down` stops it.
 
-Migrations are the numbered SQL files in engine/migrations/. They are applied at start, in order,
-in one transaction with their rows in `schema_migrations`, under an advisory lock, so two
+Migrations are the numbered SQL files in engine/storage/migrations/. They are applied at start,
+in order, in one transaction with their rows in `schema_migrations`, under an advisory lock, so two
 workers starting at once apply each file exactly once and a re-start applies nothing.
 """
 

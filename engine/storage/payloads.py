@@ -4,7 +4,7 @@ Temporal refuses any payload over 2 MB (and warns from 512 KB), and a whole work
 commands must fit in a 4 MB gRPC message. An agent can answer with more than that, and its
 answer travels as an activity result, then inside the next step's input and the run's result.
 So every payload of at least `settings.payload_threshold` bytes (256 KiB by default) is written
-to the blob store (engine/blobs.py) and history keeps only a small reference to it.
+to the blob store (engine/storage/blobs.py) and history keeps only a small reference to it.
 
 One driver covers both back ends: the SDK's own `S3StorageDriver` (content-addressed keys,
 SHA-256 integrity check on read, a 50 MiB cap per payload, error context) over

@@ -92,7 +92,7 @@ def main_timing_runs(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, i
                      doc: str | None, latency: float, argv: list[str] | None = None) -> int:
     """The command line of a script that times kinds of run (--runs, --warmup, --latency; its
     description the first paragraph of `doc`), then `bench(args)` under `run`. Engine logs are
-    errors only: every plan-only run logs an expected "plan rejected" warning."""
+    errors only: the expected lines of plan-only runs stay out."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
     add_common_args(parser, latency=latency)
     args = parser.parse_args(argv)

@@ -8,6 +8,8 @@ model, which is saved as safetensors under `<data_dir>/models/<name>`, so later 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -15,8 +17,11 @@ import sys
 import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.local.chat import ensure_chat_template
@@ -180,9 +185,10 @@ def _convert_gguf(spec: AgentSpec, gguf: Path, out: Path) -> None:
     where, name = str(gguf.parent), gguf.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, gguf_file=name, dtype=torch.float32, **_dequantize_option()
-        )
+        with _gguf_progress_as_one_line(f"converting {name} once into {out.parent.parent}"):
+            model = AutoModelForCausalLM.from_pretrained(
+                where, gguf_file=name, dtype=torch.float32, **_dequantize_option()
+            )
         ensure_chat_template(tokenizer)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -193,6 +199,35 @@ def _convert_gguf(spec: AgentSpec, gguf: Path, out: Path) -> None:
             retryable=False,
             kind=LOAD_FAILED,
         ) from e
+
+
+@contextlib.contextmanager
+def _gguf_progress_as_one_line(what: str) -> Iterator[None]:
+    """One line for the conversion, not transformers' bar.
+
+    transformers draws its GGUF de-quantizing bar with tqdm directly, not through its own
+    logging, so `disable_progress_bar()` does not reach it: on a first `conductor run` it printed
+    about 40 lines under the CLI's spinner, and a worker's log got them too. The bar is swapped
+    for a disabled one while the conversion runs; one line says what is happening instead (on a
+    terminal; in a log, an info line).
+    """
+    structlog.get_logger().info("converting the local model", detail=what)
+    if sys.stderr.isatty():
+        print(f"{what} (about 25 s)", file=sys.stderr, flush=True)
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_loading
+    except ImportError:  # another transformers layout: nothing to swap
+        yield
+        return
+    bar = getattr(gguf_loading, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_loading.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loading.tqdm = bar
 
 
 def _dequantize_option() -> dict[str, Any]:

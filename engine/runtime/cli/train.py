@@ -115,7 +115,8 @@ def train_start(
              "training mix manifest (.toml: examples/paper/train_mix.toml)")] = None,
     name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
     recipe: Annotated[Path | None, typer.Option(
-        help="TOML recipe: [policy], [loss], [rollouts] (see trainer/config.py)")] = None,
+        help="TOML recipe: [policy], [loss], [rollouts], [heldout], [checkpoints]; "
+        "fields in docs/reference/recipe.md")] = None,
     iterations: Annotated[int, typer.Option(
         help="updates to run", min=1, max=MAX_ITERATIONS)] = 20,
     group_size: Annotated[int | None, typer.Option(

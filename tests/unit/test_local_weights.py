@@ -1,0 +1,26 @@
+"""The local model's one-time GGUF conversion is one line on the terminal, not a progress bar."""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor_engine.engine.providers.local import weights
+
+gguf_loading = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+
+
+def test_transformers_gguf_bar_draws_nothing_while_converting(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    original = gguf_loading.tqdm
+    with weights._gguf_progress_as_one_line("converting x.gguf once into .conductor/models"):
+        for _ in gguf_loading.tqdm(range(272), desc="Converting and de-quantizing GGUF tensors"):
+            pass
+    assert capfd.readouterr().err == ""  # not a terminal: the info line goes to the log only
+    assert gguf_loading.tqdm is original
+
+
+def test_the_bar_is_given_back_when_the_conversion_fails() -> None:
+    original = gguf_loading.tqdm
+    with pytest.raises(RuntimeError), weights._gguf_progress_as_one_line("converting x.gguf"):
+        raise RuntimeError("truncated file")
+    assert gguf_loading.tqdm is original
