@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -112,6 +113,7 @@ class Shape:
     completion_max: int  # completions of completion_max // 4 .. completion_max tokens
     micro_batch: int | None = None  # None: the recipe's
     loss_overrides: dict[str, Any] = field(default_factory=dict)
+    policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. checkpointing forced
 
 
 SHAPES = {
@@ -181,7 +183,8 @@ def paper_recipe(shape: Shape, base: Path) -> Recipe:
     """examples/recipes/paper.toml with only the base replaced; full shapes set lora = false and
     their loss overrides (the paper's learning rate), as the recipe's own comments say to."""
     data = tomllib.loads(PAPER_RECIPE.read_text())
-    data["policy"] = {**data["policy"], "base": str(base), "lora": shape.lora}
+    data["policy"] = {**data["policy"], "base": str(base), "lora": shape.lora,
+                      **shape.policy_overrides}
     data["loss"] = {**data["loss"], **shape.loss_overrides}
     if shape.micro_batch is not None:
         data["loss"]["micro_batch_size"] = shape.micro_batch
@@ -553,9 +556,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="keep the random model directories here (reused by a rerun)")
     parser.add_argument("--warmup-groups", type=int, default=1,
                         help="groups the warm-up update runs on (default 1)")
+    parser.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"],
+                        default="auto", help="the recipe's [policy] gradient_checkpointing: "
+                        "auto (unset, the shipped default) or forced on/off")
     args = parser.parse_args(argv)
 
     shapes = SMALL if args.small else SHAPES
+    if args.gradient_checkpointing != "auto":
+        forced = {"gradient_checkpointing": args.gradient_checkpointing == "on"}
+        shapes = {k: dataclasses.replace(v, policy_overrides=forced) for k, v in shapes.items()}
     names = list(shapes) if args.shape == "all" else [args.shape]
     results: dict[str, Any] = {"small": args.small, "torch": torch.__version__, "shapes": {}}
     failed = False

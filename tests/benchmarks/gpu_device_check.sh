@@ -97,6 +97,7 @@ print("xgrammar", importlib.metadata.version("xgrammar"), "local provider import
 status=0
 run() {  # run NAME LIMIT COMMAND...: one benchmark process under its own time limit
   local name=$1 limit=$2; shift 2
+  [[ -z "${ONLY:-}" || " $ONLY " == *" $name "* ]] || return 0  # ONLY="lora7b roll7b": a subset
   say "$name (at most ${limit} s)"
   timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
@@ -104,14 +105,15 @@ run() {  # run NAME LIMIT COMMAND...: one benchmark process under its own time l
   nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>&1 | tee -a "$LOG"
 }
 CACHE=/tmp/bench-gpu-models
-# shellcheck disable=SC2086  # BENCH_ARGS: extra flags, e.g. --small for a dry run on a CPU
+# shellcheck disable=SC2086  # BENCH_ARGS: flags for every bench (--small: a dry run on a CPU);
+# TRAIN_ARGS: the trainer bench only (--gradient-checkpointing off); ROLL_ARGS: the rollout bench
 {
 run lora7b "$LORA7B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape lora7b \
-  --cache-dir $CACHE --json "$OUT/lora7b.json" ${BENCH_ARGS:-}
+  --cache-dir $CACHE --json "$OUT/lora7b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
 run roll7b "$ROLL7B_S" python3 tests/benchmarks/bench_rollouts.py --shape 7b \
   --cache-dir $CACHE --json "$OUT/roll7b.json" ${BENCH_ARGS:-} ${ROLL_ARGS:-}
 run full1.5b "$FULL15B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape full1.5b \
-  --cache-dir $CACHE --json "$OUT/full1.5b.json" ${BENCH_ARGS:-}
+  --cache-dir $CACHE --json "$OUT/full1.5b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
 run roll1.5b "$ROLL15B_S" python3 tests/benchmarks/bench_rollouts.py --shape 1.5b \
   --cache-dir $CACHE --json "$OUT/roll1.5b.json" ${BENCH_ARGS:-} ${ROLL_ARGS:-}
 }
