@@ -23,7 +23,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.limits import START_BYTES_PER_WORKFLOW_TASK
-    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.engine.contracts.tasks import Task
 
 START_WAVES_PATCH = "child-start-waves"
 """Runs started before waves existed replay as they ran (one workflow task for a whole window)."""

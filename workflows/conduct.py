@@ -51,12 +51,12 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         StepRecord,
     )
+    from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
+    from conductor_engine.engine.contracts.tasks import Task, VisibleStep
     from conductor_engine.engine.plan.language import saw_label
     from conductor_engine.engine.providers.base import TaskInfo
-    from conductor_engine.engine.rewards import Reward
     from conductor_engine.engine.tasks.checks import oversize_error
-    from conductor_engine.engine.tasks.model import Task, VisibleStep
     from conductor_engine.engine.text import shorten
 
 TRACES_PATCH = "score-and-record-traces"

@@ -15,7 +15,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.names import READ_TASKS_ACTIVITY
     from conductor_engine.engine.contracts.task_lists import TaskList
-    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.engine.contracts.tasks import Task
 
 READ_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 """A blob store that cannot be reached is waited for, as every activity waits for what it

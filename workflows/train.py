@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.engine.contracts.search_attributes import task_search_attributes
     from conductor_engine.engine.contracts.task_lists import TaskList
+    from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.engine.contracts.training import (
         Recipe,
         UpdateRequest,
@@ -71,7 +72,6 @@ with workflow.unsafe.imports_passed_through():
         group_agents,
     )
     from conductor_engine.engine.storage.policies import version_label
-    from conductor_engine.engine.tasks.model import Task
     from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
     from conductor_engine.workflows.conduct import ConductWorkflow
     from conductor_engine.workflows.tasks import read_tasks

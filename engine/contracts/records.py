@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
+from conductor_engine.engine.contracts.rewards import Reward
 from conductor_engine.engine.plan.language import Access, Plan
 from conductor_engine.engine.providers.base import Citation, Message, Usage
-from conductor_engine.engine.rewards import Reward
 
 
 class PlanAttempt(BaseModel):

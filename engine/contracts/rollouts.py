@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Literal
 
-from conductor_engine.engine.rewards import Reward
+from conductor_engine.engine.contracts.rewards import Reward
 
 LeftOutReason = Literal[
     "step_failed",     # a step's agent exhausted its retries (or its self-call failed)

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.tasks import Task
 
 
 def _trl(name: str, trl_name: str) -> AliasChoices:

@@ -45,12 +45,12 @@ from conductor_engine.engine.contracts.search_attributes import (
     task_search_attributes,
 )
 from conductor_engine.engine.contracts.task_lists import TaskList
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.connection import ConnectError, connect_temporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.task_lists import put_task_list
 from conductor_engine.engine.tasks.checks import TaskTooLarge, check_size, check_storable
-from conductor_engine.engine.tasks.model import Task
 from conductor_engine.engine.text import shorten
 
 __all__ = ["ConductorClient", "ConnectError", "RunFailed", "TaskTooLarge", "connect_temporal"]

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from conductor_engine.engine.contracts.limits import CHUNK_BYTES, TASKS_PER_CHUNK
 from conductor_engine.engine.contracts.task_lists import TaskChunk, TaskList, TaskSlice
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.storage.blobs import BlobStore
-from conductor_engine.engine.tasks.model import Task
 
 
 class TaskListError(RuntimeError):

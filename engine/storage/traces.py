@@ -16,9 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
+from conductor_engine.engine.contracts.rewards import Reward
 from conductor_engine.engine.contracts.rollouts import LeftOutReason, left_out_reason
-from conductor_engine.engine.rewards import Reward, score_run
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.rewards import score_run
 
 TRACE_SCHEMA_VERSION = 1
 

@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
+from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
 from conductor_engine.engine.contracts.training import (  # noqa: E402
     Recipe,
     interleave_tags,
@@ -60,7 +61,6 @@ from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
 from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.engine.tasks.model import Task  # noqa: E402
 from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
 from conductor_engine.workflows.train import (  # noqa: E402
     HeldOutEval,

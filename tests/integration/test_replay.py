@@ -27,6 +27,7 @@ from conductor_engine.engine.contracts.names import (
     batch_workflow_id,
     training_workflow_id,
 )
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
@@ -36,7 +37,6 @@ from conductor_engine.engine.contracts.training import (
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput

@@ -38,16 +38,16 @@ from conductor_engine.engine.contracts.names import (
     training_workflow_id,
 )
 from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.rewards import Reward, Verdict
 from conductor_engine.engine.contracts.rollouts import left_out_reason
 from conductor_engine.engine.contracts.task_lists import TaskList
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.rewards import Reward
-from conductor_engine.engine.rewards.models import Verdict
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
@@ -60,7 +60,6 @@ from conductor_engine.engine.storage.task_lists import (
     read_all,
     read_chunk,
 )
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.batch import BatchInput, BatchProgress
 from conductor_engine.workflows.children import StartWaves, start_bytes
 from conductor_engine.workflows.train import TrainInput, TrainProgress, pick_ranges, pick_tasks

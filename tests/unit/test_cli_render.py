@@ -23,8 +23,9 @@ from conductor_engine.engine.contracts.records import (
     RunResult,
     StepRecord,
 )
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.plan.language import Step, saw_label
-from conductor_engine.engine.rewards import Reward, RewardWeights
 from conductor_engine.engine.runtime.cli import app
 from conductor_engine.engine.runtime.cli import traces as cli_traces
 from conductor_engine.engine.runtime.cli.render import (
@@ -44,7 +45,6 @@ from conductor_engine.engine.runtime.history import (
 )
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceSummary
-from conductor_engine.engine.tasks.model import Task
 from conductor_engine.workflows.train import IterationStats
 from tests.traces import make_trace
 

@@ -189,12 +189,12 @@ async def test_a_reasoning_first_plan_schema_constrains_the_local_model(
     free text there, then forces the steps, and the plan parses (issue 18)."""
     import time
 
+    from conductor_engine.engine.contracts.tasks import RunOptions
     from conductor_engine.engine.plan.language import (
         DEFAULT_REASONING_MAX_CHARS,
         parse_plan,
         plan_json_schema,
     )
-    from conductor_engine.engine.tasks.model import RunOptions
 
     started = time.perf_counter()  # the default bounds (2,000 characters each) compile quickly
     compile_grammar(SPEC, first_load, chat(("user", "x"), json_schema=plan_json_schema(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
 from conductor_engine.engine.contracts.rollouts import (
     count_reasons,
     describe_counts,
@@ -19,7 +20,7 @@ from conductor_engine.engine.contracts.rollouts import (
 )
 from conductor_engine.engine.plan.language import parse_plan
 from conductor_engine.engine.providers.base import Message
-from conductor_engine.engine.rewards import Reward, RewardWeights, Verdict, score_run
+from conductor_engine.engine.rewards import score_run
 from conductor_engine.engine.storage.blob_refs import (
     decode,
     encode,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.tasks import RunOptions
 from conductor_engine.engine.plan.language import PlanError, parse_plan
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.prices import AgentPrices, Price, agent_prices
@@ -26,7 +27,6 @@ from conductor_engine.engine.runtime.cli.app import (
     pool_app,
 )
 from conductor_engine.engine.runtime.cli.render import fitted_table
-from conductor_engine.engine.tasks.model import RunOptions
 
 MAX_POOL_SIZE = 1000
 """Most agents `plan check --pool-size` numbers: far above any real pool."""

@@ -29,7 +29,7 @@ from conductor_engine.engine.text import shorten
 
 if TYPE_CHECKING:
     from conductor_engine.engine.contracts.records import RoundRecord
-    from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.runtime.history import AttemptError, TrailRound
 
 SHORT = 300
