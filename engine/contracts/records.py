@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Message, Usage
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
+from conductor_engine.engine.contracts.plans import Access, Plan
 from conductor_engine.engine.contracts.rewards import Reward
-from conductor_engine.engine.plan.language import Access, Plan
-from conductor_engine.engine.providers.base import Citation, Message, Usage
 
 
 class PlanAttempt(BaseModel):

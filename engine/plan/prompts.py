@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.tasks import VisibleStep
-from conductor_engine.engine.plan.language import Plan
-from conductor_engine.engine.providers.base import Message
 from conductor_engine.engine.providers.pool import AgentSpec
 
 CONDUCTOR_ROLE = """\

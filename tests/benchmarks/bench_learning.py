@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conductor_engine.engine.contracts.agent_calls import TaskInfo  # noqa: E402
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
 from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
 from conductor_engine.engine.contracts.training import (  # noqa: E402
@@ -47,7 +48,6 @@ from conductor_engine.engine.contracts.training import (  # noqa: E402
 from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
 from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
-from conductor_engine.engine.providers.base import TaskInfo  # noqa: E402
 from conductor_engine.engine.providers.pool import Pool  # noqa: E402
 from conductor_engine.engine.providers.sim import is_right  # noqa: E402
 from conductor_engine.engine.providers.sim_pool import (  # noqa: E402

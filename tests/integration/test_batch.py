@@ -154,7 +154,7 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
 
 
 def test_the_task_report_lists_the_sources_web_searching_agents_cited() -> None:
-    from conductor_engine.engine.providers.base import Citation
+    from conductor_engine.engine.contracts.agent_calls import Citation
     from conductor_engine.engine.storage.batch_report import task_markdown
     from tests.traces import make_trace
 

@@ -283,7 +283,7 @@ async def test_children_start_in_waves_that_fit_in_a_workflow_task(client: Clien
 
 
 def _whole_run(size: int) -> RunResult:
-    from conductor_engine.engine.providers.base import Message
+    from conductor_engine.engine.contracts.agent_calls import Message
     from tests.traces import make_trace
 
     trace = make_trace("big")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.testing import CliRunner
 
+from conductor_engine.engine.contracts.plans import Step, saw_label
 from conductor_engine.engine.contracts.records import (
     PlanAttempt,
     RoundRecord,
@@ -25,7 +26,6 @@ from conductor_engine.engine.contracts.records import (
 )
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.plan.language import Step, saw_label
 from conductor_engine.engine.runtime.cli import app
 from conductor_engine.engine.runtime.cli import traces as cli_traces
 from conductor_engine.engine.runtime.cli.render import (

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
 from conductor_engine.engine.contracts.rollouts import (
@@ -19,7 +20,6 @@ from conductor_engine.engine.contracts.rollouts import (
     merge_counts,
 )
 from conductor_engine.engine.plan.language import parse_plan
-from conductor_engine.engine.providers.base import Message
 from conductor_engine.engine.rewards import score_run
 from conductor_engine.engine.storage.blob_refs import (
     decode,

@@ -24,7 +24,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from conductor_engine.engine.plan.language import saw_label
+from conductor_engine.engine.contracts.plans import saw_label
 from conductor_engine.engine.text import shorten
 
 if TYPE_CHECKING:
