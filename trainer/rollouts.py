@@ -8,7 +8,7 @@ the registry marks every run of the chosen groups consumed, trained on or left o
 transaction that publishes the new version.
 
 Runs that are not honest rollouts (an infrastructure failure, a verifier error, no reward, an
-unreadable trace: engine/contracts/rollouts.py) are left out of their group and counted by
+unreadable trace: engine/rewards/rollouts.py) are left out of their group and counted by
 reason, never scored 0; the group's advantages are over the rest. A group left with fewer than
 MIN_GROUP rollouts trains nothing (its rollouts count as "too_few_left") but is consumed all the
 same, and the selection reaches past it for a group that does train.
@@ -27,9 +27,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import PlanAttempt
-from conductor_engine.engine.contracts.rollouts import merge_counts
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
+from conductor_engine.engine.rewards.rollouts import merge_counts
 from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import Group, TraceStore
 from conductor_engine.engine.storage.traces import PolicyRef, Trace

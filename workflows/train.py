@@ -23,7 +23,7 @@ which the trainer reads from the trace store.
 A rollout is an honest sample of the policy: one plan attempt (a malformed plan scores 0, as in
 the paper, and no trained prompt holds retry feedback), and a run that failed for infrastructure
 reasons, or whose verifier failed, is left out of its group and counted by reason
-(engine/contracts/rollouts.py), never scored 0.
+(engine/rewards/rollouts.py), never scored 0.
 """
 
 from __future__ import annotations
@@ -51,12 +51,6 @@ with workflow.unsafe.imports_passed_through():
         update_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
-    from conductor_engine.engine.contracts.rollouts import (
-        LeftOutReason,
-        count_reasons,
-        failure_reason,
-        left_out_reason,
-    )
     from conductor_engine.engine.contracts.task_lists import TaskList
     from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.engine.contracts.training import (
@@ -64,6 +58,12 @@ with workflow.unsafe.imports_passed_through():
         UpdateRequest,
         UpdateResult,
         group_agents,
+    )
+    from conductor_engine.engine.rewards.rollouts import (
+        LeftOutReason,
+        count_reasons,
+        failure_reason,
+        left_out_reason,
     )
     from conductor_engine.engine.storage.policies import version_label
     from conductor_engine.workflows.children import (
@@ -441,7 +441,7 @@ def _collected(outcome: ChildOutcome) -> RunResult | LeftOutReason | None:
 
 
 def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
-    """Why a child's run says nothing about the policy (contracts/rollouts.py), or None when
+    """Why a child's run says nothing about the policy (rewards/rollouts.py), or None when
     its reward counts."""
     if not isinstance(res, RunResult):
         return res

@@ -157,7 +157,7 @@ def _small_reward(reward: Reward | None, limit: int) -> Reward | None:
     """The reward with its reasons cut and each verdict detail made short: numbers, booleans
     and None as they are, anything else as at most `limit` characters of text. Every key is
     kept (up to 16): whether a verdict holds "error", or "trusted": false, decides whether a
-    training run keeps the rollout (engine/contracts/rollouts.py)."""
+    training run keeps the rollout (engine/rewards/rollouts.py)."""
     if reward is None:
         return None
     verdict = reward.verdict

@@ -312,7 +312,7 @@ class UpdateResult(BaseModel):
     rollout_tokens: int = 0
     left_out: dict[str, int] = Field(
         default_factory=dict,
-        description="runs of the chosen groups not trained on, by reason (contracts/rollouts.py)")
+        description="runs of the chosen groups not trained on, by reason (rewards/rollouts.py)")
     step: StepMetrics | None = None
     seconds: float = 0.0
 

@@ -64,7 +64,7 @@ def _calls(t: Trace) -> int:
 
 def untrusted(t: Trace) -> bool:
     """Whether the run's verdict says the candidate could have forged it (the mark
-    `verify_code` sets, which training reads too: engine/contracts/rollouts.py)."""
+    `verify_code` sets, which training reads too: engine/rewards/rollouts.py)."""
     return bool(t.reward and t.reward.verdict and t.reward.verdict.untrusted)
 
 

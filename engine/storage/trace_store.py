@@ -14,7 +14,7 @@ does not retry; anything else (an unreachable server, a lost connection) is wort
 
 The trainer reads *groups*: the G oldest root traces of one task under one policy version,
 complete once G runs have finished, whatever their status. Runs that are not honest rollouts
-(engine/contracts/rollouts.py) are left out of the group and listed with their reason; the others
+(engine/rewards/rollouts.py) are left out of the group and listed with their reason; the others
 form it when at least MIN_GROUP remain.
 """
 
@@ -29,11 +29,7 @@ import structlog
 from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
-from conductor_engine.engine.contracts.rollouts import (
-    MIN_GROUP,
-    LeftOutReason,
-    count_reasons,
-)
+from conductor_engine.engine.rewards.rollouts import MIN_GROUP, LeftOutReason, count_reasons
 from conductor_engine.engine.storage.blob_refs import (
     blob_text,
     decode,

@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
 from conductor_engine.engine.contracts.rewards import Reward
-from conductor_engine.engine.contracts.rollouts import LeftOutReason, left_out_reason
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.rewards import score_run
+from conductor_engine.engine.rewards.rollouts import LeftOutReason, left_out_reason
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -80,7 +80,7 @@ class Trace(BaseModel):
 
     def as_rollout(self) -> Trace | LeftOutReason:
         """This run as a GRPO rollout (itself, or its one-attempt counterpart), or why it is
-        left out of its group (engine/contracts/rollouts.py).
+        left out of its group (engine/rewards/rollouts.py).
 
         A rollout gets one plan attempt. Runs recorded outside training may have retried a
         malformed plan with feedback (max_plan_attempts), so for them:

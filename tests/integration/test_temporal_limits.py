@@ -39,7 +39,6 @@ from conductor_engine.engine.contracts.names import (
 )
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.rewards import Reward, Verdict
-from conductor_engine.engine.contracts.rollouts import left_out_reason
 from conductor_engine.engine.contracts.task_lists import TaskList
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
@@ -48,6 +47,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.rewards.rollouts import left_out_reason
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings

@@ -12,15 +12,15 @@ import pytest
 from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
-from conductor_engine.engine.contracts.rollouts import (
+from conductor_engine.engine.plan.language import parse_plan
+from conductor_engine.engine.rewards import score_run
+from conductor_engine.engine.rewards.rollouts import (
     count_reasons,
     describe_counts,
     failure_reason,
     left_out_reason,
     merge_counts,
 )
-from conductor_engine.engine.plan.language import parse_plan
-from conductor_engine.engine.rewards import score_run
 from conductor_engine.engine.storage.blob_refs import (
     decode,
     encode,

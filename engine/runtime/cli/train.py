@@ -23,9 +23,9 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
-from conductor_engine.engine.contracts.rollouts import describe_counts
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.registry import ProviderName, capabilities, listed
+from conductor_engine.engine.rewards.rollouts import describe_counts
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
