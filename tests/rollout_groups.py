@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from tests.traces import make_trace
 
 

@@ -27,12 +27,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.rewards.rollouts import merge_counts
 from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import Group, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
 from conductor_engine.trainer.grpo import Sample, group_advantages, misfit_choice
 
 

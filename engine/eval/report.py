@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
-from conductor_engine.engine.storage.traces import Trace
 
 SINGLE = "single "
 BEST = "best single"

@@ -17,7 +17,7 @@ from typing import Any
 
 from conductor_engine.engine.contracts.agent_calls import Citation
 from conductor_engine.engine.contracts.plans import saw_label
-from conductor_engine.engine.storage.traces import Trace
+from conductor_engine.engine.contracts.traces import Trace
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

@@ -29,6 +29,7 @@ import structlog
 from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace, TraceStatus
 from conductor_engine.engine.rewards.rollouts import MIN_GROUP, LeftOutReason, count_reasons
 from conductor_engine.engine.storage.blob_refs import (
     blob_text,
@@ -41,7 +42,6 @@ from conductor_engine.engine.storage.blob_refs import (
 )
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
 from conductor_engine.engine.storage.database import connect_pool
-from conductor_engine.engine.storage.traces import PolicyRef, Trace, TraceStatus
 
 log = structlog.get_logger(__name__)
 

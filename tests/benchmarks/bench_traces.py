@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conductor_engine.engine.contracts.traces import PolicyRef  # noqa: E402
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
 from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
-from conductor_engine.engine.storage.traces import PolicyRef  # noqa: E402
 from tests.benchmarks._harness import postgres, reachable_tempdir, run  # noqa: E402
 from tests.traces import make_trace  # noqa: E402
 

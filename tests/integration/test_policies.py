@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.activities.plan import PlanActivities
+from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
@@ -23,7 +24,6 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from tests.agent_server import AgentServer
 from tests.traces import make_trace
 

@@ -21,12 +21,12 @@ from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.rewards import Reward, Verdict
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import _migrations, connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
 from tests.agent_server import Reply
 from tests.cli import run_conductor
 from tests.conftest import make_pool, running_worker

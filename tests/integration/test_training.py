@@ -23,6 +23,7 @@ from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
     LossConfig,
@@ -42,7 +43,6 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.trainer.service import build_trainer_worker
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress

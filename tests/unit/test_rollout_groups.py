@@ -12,6 +12,7 @@ import pytest
 from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.plan.language import parse_plan
 from conductor_engine.engine.rewards import score_run
 from conductor_engine.engine.rewards.rollouts import (
@@ -38,7 +39,6 @@ from conductor_engine.engine.storage.blobs import (
 )
 from conductor_engine.engine.storage.payloads import BlobStoreDriverClient
 from conductor_engine.engine.storage.trace_store import Group, LeftOut
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.trainer.rollouts import group_stats
 from tests.plans import plan_json
 from tests.traces import make_trace

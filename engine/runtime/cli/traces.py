@@ -15,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.runtime.cli.app import (
     app,
     fail,
@@ -35,7 +36,6 @@ from conductor_engine.engine.runtime.cli.render import (
 )
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceSummary
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.engine.text import shorten
 
 if TYPE_CHECKING:
