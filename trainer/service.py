@@ -41,7 +41,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateResult,
 )
 from conductor_engine.engine.providers.local.openmp import wait_passively
-from conductor_engine.engine.rewards.rollouts import MIN_GROUP, describe_counts
+from conductor_engine.engine.rewards.rollouts import MIN_GROUP, Group, describe_counts
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
     PolicyError,
@@ -55,7 +55,7 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.storage.trace_store import Group, TraceStore
+from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,

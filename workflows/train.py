@@ -62,8 +62,8 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.rewards.rollouts import (
         LeftOutReason,
         count_reasons,
-        failure_reason,
-        left_out_reason,
+        ended_reason,
+        run_left_out,
     )
     from conductor_engine.engine.storage.policies import version_label
     from conductor_engine.workflows.children import (
@@ -440,21 +440,13 @@ def _collected(outcome: ChildOutcome) -> RunResult | LeftOutReason | None:
     return _child_failure(outcome) if isinstance(outcome, ChildWorkflowError) else outcome
 
 
-def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
-    """Why a child's run says nothing about the policy (rewards/rollouts.py), or None when
-    its reward counts."""
-    if not isinstance(res, RunResult):
-        return res
-    reason = left_out_reason(res.status, res.reward, res.failure)
-    if reason is not None or res.reward is None or res.reward.value is None:
-        return reason or "no_reward"
-    return None
-
-
 def _child_failure(error: ChildWorkflowError) -> LeftOutReason:
-    """Why a rollout that ended in an exception is left out: a ConductWorkflow raises on a
-    failed run (StepFailed, PlanFailed) and on a cancelled one."""
+    """Why a training child that ended in an exception is left out (rewards/rollouts.py)."""
     cause = error.cause
-    if isinstance(cause, CancelledError):
-        return "cancelled"
-    return failure_reason(cause.type if isinstance(cause, ApplicationError) else None)
+    return ended_reason(isinstance(cause, CancelledError),
+                        cause.type if isinstance(cause, ApplicationError) else None)
+
+
+def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
+    """Why a child's run says nothing about the policy, or None when its reward counts."""
+    return res if not isinstance(res, RunResult) else run_left_out(res)

@@ -25,6 +25,7 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import AgentServer
+from tests.rollout_groups import read_groups
 from tests.traces import make_trace
 
 
@@ -66,14 +67,14 @@ async def test_publishing_consumes_the_traces_once_and_a_retry_returns_the_same_
 ) -> None:
     registry, name = PolicyRegistry(trace_store.pool), _name()
     keys = await _stored_traces(trace_store, name, 4)
-    before = await trace_store.groups(PolicyRef(name=name), size=4, unconsumed=True)
+    before = await read_groups(trace_store, PolicyRef(name=name), size=4, unconsumed=True)
     assert len(before) == 1
     v1 = await registry.publish(await _version(trace_store, name, 1), keys)
     assert (v1.version, v1.parent, v1.label) == (1, 0, "v1")
     assert await registry.latest_version(name) == 1
     assert sorted(await registry.consumed_by(v1.update_id)) == sorted(keys)
-    assert await trace_store.groups(PolicyRef(name=name), size=4, unconsumed=True) == []
-    assert len(await trace_store.groups(PolicyRef(name=name), size=4)) == 1, "kept for audit"
+    assert await read_groups(trace_store, PolicyRef(name=name), size=4, unconsumed=True) == []
+    assert len(await read_groups(trace_store, PolicyRef(name=name), size=4)) == 1, "kept for audit"
     again = await registry.publish(await _version(trace_store, name, 1), keys)
     assert again.version == 1 and await registry.latest_version(name) == 1
 
