@@ -124,7 +124,7 @@ async def test_the_plan_activity_follows_the_newest_version_unless_pinned(
     plans = PlanActivities(Pool(conductor=local, agents=[agent]), settings)
     assert (await plans.conductor_at(None))[1] == "base", "nothing published yet"
     await registry.publish(await _version(trace_store, name, 1), [])
-    plans._versions = None  # drop the cached newest version
+    plans.conductors._versions = None  # drop the cached newest version
     spec, label = await plans.conductor_at(None)
     assert label == "v1" and spec.checkpoint is not None
     assert (Path(spec.checkpoint) / "adapter_model.safetensors").is_file()
