@@ -17,7 +17,7 @@ from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.batch_report import write_report
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobNotFound, blob_store
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.task_lists import ChunkCache, TaskListError
 
 MISSING_CHUNK_ATTEMPTS = 3

@@ -24,7 +24,7 @@ from conductor_engine.engine.contracts.traces import PolicyRef, Trace, policy_of
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import DatabaseError
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.trace_store import TraceRejected, TraceStore
 
 UNAVAILABLE = (DatabaseError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError)

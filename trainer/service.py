@@ -54,7 +54,7 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.retention import prune_after_publish
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.rollouts import (
     GroupStats,

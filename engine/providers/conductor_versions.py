@@ -25,7 +25,7 @@ from conductor_engine.engine.storage.policies import (
     served_name,
     version_label,
 )
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.shared_store import shared_store
 
 
 class ConductorVersions:

@@ -59,7 +59,7 @@ from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
-from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
 from tests.agent_server import start_agent_server  # noqa: E402
 from tests.benchmarks import _bare_batch  # noqa: E402
 from tests.benchmarks._bare_batch import (  # noqa: E402

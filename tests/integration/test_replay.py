@@ -180,7 +180,7 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
                 (HISTORIES / f"{version}_{name}.json").write_text(json.dumps(saved, indent=1))
                 print(f"recorded {version}_{name}")
         finally:
-            from conductor_engine.engine.storage.shared import close_shared_stores
+            from conductor_engine.engine.storage.shared_store import close_shared_stores
 
             await close_shared_stores()
             temporal.stop()

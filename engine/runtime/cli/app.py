@@ -178,7 +178,7 @@ async def in_process_worker(
     from conductor_engine.engine.runtime.worker import (
         build_worker,  # imports workflows and activities: runtime only
     )
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
 
     await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
     async with build_worker(conductor.client, conductor.settings, pool):

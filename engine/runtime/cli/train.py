@@ -343,7 +343,7 @@ def trainer() -> None:
 
 
 async def _serve_trainer(settings: Settings) -> None:
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
     from conductor_engine.trainer.service import build_trainer_worker, release_ranks
 
     conductor = await ConductorClient.connect(settings, start_embedded=False,
