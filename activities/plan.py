@@ -13,8 +13,8 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.activities.held_answers import held_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.heartbeat import heartbeats
