@@ -53,7 +53,7 @@ from conductor_engine.engine.runtime.connection import ConnectError, connect_tem
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.policies import PolicyRegistry
-from conductor_engine.engine.storage.task_lists import put_task_list
+from conductor_engine.engine.storage.task_list_chunks import put_task_list
 from conductor_engine.engine.tasks.checks import TaskTooLarge, check_size, check_storable
 from conductor_engine.engine.text import shorten
 

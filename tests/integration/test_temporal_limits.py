@@ -53,7 +53,7 @@ from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore, LocalBlobStore, blob_store
 from conductor_engine.engine.storage.payloads import data_converter
-from conductor_engine.engine.storage.task_lists import (
+from conductor_engine.engine.storage.task_list_chunks import (
     ChunkCache,
     TaskListError,
     put_task_list,
