@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         batch_child_workflow_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
-    from conductor_engine.engine.contracts.task_lists import TaskList
+    from conductor_engine.engine.contracts.task_list_refs import TaskList
     from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.workflows.children import (
         START_WAVES_PATCH,

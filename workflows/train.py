@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
         update_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
-    from conductor_engine.engine.contracts.task_lists import TaskList
+    from conductor_engine.engine.contracts.task_list_refs import TaskList
     from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.engine.contracts.training import (
         Recipe,

@@ -44,7 +44,7 @@ from conductor_engine.engine.contracts.search_attributes import (
     REWARD,
     task_search_attributes,
 )
-from conductor_engine.engine.contracts.task_lists import TaskList
+from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import Recipe, interleave_tags, split_heldout
 from conductor_engine.engine.providers.pool import Pool

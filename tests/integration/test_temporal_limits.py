@@ -39,7 +39,7 @@ from conductor_engine.engine.contracts.names import (
 )
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.rewards import Reward, Verdict
-from conductor_engine.engine.contracts.task_lists import TaskList
+from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
