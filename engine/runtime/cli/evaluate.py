@@ -127,8 +127,8 @@ def evaluate(
 
 
 def _shape_options(source: str, columns: list[str] | None, seed: int) -> dict[str, Any]:
-    """The loader options of a SHAPE:SOURCE source (engine/tasks/shapes.py)."""
-    from conductor_engine.engine.tasks.shapes import shape_of
+    """The loader options of a SHAPE:SOURCE source (engine/tasks/benchmark_shapes.py)."""
+    from conductor_engine.engine.tasks.benchmark_shapes import shape_of
 
     if shape_of(source) is None:
         if columns:
