@@ -157,7 +157,7 @@ def plan_training(opts: TrainingOptions, pool: Pool, tasks: Sequence[Task]) -> T
         r.heldout.fraction = opts.holdout
     if opts.eval_every is not None:
         r.heldout.every = opts.eval_every
-    train, heldout = interleave_tags(tasks, opts.seed), []
+    train, heldout = interleave_tags(tasks, opts.seed), list[Task]()
     if train and r.heldout.fraction > 0 and not opts.from_traces:
         train, heldout = split_heldout(train, r.heldout.fraction, r.heldout.seed)
         if not heldout:
