@@ -16,8 +16,8 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.activities.held_answers import held_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.heartbeat import heartbeating
@@ -32,7 +32,7 @@ from conductor_engine.engine.settings import Settings
 class AgentActivities:
     def __init__(self, pool: Pool, settings: Settings | None = None) -> None:
         self.pool = pool
-        self.settings = settings  # where large answers go (activities/answers.py)
+        self.settings = settings  # where large answers go (activities/held_answers.py)
 
     @activity.defn(name=AGENT_ACTIVITY)
     async def call_agent(self, req: AgentCallInput) -> AgentReply:

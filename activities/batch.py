@@ -12,13 +12,13 @@ from temporalio.exceptions import ApplicationError
 
 from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import BATCH_REPORT_ACTIVITY, READ_TASKS_ACTIVITY
-from conductor_engine.engine.contracts.task_lists import TaskSlice
+from conductor_engine.engine.contracts.task_list_refs import TaskSlice
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.batch_report import write_report
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobNotFound, blob_store
-from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.storage.task_lists import ChunkCache, TaskListError
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.storage.shared_store import shared_store
+from conductor_engine.engine.storage.task_list_chunks import ChunkCache, TaskListError
 
 MISSING_CHUNK_ATTEMPTS = 3
 """Reads of a task list chunk that is not in the blob store before the run fails."""

@@ -13,8 +13,8 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from conductor_engine.activities.answers import held_or_called, until_storable
 from conductor_engine.activities.errors import to_application_error
+from conductor_engine.activities.held_answers import held_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.heartbeat import heartbeats
@@ -28,77 +28,22 @@ from conductor_engine.engine.providers import (
     capabilities,
     complete,
 )
+from conductor_engine.engine.providers.conductor_versions import ConductorVersions, adapter_lost
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError
-from conductor_engine.engine.providers.serving import (
-    LORA_ADAPTER_LOST,
-    ensure_lora_adapter,
-    forget_lora_adapter,
-)
 from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.policies import (
-    PolicyError,
-    PolicyRegistry,
-    ServedMarks,
-    VersionCache,
-    materialise,
-    parse_version,
-    served_name,
-    version_label,
-)
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.policies import PolicyError
 
 
 class PlanActivities:
     def __init__(self, pool: Pool, settings: Settings | None = None) -> None:
         self.pool = pool
         self.settings = settings
-        self._versions: VersionCache | None = None
-        self._served = ServedMarks()
+        self.conductors = ConductorVersions(pool, settings)
 
     async def conductor_at(self, pinned: str | None) -> tuple[AgentSpec, str]:
-        """The conductor spec serving the wanted policy version, and that version's label.
-
-        The task may pin a version (training does, per iteration); otherwise the pool file's
-        `policy_version`, where 'latest' follows the registry. A trained version is served by
-        the local provider from its checkpoint (fetched from the blob store once) or, for an
-        openai-compatible server such as vLLM, under the adapter name `NAME-vK`, which is
-        loaded into vLLM (runtime LoRA) on first use; see engine/providers/serving.py. Which
-        way a provider serves versions is its declared `trained_versions`.
-        """
-        conductor = self.pool.conductor
-        wanted = parse_version(pinned or conductor.policy_version)
-        if wanted == 0 or (wanted is None and self.settings is None):
-            return conductor, version_label(0)
-        store = await shared_store(self._settings())
-        registry = PolicyRegistry(store.pool)
-        if wanted is None:
-            if self._versions is None:
-                self._versions = VersionCache(registry)
-            wanted = await self._versions.newest(conductor.id)
-            if wanted == 0:
-                return conductor, version_label(0)
-        label = version_label(wanted)
-        await self._served.mark(registry, conductor.id, wanted)  # retention keeps it meanwhile
-        serves = capabilities(conductor.provider).trained_versions
-        if serves == "checkpoint":
-            version = await registry.get(conductor.id, wanted)
-            where = await materialise(version, store.blobs, self._settings().data_dir / "policies")
-            return conductor.model_copy(update={"checkpoint": str(where)}), label
-        if serves == "served":
-            version = await registry.get(conductor.id, wanted)  # clear error if never made
-            if version.kind == "lora":  # full weights are served by a vLLM of their own
-                where = await materialise(version, store.blobs, self._settings().lora_root)
-                await ensure_lora_adapter(conductor, version, where)
-            return conductor.model_copy(update={"model": served_name(conductor.id, wanted)}), label
-        raise PolicyError(
-            f"the conductor {conductor.id!r} runs on {conductor.provider}, which cannot serve a "
-            f"trained version ({label}); serve it with vLLM (provider openai-compatible) or "
-            f"the local provider, or pin policy_version = 'base'"
-        )
-
-    def _settings(self) -> Settings:
-        assert self.settings is not None
-        return self.settings
+        """The conductor spec serving the wanted policy version, and that version's label
+        (engine/providers/conductor_versions.py)."""
+        return await self.conductors.at(pinned)
 
     @activity.defn(name=PLAN_ACTIVITY)
     async def write_plan(self, req: PlanRequest) -> PlanAttempt:
@@ -152,7 +97,7 @@ class PlanActivities:
         try:
             completion = await held_or_called(lambda: complete(conductor, request))
         except AgentCallError as e:
-            failure = _adapter_lost(conductor, e) or e
+            failure = adapter_lost(conductor, e) or e
             log.warning("conductor call failed", error=failure.message,
                         retryable=failure.retryable)
             metrics.record_error(activity.metric_meter(), agent=conductor.id,
@@ -234,15 +179,3 @@ def plan_seed(req: PlanRequest, label: str) -> int:
     key = "\x1f".join(map(str, ("plan", t.id, t.depth, t.options.sample, label, req.round,
                                   req.attempt)))
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 2**53
-
-
-def _adapter_lost(conductor: AgentSpec, error: AgentCallError) -> AgentCallError | None:
-    """A 404 for an adapter this process loaded means vLLM lost it (it restarted): forget the
-    load, and retry, which loads it again. None for every other error."""
-    if error.status != 404 or not forget_lora_adapter(conductor, conductor.model):
-        return None
-    return AgentCallError(
-        f"agent {conductor.id}: {conductor.base_url} no longer serves adapter "
-        f"{conductor.model} (vLLM restarted?); it is loaded again on the next attempt",
-        retryable=True, status=404, kind=LORA_ADAPTER_LOST,
-    )

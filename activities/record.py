@@ -20,12 +20,12 @@ from temporalio.exceptions import ApplicationError
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace, policy_of
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import DatabaseError
-from conductor_engine.engine.storage.shared import shared_store
+from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.trace_store import TraceRejected, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, Trace, policy_of
 
 UNAVAILABLE = (DatabaseError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 """Errors of a trace store that is down, restarting or overloaded: retried, within the

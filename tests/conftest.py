@@ -24,7 +24,7 @@ from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.runtime.worker import build_worker
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
-from conductor_engine.engine.storage.shared import close_shared_stores, shared_store
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
 

@@ -5,10 +5,12 @@ trainer can score, and rewards that differ within the group (so every update has
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from conductor_engine.engine.providers.base import Message
+from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.contracts.traces import PolicyRef
+from conductor_engine.engine.rewards.rollouts import Group, rollout_group
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from tests.traces import make_trace
 
 
@@ -30,3 +32,9 @@ async def write_groups(store: TraceStore, name: str, task_ids: list[str], *, gro
             attempt.logprobs = [-rng.uniform(9.0, 12.0) for _ in range(completion_len)]
             attempt.finish_reason = "stop"
             await store.write(trace)
+
+
+async def read_groups(store: TraceStore, policy: PolicyRef, **kw: Any) -> list[Group]:
+    """The GRPO groups of `policy` as the trainer forms them: the store's runs
+    (`TraceStore.group_runs`, same arguments), each run a rollout or left out."""
+    return [rollout_group(g) for g in await store.group_runs(policy, **kw)]

@@ -11,9 +11,9 @@ from conductor_engine.engine.contracts.records import (
     RunResult,
     StepRecord,
 )
-from conductor_engine.engine.rewards import Reward, RewardWeights, Verdict
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 
 
 def make_trace(task_id: str, *, version: str = "v1", reward: float = 1.0,

@@ -8,16 +8,17 @@ the registry marks every run of the chosen groups consumed, trained on or left o
 transaction that publishes the new version.
 
 Runs that are not honest rollouts (an infrastructure failure, a verifier error, no reward, an
-unreadable trace: engine/contracts/rollouts.py) are left out of their group and counted by
+unreadable trace: engine/rewards/rollouts.py) are left out of their group and counted by
 reason, never scored 0; the group's advantages are over the rest. A group left with fewer than
 MIN_GROUP rollouts trains nothing (its rollouts count as "too_few_left") but is consumed all the
 same, and the selection reaches past it for a group that does train.
 
 From each run the trainer takes the conductor's completions that decided the outcome: the plan
 attempt of every round, one per round since a rollout gets one attempt (a stored run that retried
-its first plan is trained as the invalid plan it started with: `Trace.as_rollout`). Each gets the
-run's group-relative advantage. Token ids and behaviour logprobs come from the trace when the
-backend returned them; otherwise the raw text is tokenized again and the update is on-policy.
+its first plan is trained as the invalid plan it started with: engine/rewards/rollouts.py
+`as_rollout`). Each gets the run's group-relative advantage. Token ids and behaviour logprobs
+come from the trace when the backend returned them; otherwise the raw text is tokenized again
+and the update is on-policy.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import PlanAttempt
-from conductor_engine.engine.contracts.rollouts import merge_counts
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
+from conductor_engine.engine.rewards.rollouts import Group, merge_counts, rollout_group
 from conductor_engine.engine.storage.policies import version_label
-from conductor_engine.engine.storage.trace_store import Group, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
+from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.grpo import Sample, group_advantages, misfit_choice
 
 
@@ -70,8 +71,9 @@ async def _trainable_first(store: TraceStore, policy: PolicyRef, cfg: RolloutCon
     failed)."""
     limit = room
     while True:
-        found = await store.groups(policy, size=cfg.group_size, limit=limit,
-                                   dataset=cfg.dataset, task_ids=cfg.task_ids, unconsumed=True)
+        found = [rollout_group(g) for g in await store.group_runs(
+            policy, size=cfg.group_size, limit=limit, dataset=cfg.dataset,
+            task_ids=cfg.task_ids, unconsumed=True)]
         trainable = sum(g.trainable for g in found)
         if trainable >= room or len(found) < limit:
             return found

@@ -33,7 +33,6 @@ from temporalio.worker import Worker
 
 from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY
-from conductor_engine.engine.contracts.rollouts import MIN_GROUP, describe_counts
 from conductor_engine.engine.contracts.training import (
     LossConfig,
     PolicyConfig,
@@ -42,6 +41,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateResult,
 )
 from conductor_engine.engine.providers.local.openmp import wait_passively
+from conductor_engine.engine.rewards.rollouts import MIN_GROUP, Group, describe_counts
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
     PolicyError,
@@ -54,8 +54,8 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.retention import prune_after_publish
-from conductor_engine.engine.storage.shared import shared_store
-from conductor_engine.engine.storage.trace_store import Group, TraceStore
+from conductor_engine.engine.storage.shared_store import shared_store
+from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,

@@ -25,8 +25,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
+from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY, recorded_concurrency
@@ -37,11 +36,14 @@ with workflow.unsafe.imports_passed_through():
         batch_child_workflow_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
-    from conductor_engine.engine.contracts.search_attributes import task_search_attributes
-    from conductor_engine.engine.contracts.task_lists import TaskList
-    from conductor_engine.engine.tasks.model import Task
-    from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
-    from conductor_engine.workflows.conduct import ConductWorkflow
+    from conductor_engine.engine.contracts.task_list_refs import TaskList
+    from conductor_engine.engine.contracts.tasks import Task
+    from conductor_engine.workflows.children import (
+        START_WAVES_PATCH,
+        FanOut,
+        StartWaves,
+        start_bytes,
+    )
     from conductor_engine.workflows.tasks import read_slice
 
 
@@ -104,7 +106,7 @@ class BatchWorkflow:
     def __init__(self) -> None:
         self._progress = BatchProgress()
         self._window: set[asyncio.Task[None]] = set()
-        self._waves = StartWaves(enabled=False)
+        self._children = FanOut(1, StartWaves(enabled=False))
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> BatchProgress:
@@ -113,7 +115,9 @@ class BatchWorkflow:
     @workflow.run
     async def run(self, inp: BatchInput) -> BatchProgress:
         p = self._progress = inp.progress
-        self._waves = StartWaves(enabled=workflow.patched(START_WAVES_PATCH))
+        children = self._children = FanOut(
+            inp.concurrency, StartWaves(enabled=workflow.patched(START_WAVES_PATCH)))
+        children.pending = p.running  # 0: a run drains its window before it continues as new
         listed = inp.task_list if not inp.tasks else None
         p.total = listed.total if listed is not None else len(inp.tasks)
         window = self._window
@@ -134,7 +138,7 @@ class BatchWorkflow:
                     read_from = i
                     read = await read_slice(listed, i, inp.children_per_run - started)
                 task = read[i - read_from]
-            await workflow.wait_condition(lambda: p.running < inp.concurrency)
+            await children.admit()
             p.running += 1
             window.add(asyncio.create_task(self._child(inp.name, task)))
         await self._drain(window)
@@ -158,21 +162,19 @@ class BatchWorkflow:
         options = task.options.model_copy(update={"result": "summary"})
         task = task.model_copy(update={"batch": batch, "options": options})
         summary = f"{batch} · {' '.join(task.question.split())[:150]}"
-        try:
-            child = await self._waves.start(start_bytes(task, summary), lambda: (
-                workflow.start_child_workflow(
-                    ConductWorkflow.run, task, id=batch_child_workflow_id(batch, task.id),
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                    search_attributes=task_search_attributes(task), static_summary=summary,
-                )))
-            p.add(await child)
-        except WorkflowAlreadyStartedError:
+        wid = batch_child_workflow_id(batch, task.id)
+        # sized without its id, as batches always were: a batch's waves replay as they ran
+        outcome = await self._children.start(task, wid, summary, start_bytes(task, summary))
+        if outcome is None:
             p.skipped += 1  # completed by an earlier submission of this batch
-        except ChildWorkflowError:
+        elif isinstance(outcome, RunResult):
+            p.add(outcome)
+        else:
             p.failed += 1  # its trace says why; `conductor resume --batch` retries it
         # not in a `finally`: a workflow evicted from the worker's cache closes this coroutine
         # outside the workflow's event loop, where none of this may run
         p.running -= 1
+        self._children.done()
         current = asyncio.current_task()
         if current is not None:
             self._window.discard(current)

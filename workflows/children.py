@@ -1,4 +1,13 @@
-"""Starting many children from one workflow within what one workflow task may carry.
+"""The child fan-out: many ConductWorkflow children of one workflow (a batch, a training run's
+rollouts, its held-out runs), under the pending-children limit, in waves that fit one workflow
+task, each collected as its result, its failure, or "ran before" (a resumed batch, a reset).
+
+`FanOut` is the one place a child run is started and collected. It admits children two ways,
+because recorded histories replay only on the admission they ran with: `admit()` for a loop that
+must not run ahead of its window (a batch reads its tasks slice by slice and continues as new),
+and `run()` taking a slot itself for children gathered at once (a training iteration).
+
+Starting many children from one workflow within what one workflow task may carry:
 
 All the commands of a workflow task go to the server in one gRPC message of at most 4 MiB, and
 each child start carries its child's whole task. A batch or training run that starts hundreds of
@@ -17,13 +26,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 from temporalio import workflow
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.limits import START_BYTES_PER_WORKFLOW_TASK
-    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.search_attributes import task_search_attributes
+    from conductor_engine.engine.contracts.tasks import Task
+    from conductor_engine.workflows.conduct import ConductWorkflow
 
 START_WAVES_PATCH = "child-start-waves"
 """Runs started before waves existed replay as they ran (one workflow task for a whole window)."""
@@ -67,3 +81,55 @@ class StartWaves:
             return await start()
         finally:  # started, or refused (already started): either way no longer in the wave
             self.unconfirmed -= size
+
+
+ChildOutcome: TypeAlias = RunResult | ChildWorkflowError | None
+"""A child run's result (a summary), the error it failed with, or None: a run of that id ran
+before (completed by an earlier submission of a batch, or before a reset of this workflow)."""
+
+
+class FanOut:
+    """ConductWorkflow children of one workflow: at most `limit` pending at once, started in
+    waves (StartWaves), each collected as a ChildOutcome. Ids are the caller's and
+    deterministic, started with "allow duplicate failed only", so running the same children
+    again skips the ones that completed and reruns the failed ones."""
+
+    def __init__(self, limit: int, waves: StartWaves) -> None:
+        self.limit, self.waves = limit, waves
+        self.pending = 0  # children admitted and not yet collected (admit/done)
+        self._slots = asyncio.Semaphore(limit)
+
+    async def admit(self) -> None:
+        """Wait until a child may start (fewer than `limit` pending), and count it pending;
+        `done()` when it is collected. For a loop that starts one child at a time."""
+        await workflow.wait_condition(lambda: self.pending < self.limit)
+        self.pending += 1
+
+    def done(self) -> None:
+        self.pending -= 1
+
+    async def run(self, task: Task, wid: str, summary: str) -> ChildOutcome:
+        """Start `task` as child `wid` once a slot is free, and collect it: for children
+        gathered at once."""
+        async with self._slots:
+            return await self.start(task, wid, summary)
+
+    async def start(self, task: Task, wid: str, summary: str, size: int | None = None
+                    ) -> ChildOutcome:
+        """Start `task` as child `wid` in the current wave, and collect it (no slot taken:
+        the caller admitted it). `size`: the bytes the wave counts for it, by default
+        `start_bytes(task, wid, summary)` (a batch counts its own way: its waves replay)."""
+        size = start_bytes(task, wid, summary) if size is None else size
+        try:
+            child = await self.waves.start(size, lambda: (
+                workflow.start_child_workflow(
+                    ConductWorkflow.run, task, id=wid,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                    search_attributes=task_search_attributes(task), static_summary=summary,
+                )))
+            result: RunResult = await child
+        except WorkflowAlreadyStartedError:
+            return None
+        except ChildWorkflowError as e:
+            return e
+        return result

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         RecordRequest,
         ScoreRequest,
     )
+    from conductor_engine.engine.contracts.agent_calls import TaskInfo
     from conductor_engine.engine.contracts.names import (
         AGENT_ACTIVITY,
         BASELINE_POLICY,
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         SCORE_ACTIVITY,
         self_call_id,
     )
+    from conductor_engine.engine.contracts.plans import saw_label
     from conductor_engine.engine.contracts.records import (
         AgentReply,
         PlanAttempt,
@@ -51,12 +53,10 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         StepRecord,
     )
+    from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
-    from conductor_engine.engine.plan.language import saw_label
-    from conductor_engine.engine.providers.base import TaskInfo
-    from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.contracts.tasks import Task, VisibleStep
     from conductor_engine.engine.tasks.checks import oversize_error
-    from conductor_engine.engine.tasks.model import Task, VisibleStep
     from conductor_engine.engine.text import shorten
 
 TRACES_PATCH = "score-and-record-traces"

@@ -1,6 +1,6 @@
 """Reading a batch's or training run's tasks from its task list, inside a workflow.
 
-The list is in the blob store (engine/contracts/task_lists.py); the workflow reads the tasks it
+The list is in the blob store (engine/contracts/task_list_refs.py); the workflow reads the tasks it
 is about to start through the `read_tasks` activity, one slice of one chunk per call, so each
 result stays a chunk at most (a few MB, kept in the blob store by the payload codec).
 """
@@ -14,8 +14,8 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.names import READ_TASKS_ACTIVITY
-    from conductor_engine.engine.contracts.task_lists import TaskList
-    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.engine.contracts.task_list_refs import TaskList
+    from conductor_engine.engine.contracts.tasks import Task
 
 READ_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 """A blob store that cannot be reached is waited for, as every activity waits for what it

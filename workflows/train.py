@@ -23,7 +23,7 @@ which the trainer reads from the trace store.
 A rollout is an honest sample of the policy: one plan attempt (a malformed plan scores 0, as in
 the paper, and no trained prompt holds retry feedback), and a run that failed for infrastructure
 reasons, or whose verifier failed, is left out of its group and counted by reason
-(engine/contracts/rollouts.py), never scored 0.
+(engine/rewards/rollouts.py), never scored 0.
 """
 
 from __future__ import annotations
@@ -34,13 +34,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import (
-    ApplicationError,
-    CancelledError,
-    ChildWorkflowError,
-    WorkflowAlreadyStartedError,
-)
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY, recorded_concurrency
@@ -56,24 +51,27 @@ with workflow.unsafe.imports_passed_through():
         update_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
-    from conductor_engine.engine.contracts.rollouts import (
-        LeftOutReason,
-        count_reasons,
-        failure_reason,
-        left_out_reason,
-    )
-    from conductor_engine.engine.contracts.search_attributes import task_search_attributes
-    from conductor_engine.engine.contracts.task_lists import TaskList
+    from conductor_engine.engine.contracts.task_list_refs import TaskList
+    from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.engine.contracts.training import (
         Recipe,
         UpdateRequest,
         UpdateResult,
         group_agents,
     )
+    from conductor_engine.engine.rewards.rollouts import (
+        LeftOutReason,
+        count_reasons,
+        ended_reason,
+        run_left_out,
+    )
     from conductor_engine.engine.storage.policies import version_label
-    from conductor_engine.engine.tasks.model import Task
-    from conductor_engine.workflows.children import START_WAVES_PATCH, StartWaves, start_bytes
-    from conductor_engine.workflows.conduct import ConductWorkflow
+    from conductor_engine.workflows.children import (
+        START_WAVES_PATCH,
+        ChildOutcome,
+        FanOut,
+        StartWaves,
+    )
     from conductor_engine.workflows.tasks import read_tasks
 
 Phase = Literal["starting", "rollouts", "update", "heldout", "stopped", "finished"]
@@ -285,17 +283,12 @@ class TrainingWorkflow:
         plan attempt each; the figures are over the runs that are rollouts."""
         p, g = self._progress, inp.recipe.rollouts.group_size
         chain = workflow.info().first_execution_run_id[:8]
-        slots = asyncio.Semaphore(inp.concurrency)
         one_attempt = workflow.patched(ONE_PLAN_ATTEMPT_PATCH)
-        waves = StartWaves(enabled=workflow.patched(START_WAVES_PATCH))
+        children = FanOut(inp.concurrency, StartWaves(enabled=workflow.patched(START_WAVES_PATCH)))
         rewards: list[float] = []
         valid: list[bool] = []
         left_out: list[LeftOutReason] = []
         drawn = self._drawn_agents(inp, tasks)
-
-        async def one(task: Task, sample: int) -> None:
-            async with slots:
-                await rollout(task, sample)
 
         async def rollout(task: Task, sample: int) -> None:
             if (task.id, sample) in drawn:  # the run's agents: the group's, or its own draw
@@ -307,8 +300,8 @@ class TrainingWorkflow:
                 update["max_plan_attempts"] = 1
             task = task.model_copy(update={"options": task.options.model_copy(update=update)})
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
-            res = await _run_child(waves, task, wid, f"rollout {sample} · {inp.name} "
-                                                     f"it{p.iteration}")
+            res = _collected(await children.run(task, wid, f"rollout {sample} · {inp.name} "
+                                                           f"it{p.iteration}"))
             if res is None:
                 return  # ran before a reset of this workflow: its trace is in the store
             if isinstance(res, RunResult):
@@ -321,7 +314,7 @@ class TrainingWorkflow:
             rewards.append(res.reward.value)
             valid.append(res.status != "invalid_plan")
 
-        await asyncio.gather(*(one(task, sample) for task in tasks for sample in range(g)))
+        await asyncio.gather(*(rollout(task, sample) for task in tasks for sample in range(g)))
         stats.rollouts = len(rewards)
         stats.left_out = count_reasons(left_out)
         if rewards:
@@ -346,8 +339,7 @@ class TrainingWorkflow:
         else:
             tasks = await read_tasks(inp.heldout_list, 0, inp.heldout_list.total)
         chain = workflow.info().first_execution_run_id[:8]
-        slots = asyncio.Semaphore(inp.concurrency)
-        waves = StartWaves(enabled=True)
+        children = FanOut(inp.concurrency, StartWaves(enabled=True))
         rewards: list[float] = []
         correct: list[bool] = []
         valid: list[bool] = []
@@ -360,8 +352,7 @@ class TrainingWorkflow:
             task = task.model_copy(update={"id": f"heldout~{task.id}", "batch": batch,
                                            "options": options})
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
-            async with slots:
-                res = await _run_child(waves, task, wid, f"held out · {inp.name} {label}")
+            res = _collected(await children.run(task, wid, f"held out · {inp.name} {label}"))
             reason = "run_failed" if res is None else _unscored(res)  # None: before a reset
             if reason is not None:
                 left_out.append(reason)
@@ -442,41 +433,20 @@ class TrainingWorkflow:
             stats.grad_norm, stats.trained_tokens = s.grad_norm, s.tokens
 
 
-async def _run_child(waves: StartWaves, task: Task, wid: str, summary: str
-                     ) -> RunResult | LeftOutReason | None:
-    """One ConductWorkflow child of a training run (a rollout or a held-out run), started in
-    the current wave: its result (a summary), why it failed, or None when a run of that id ran
-    before a reset of this workflow (its trace is in the store)."""
-    try:
-        child = await waves.start(start_bytes(task, wid, summary), lambda: (
-            workflow.start_child_workflow(
-                ConductWorkflow.run, task, id=wid,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                search_attributes=task_search_attributes(task), static_summary=summary,
-            )))
-        res: RunResult = await child
-    except WorkflowAlreadyStartedError:
-        return None
-    except ChildWorkflowError as e:
-        return _child_failure(e)
-    return res
-
-
-def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
-    """Why a child's run says nothing about the policy (contracts/rollouts.py), or None when
-    its reward counts."""
-    if not isinstance(res, RunResult):
-        return res
-    reason = left_out_reason(res.status, res.reward, res.failure)
-    if reason is not None or res.reward is None or res.reward.value is None:
-        return reason or "no_reward"
-    return None
+def _collected(outcome: ChildOutcome) -> RunResult | LeftOutReason | None:
+    """A training child's outcome (a rollout or a held-out run): its result (a summary), why
+    it failed, or None when a run of that id ran before a reset of this workflow (its trace is
+    in the store)."""
+    return _child_failure(outcome) if isinstance(outcome, ChildWorkflowError) else outcome
 
 
 def _child_failure(error: ChildWorkflowError) -> LeftOutReason:
-    """Why a rollout that ended in an exception is left out: a ConductWorkflow raises on a
-    failed run (StepFailed, PlanFailed) and on a cancelled one."""
+    """Why a training child that ended in an exception is left out (rewards/rollouts.py)."""
     cause = error.cause
-    if isinstance(cause, CancelledError):
-        return "cancelled"
-    return failure_reason(cause.type if isinstance(cause, ApplicationError) else None)
+    return ended_reason(isinstance(cause, CancelledError),
+                        cause.type if isinstance(cause, ApplicationError) else None)
+
+
+def _unscored(res: RunResult | LeftOutReason) -> LeftOutReason | None:
+    """Why a child's run says nothing about the policy, or None when its reward counts."""
+    return res if not isinstance(res, RunResult) else run_left_out(res)

@@ -14,11 +14,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.agent_calls import TaskInfo
+from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.records import RunResult, RunStatus
-from conductor_engine.engine.plan.language import Plan
-from conductor_engine.engine.providers.base import TaskInfo
-from conductor_engine.engine.rewards import RewardWeights
-from conductor_engine.engine.tasks.model import Task, VisibleStep
+from conductor_engine.engine.contracts.rewards import RewardWeights
+from conductor_engine.engine.contracts.tasks import Task, VisibleStep
 
 
 class PreviousRound(BaseModel):

@@ -43,7 +43,7 @@ parent's history stays far below Temporal's 10 MB warning (50 MB limit, 51,200 e
 long the answers."""
 
 TASKS_PER_CHUNK = 500
-"""Most tasks per chunk of a task list in the blob store (engine/storage/task_lists.py)."""
+"""Most tasks per chunk of a task list in the blob store (engine/storage/task_list_chunks.py)."""
 
 CHUNK_BYTES = 4 * 1024 * 1024
 """Most bytes per chunk of a task list (a single larger task makes a chunk of its own). A chunk is

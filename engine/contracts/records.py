@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Message, Usage
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
-from conductor_engine.engine.plan.language import Access, Plan
-from conductor_engine.engine.providers.base import Citation, Message, Usage
-from conductor_engine.engine.rewards import Reward
+from conductor_engine.engine.contracts.plans import Access, Plan
+from conductor_engine.engine.contracts.rewards import Reward
 
 
 class PlanAttempt(BaseModel):
@@ -157,7 +157,7 @@ def _small_reward(reward: Reward | None, limit: int) -> Reward | None:
     """The reward with its reasons cut and each verdict detail made short: numbers, booleans
     and None as they are, anything else as at most `limit` characters of text. Every key is
     kept (up to 16): whether a verdict holds "error", or "trusted": false, decides whether a
-    training run keeps the rollout (engine/contracts/rollouts.py)."""
+    training run keeps the rollout (engine/rewards/rollouts.py)."""
     if reward is None:
         return None
     verdict = reward.verdict

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 if TYPE_CHECKING:
-    from conductor_engine.engine.tasks.model import Task
+    from conductor_engine.engine.contracts.tasks import Task
 
 BATCH = SearchAttributeKey.for_keyword("ConductorBatch")
 TASK = SearchAttributeKey.for_keyword("ConductorTask")

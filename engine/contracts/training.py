@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.tasks import Task
 
 
 def _trl(name: str, trl_name: str) -> AliasChoices:
@@ -314,7 +314,7 @@ class UpdateResult(BaseModel):
     rollout_tokens: int = 0
     left_out: dict[str, int] = Field(
         default_factory=dict,
-        description="runs of the chosen groups not trained on, by reason (contracts/rollouts.py)")
+        description="runs of the chosen groups not trained on, by reason (rewards/rollouts.py)")
     step: StepMetrics | None = None
     seconds: float = 0.0
 

@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
-from conductor_engine.engine.storage.traces import Trace
 
 SINGLE = "single "
 BEST = "best single"
@@ -64,7 +64,7 @@ def _calls(t: Trace) -> int:
 
 def untrusted(t: Trace) -> bool:
     """Whether the run's verdict says the candidate could have forged it (the mark
-    `verify_code` sets, which training reads too: engine/contracts/rollouts.py)."""
+    `verify_code` sets, which training reads too: engine/rewards/rollouts.py)."""
     return bool(t.reward and t.reward.verdict and t.reward.verdict.untrusted)
 
 

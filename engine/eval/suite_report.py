@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.report import BEST, SINGLE, system_order, system_row
 from conductor_engine.engine.eval.systems import system_of
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.engine.tasks.suite import Suite
 
 MISSING = "—"

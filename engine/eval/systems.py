@@ -25,8 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from conductor_engine.engine.plan.language import Plan, Step
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.plans import Plan, Step
+from conductor_engine.engine.contracts.tasks import Task
 
 Baseline = Literal["single", "moa", "random", "chain"]
 BASELINES: tuple[Baseline, ...] = ("single", "moa", "random", "chain")

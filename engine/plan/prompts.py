@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from conductor_engine.engine.plan.language import Plan
-from conductor_engine.engine.providers.base import Message
+from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.contracts.plans import Plan
+from conductor_engine.engine.contracts.tasks import VisibleStep
 from conductor_engine.engine.providers.pool import AgentSpec
-from conductor_engine.engine.tasks.model import VisibleStep
 
 CONDUCTOR_ROLE = """\
 You are the conductor of a team of language models. You do not answer the question yourself:

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Message, TaskInfo, Usage
 from conductor_engine.engine.providers import errors
-from conductor_engine.engine.providers.base import (
-    AgentCallError,
-    Citation,
-    Completion,
-    CompletionRequest,
-    Message,
-    TaskInfo,
-    Usage,
-)
+from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
 from conductor_engine.engine.providers.pool import AgentSpec
 from conductor_engine.engine.providers.registry import (
     Capabilities,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Message, TaskInfo, Usage
 from conductor_engine.engine.providers.pool import WebSearch
 from conductor_engine.engine.redaction import redact_text
 from conductor_engine.engine.text import encodable
@@ -21,24 +22,6 @@ if TYPE_CHECKING:
     from conductor_engine.engine.providers.pool import AgentSpec
 
 C = TypeVar("C")
-
-
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class TaskInfo(BaseModel):
-    """Which task and which rollout a call belongs to. Only the sim provider reads it (to be
-    right or wrong repeatably, against the reference); every other provider ignores it, and no
-    part of it but the id is ever logged or sent to a model."""
-
-    task_id: str
-    tags: list[str] = Field(default_factory=list)
-    reference: str | None = None
-    verifier: str | None = None
-    sample: int = Field(default=0, ge=0, description="which rollout of a group (RunOptions)")
-    attempt: int = Field(default=1, ge=1, description="the activity attempt, from 1")
 
 
 class CompletionRequest(BaseModel):
@@ -62,40 +45,6 @@ class CompletionRequest(BaseModel):
         "tokens whatever else the backend is generating (the local model: exactly; OpenAI and "
         "vLLM: passed as `seed`, best effort); None draws freshly",
     )
-
-
-class Usage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-        )
-
-
-class Citation(BaseModel):
-    """A web source the provider says the answer drew on, as the provider reported it.
-
-    `snippet` is the passage tying the source to the answer where the provider gives one: the
-    quoted source text (Anthropic) or the answer sentence the source supports (Gemini); OpenAI
-    gives only positions of its inline links, so it has none.
-    """
-
-    url: str
-    title: str = ""
-    snippet: str | None = None
-
-
-def unique_citations(citations: Iterable[Citation]) -> list[Citation]:
-    """One citation per URL, in order of first citation: providers cite a source once per
-    sentence it supports, and a report wants each source once."""
-    seen: dict[str, Citation] = {}
-    for c in citations:
-        if c.url and c.url not in seen:
-            seen[c.url] = c
-    return list(seen.values())
 
 
 class Completion(BaseModel):

@@ -16,15 +16,13 @@ import functools
 import json
 from typing import TYPE_CHECKING, Any
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Usage, unique_citations
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import (
     AgentCallError,
-    Citation,
     ClientCache,
     Completion,
     CompletionRequest,
-    Usage,
-    unique_citations,
 )
 from conductor_engine.engine.providers.pool import AgentSpec
 from conductor_engine.engine.providers.registry import Capabilities

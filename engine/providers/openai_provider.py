@@ -17,15 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from conductor_engine.engine.contracts.agent_calls import Citation, Usage, unique_citations
 from conductor_engine.engine.providers import errors
-from conductor_engine.engine.providers.base import (
-    Citation,
-    ClientCache,
-    Completion,
-    CompletionRequest,
-    Usage,
-    unique_citations,
-)
+from conductor_engine.engine.providers.base import ClientCache, Completion, CompletionRequest
 from conductor_engine.engine.providers.pool import AgentSpec, WebSearch
 from conductor_engine.engine.providers.registry import Capabilities
 

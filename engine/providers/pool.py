@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from conductor_engine.engine.plan.language import DEFAULT_REASONING_MAX_CHARS, PlanForm
+from conductor_engine.engine.contracts.plans import DEFAULT_REASONING_MAX_CHARS, PlanForm
 from conductor_engine.engine.providers.registry import (
     ProviderName,
     capabilities,

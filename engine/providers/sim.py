@@ -26,7 +26,8 @@ import asyncio
 import hashlib
 import re
 
-from conductor_engine.engine.providers.base import Completion, CompletionRequest, TaskInfo, Usage
+from conductor_engine.engine.contracts.agent_calls import TaskInfo, Usage
+from conductor_engine.engine.providers.base import Completion, CompletionRequest
 from conductor_engine.engine.providers.pool import AgentSpec, SimSettings
 from conductor_engine.engine.providers.registry import Capabilities
 from conductor_engine.engine.rewards.extract import normalize_text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from conductor_engine.engine.rewards.models import Reward, RewardWeights, Verdict
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
 from conductor_engine.engine.rewards.verifiers import verify
 
 RUN_STATUSES = ("completed", "invalid_plan", "failed", "cancelled")

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from conductor_engine.engine.contracts.rewards import Verdict
 from conductor_engine.engine.rewards.code_tests import (
     UNTRUSTED,
     CodeTests,
@@ -42,7 +43,6 @@ from conductor_engine.engine.rewards.extract import (
     strip_latex_text,
 )
 from conductor_engine.engine.rewards.mathcheck import MathCheckError, check_math
-from conductor_engine.engine.rewards.models import Verdict
 from conductor_engine.engine.rewards.sandbox import (
     SandboxLimits,
     SandboxResult,

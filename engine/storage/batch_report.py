@@ -15,9 +15,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from conductor_engine.engine.plan.language import saw_label
-from conductor_engine.engine.providers.base import Citation
-from conductor_engine.engine.storage.traces import Trace
+from conductor_engine.engine.contracts.agent_calls import Citation
+from conductor_engine.engine.contracts.plans import saw_label
+from conductor_engine.engine.contracts.traces import Trace
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

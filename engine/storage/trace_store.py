@@ -13,9 +13,9 @@ A row PostgreSQL refuses for good (REJECTED) raises TraceRejected, which the rec
 does not retry; anything else (an unreachable server, a lost connection) is worth a retry.
 
 The trainer reads *groups*: the G oldest root traces of one task under one policy version,
-complete once G runs have finished, whatever their status. Runs that are not honest rollouts
-(engine/contracts/rollouts.py) are left out of the group and listed with their reason; the others
-form it when at least MIN_GROUP remain.
+complete once G runs have finished, whatever their status (`group_runs`). The store reads them
+and says nothing of them: which are honest rollouts, and whether they form a group, is
+engine/rewards/rollouts.py's to decide.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import structlog
 from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
-from conductor_engine.engine.contracts.rollouts import (
-    MIN_GROUP,
-    LeftOutReason,
-    count_reasons,
+from conductor_engine.engine.contracts.traces import (
+    PolicyRef,
+    StoredGroup,
+    StoredRun,
+    Trace,
+    TraceStatus,
 )
 from conductor_engine.engine.storage.blob_refs import (
     blob_text,
@@ -45,7 +47,6 @@ from conductor_engine.engine.storage.blob_refs import (
 )
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore
 from conductor_engine.engine.storage.database import connect_pool
-from conductor_engine.engine.storage.traces import PolicyRef, Trace, TraceStatus
 
 log = structlog.get_logger(__name__)
 
@@ -174,50 +175,6 @@ class TraceFilter(BaseModel):
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
 
-class LeftOut(BaseModel):
-    """A run of a group that is not one of its rollouts, and why."""
-
-    workflow_id: str
-    run_id: str
-    reason: LeftOutReason
-    detail: str | None = Field(default=None, description="the run's error, or the read error")
-
-
-class Group(BaseModel):
-    """GRPO's unit: the `size` oldest runs of one task under one policy version. `traces` are
-    the honest rollouts among them (as `Trace.as_rollout` makes them), oldest first; `left_out`
-    the others. The rollouts form the group when there are at least MIN_GROUP of them."""
-
-    task_id: str
-    policy: PolicyRef
-    traces: list[Trace]
-    left_out: list[LeftOut] = Field(default_factory=list)
-
-    @property
-    def trainable(self) -> bool:
-        return len(self.traces) >= MIN_GROUP
-
-    @property
-    def rewards(self) -> list[float]:
-        """The rollouts' rewards (every rollout has one: a run without is left out)."""
-        return [t.reward.value if t.reward and t.reward.value is not None else 0.0
-                for t in self.traces]
-
-    @property
-    def runs(self) -> list[tuple[str, str]]:
-        """(workflow id, run id) of every run the group decided on, rollout or left out."""
-        return [(t.workflow_id, t.run_id) for t in self.traces] + \
-            [(x.workflow_id, x.run_id) for x in self.left_out]
-
-    def left_out_counts(self) -> dict[str, int]:
-        """Runs not trained on, by reason; a group too small to form counts its rollouts as
-        "too_few_left"."""
-        reasons: list[str] = [x.reason for x in self.left_out]
-        if not self.trainable:
-            reasons += ["too_few_left"] * len(self.traces)
-        return count_reasons(reasons)
-
-
 class TraceStore:
     def __init__(self, pool: asyncpg.Pool, blobs: BlobStore, *, blob_threshold: int) -> None:
         self.pool = pool
@@ -344,7 +301,7 @@ class TraceStore:
         where, args = (filters or TraceFilter()).where()
         return int(await self.pool.fetchval(f"SELECT count(*) FROM traces{where}", *args))
 
-    async def groups(
+    async def group_runs(
         self,
         policy: PolicyRef,
         *,
@@ -354,14 +311,14 @@ class TraceStore:
         statuses: tuple[str, ...] = get_args(TraceStatus),
         unconsumed: bool = False,
         task_ids: list[str] | None = None,
-    ) -> list[Group]:
+    ) -> list[StoredGroup]:
         """Up to `limit` complete groups: tasks with at least `size` root runs under this
         policy version, each group its `size` oldest runs. Two indexed queries.
 
         A group is complete once `size` runs have finished, failed ones included (every run
-        records a trace); which of them are rollouts is then decided per run (`_member`), so
-        a returned group may be too small to train on (`Group.trainable`): the trainer still
-        consumes it, so that it is not chosen again.
+        records a trace); which of them are rollouts is then decided per run
+        (rewards/rollouts.py `rollout_group`), so a group may turn out too small to train on
+        (`Group.trainable`): the trainer still consumes it, so that it is not chosen again.
 
         `unconsumed` leaves out traces an update already decided on (the trainer's view);
         `task_ids` keeps only those tasks."""
@@ -398,16 +355,13 @@ class TraceStore:
             by_task.setdefault(r["task_id"], []).append(r)
         out = []
         for task_id, group_rows in by_task.items():
-            members = await asyncio.gather(*(self._member(r) for r in group_rows))
-            out.append(Group(task_id=task_id, policy=policy,
-                             traces=[m for m in members if isinstance(m, Trace)],
-                             left_out=[m for m in members if isinstance(m, LeftOut)]))
+            runs = await asyncio.gather(*(self._stored_run(r) for r in group_rows))
+            out.append(StoredGroup(task_id=task_id, policy=policy, runs=list(runs)))
         return out
 
-    async def _member(self, row: asyncpg.Record) -> Trace | LeftOut:
-        """One run of a group: its rollout, or why it is left out. A trace that cannot be read
-        is left out (and logged) rather than raised: the update that reads it would otherwise
-        fail on it at every retry, forever."""
+    async def _stored_run(self, row: asyncpg.Record) -> StoredRun:
+        """One run of a group, read back; a trace that cannot be read comes back with why (and
+        is logged) rather than raised, so the caller can leave it out of its group."""
         wid, rid = row["workflow_id"], row["run_id"]
         try:
             trace = await self._trace(row["trace"], resolve_blobs=True)
@@ -415,12 +369,8 @@ class TraceStore:
             detail = f"{type(e).__name__}: {e}"
             log.warning("trace left out of its group: unreadable", workflow_id=wid, run_id=rid,
                         error=detail)
-            return LeftOut(workflow_id=wid, run_id=rid, reason="unreadable", detail=detail)
-        rollout = trace.as_rollout()
-        if isinstance(rollout, Trace):
-            return rollout
-        why = trace.error or (trace.reward.reason if trace.reward else None)
-        return LeftOut(workflow_id=wid, run_id=rid, reason=rollout, detail=why)
+            return StoredRun(workflow_id=wid, run_id=rid, error=detail)
+        return StoredRun(workflow_id=wid, run_id=rid, trace=trace)
 
 
 def _summary(r: asyncpg.Record) -> TraceSummary:

@@ -42,9 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from pydantic import ValidationError as PydanticValidationError
 
 from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, size_label
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.rewards import VERIFIERS
 from conductor_engine.engine.tasks.checks import check_storable, oversize_error, unstorable_text
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.engine.text import shorten
 
 HF_PREFIX = "hf:"

@@ -14,10 +14,11 @@ LiveCodeBench. `conductor train start MIX.toml` reads one (examples/paper/train_
     split = "train"
     count = 240
 
-Each source is loaded as `SHAPE:SOURCE` (engine/tasks/shapes.py); its valid tasks are drawn by
-SHA-256 of (seed, id), so the same manifest gives the same 960 problems on every machine and a
-row added to the dataset moves no other draw. A task becomes `KEY/ID` with KEY as its first tag,
-so training's round-robin over tags (`interleave_tags`) deals the sources in turn.
+Each source is loaded as `SHAPE:SOURCE` (engine/tasks/benchmark_shapes.py); its valid tasks are
+drawn by SHA-256 of (seed, id), so the same manifest gives the same 960 problems on every
+machine and a row added to the dataset moves no other draw. A task becomes `KEY/ID` with KEY as
+its first tag, so training's round-robin over tags (`interleave_tags`) deals the sources in
+turn.
 
 The held-out check: a mix task that is also a task of a held-out suite, by its row id (between
 tasks with the same verifier) or by its question text (the same problem can carry another id in
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.tasks.suite import DataSource, SuiteError, read_toml
 
 MAX_NAMED = 5

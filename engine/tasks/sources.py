@@ -1,14 +1,14 @@
 """Where tasks come from, in one call: a JSONL task file, `hf:NAME` (engine/tasks/files.py),
-or a benchmark in its own row shape, `SHAPE:SOURCE` (engine/tasks/shapes.py lists them). The
-commands load through here; the two modules below it stay independent of each other."""
+or a benchmark in its own row shape, `SHAPE:SOURCE` (engine/tasks/benchmark_shapes.py lists
+them). The commands load through here; the two modules below it stay independent of each other."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from conductor_engine.engine.tasks import files
+from conductor_engine.engine.tasks.benchmark_shapes import load_shaped, shape_of
 from conductor_engine.engine.tasks.files import TaskFile
-from conductor_engine.engine.tasks.shapes import load_shaped, shape_of
 
 
 def load_tasks(source: str, **options: Any) -> TaskFile:

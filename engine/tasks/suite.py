@@ -10,7 +10,7 @@ A suite file is TOML:
     [[benchmarks]]
     key = "gpqa-diamond"   # the task ids' prefix and the report's column key
     name = "GPQA-Diamond"  # the column's title
-    shape = "gpqa"         # engine/tasks/shapes.py
+    shape = "gpqa"         # engine/tasks/benchmark_shapes.py
     source = "Idavidrein/gpqa"   # a hub id, or a local .jsonl/.parquet/... file or directory
     config = "gpqa_diamond"
     split = "train"
@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from conductor_engine.engine.tasks.model import RunOptions, Task
-from conductor_engine.engine.tasks.shapes import SHAPES
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.tasks.benchmark_shapes import SHAPES
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
 
 SUITES_PACKAGE = "conductor_engine.engine.tasks.suites"
@@ -52,7 +52,7 @@ class DataSource(BaseModel):
     key: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$",
                      description="lower-case id: the tasks' id prefix and the column's key")
     name: str = Field(min_length=1, description="the report column's title")
-    shape: str = Field(description="the row shape (engine/tasks/shapes.py)")
+    shape: str = Field(description="the row shape (engine/tasks/benchmark_shapes.py)")
     source: str = Field(min_length=1, description="a Hugging Face hub id, or a local file "
                         "(.jsonl read directly; .parquet/.csv/.json through datasets) or a "
                         "saved dataset directory")

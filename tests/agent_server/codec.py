@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from conductor_engine.engine.providers.base import Citation
+from conductor_engine.engine.contracts.agent_calls import Citation
 from tests.agent_server.reply import Reply
 
 Api = Literal["openai", "responses", "anthropic", "gemini"]

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from conductor_engine.engine.providers.base import Citation
+from conductor_engine.engine.contracts.agent_calls import Citation
 
 FinishReason = Literal["stop", "length", "refusal"]
 

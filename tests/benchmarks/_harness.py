@@ -28,6 +28,7 @@ from typing import Any
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.client import (
     ConductorClient,
@@ -38,7 +39,6 @@ from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.runtime.logging import configure_logging
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import AgentServer, Reply, start_agent_server
 
 # The keys the benchmark pool names; the scripted server accepts anything.

@@ -55,11 +55,11 @@ from conductor_engine.engine.contracts.names import (  # noqa: E402
     batch_child_workflow_id,
     batch_workflow_id,
 )
+from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
-from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.engine.tasks.model import Task  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
 from tests.agent_server import start_agent_server  # noqa: E402
 from tests.benchmarks import _bare_batch  # noqa: E402
 from tests.benchmarks._bare_batch import (  # noqa: E402

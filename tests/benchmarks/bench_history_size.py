@@ -47,6 +47,7 @@ from conductor_engine.engine.contracts.names import (  # noqa: E402
     training_workflow_id,
 )
 from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
+from conductor_engine.engine.contracts.tasks import RunOptions, Task  # noqa: E402
 from conductor_engine.engine.contracts.training import (  # noqa: E402
     Recipe,
     RolloutConfig,
@@ -56,9 +57,8 @@ from conductor_engine.engine.contracts.training import (  # noqa: E402
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
-from conductor_engine.engine.storage.shared import close_shared_stores  # noqa: E402
-from conductor_engine.engine.storage.task_lists import put_task_list  # noqa: E402
-from conductor_engine.engine.tasks.model import RunOptions, Task  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores  # noqa: E402
+from conductor_engine.engine.storage.task_list_chunks import put_task_list  # noqa: E402
 from conductor_engine.workflows.batch import BatchInput  # noqa: E402
 from conductor_engine.workflows.conduct import ConductWorkflow  # noqa: E402
 from conductor_engine.workflows.train import TrainInput  # noqa: E402

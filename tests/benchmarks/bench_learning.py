@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conductor_engine.engine.contracts.agent_calls import TaskInfo  # noqa: E402
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
+from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
 from conductor_engine.engine.contracts.training import (  # noqa: E402
     Recipe,
     interleave_tags,
@@ -46,7 +48,6 @@ from conductor_engine.engine.contracts.training import (  # noqa: E402
 from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
 from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
-from conductor_engine.engine.providers.base import TaskInfo  # noqa: E402
 from conductor_engine.engine.providers.pool import Pool  # noqa: E402
 from conductor_engine.engine.providers.sim import is_right  # noqa: E402
 from conductor_engine.engine.providers.sim_pool import (  # noqa: E402
@@ -57,10 +58,9 @@ from conductor_engine.engine.providers.sim_pool import (  # noqa: E402
 )
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.engine.storage.shared import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
 from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.engine.tasks.model import Task  # noqa: E402
 from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
 from conductor_engine.workflows.train import (  # noqa: E402
     HeldOutEval,

@@ -12,8 +12,9 @@ texts, and upserts one row. Baseline: the same rows, already serialised, inserte
 traces/s of each and the ratio engine/baseline (goal >= 0.5).
 
 Groups. `--stored` traces (default 100,000: 12,500 tasks x 8 rollouts, two policy versions) are
-bulk-loaded with COPY, then `TraceStore.groups()` fetches 4 groups of 8 and 4 groups of 64 (the
-paper's group size, from 64-rollout tasks loaded alongside); printed: median latency in ms.
+bulk-loaded with COPY, then `TraceStore.group_runs()` (made GRPO groups) fetches 4 groups of 8
+and 4 groups of 64 (the paper's group size, from 64-rollout tasks loaded alongside); printed:
+median latency in ms.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conductor_engine.engine.contracts.traces import PolicyRef  # noqa: E402
+from conductor_engine.engine.rewards.rollouts import rollout_group  # noqa: E402
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
 from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
-from conductor_engine.engine.storage.traces import PolicyRef  # noqa: E402
 from tests.benchmarks._harness import postgres, reachable_tempdir, run  # noqa: E402
 from tests.traces import make_trace  # noqa: E402
 
@@ -93,8 +95,8 @@ async def time_groups(store: TraceStore, size: int, runs: int = 15) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        groups = await store.groups(PolicyRef(name="conductor", version="v1"), size=size,
-                                    limit=4)
+        groups = [rollout_group(g) for g in await store.group_runs(
+            PolicyRef(name="conductor", version="v1"), size=size, limit=4)]
         times.append(time.perf_counter() - started)
         assert len(groups) == 4 and all(len(g.traces) == size for g in groups)
     return statistics.median(times) * 1000

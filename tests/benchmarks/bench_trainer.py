@@ -346,7 +346,7 @@ async def time_holding(args: argparse.Namespace, shape_name: str, root: Path, ur
     policy name and its own tasks' groups."""
     from conductor_engine.engine.contracts.training import UpdateRequest
     from conductor_engine.engine.settings import Settings
-    from conductor_engine.engine.storage.shared import shared_store
+    from conductor_engine.engine.storage.shared_store import shared_store
     from tests.rollout_groups import write_groups
 
     shape, lora = HOLD_SHAPES[shape_name]
@@ -378,7 +378,7 @@ async def time_holding(args: argparse.Namespace, shape_name: str, root: Path, ur
 
 
 async def hold_bench(args: argparse.Namespace) -> int:
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
     from tests.benchmarks._harness import postgres, reachable_tempdir
 
     print(f"{args.updates} consecutive updates after a first, each on a new task's group of "

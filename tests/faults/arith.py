@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from conductor_engine.engine.tasks.model import RunOptions, Task
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from tests.plans import plan_json
 
 MODELS = {"conductor": "conductor", "gpt": "gpt", "claude": "claude", "gemini": "gemini"}

@@ -28,8 +28,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from conductor_engine.engine.contracts.names import batch_child_workflow_id
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import Trace
 
 MAX_REASON_CHARS = 600
 

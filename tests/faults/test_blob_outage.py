@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 import pytest
 from temporalio.client import Client
 
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStoreError, LocalBlobStore
 from conductor_engine.engine.storage.payloads import KEY_PREFIX, data_converter
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.tasks.model import Task
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
 from tests.batches import wait_done
@@ -100,7 +100,7 @@ async def test_an_answer_that_could_not_be_handed_to_temporal_is_not_bought_agai
     agent_server, settings: Settings, tmp_path: Path,
 ) -> None:
     """The attempt that received the answer fails (its result could not be stored); the next
-    attempt takes the answer the worker holds (activities/answers.py) instead of a new call."""
+    attempt takes the answer the worker holds (activities/held_answers.py) instead of a new call."""
     settings = settings.model_copy(update={"payload_threshold": THRESHOLD,
                                            "blob_dir": tmp_path / "blobs"})
     store = FailsFirstPayloadPut(tmp_path / "blobs")

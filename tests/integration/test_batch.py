@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.batches import wait_done
 from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import make_pool, running_worker
@@ -154,7 +154,7 @@ async def test_conductor_batch_runs_a_task_file_and_writes_the_report(
 
 
 def test_the_task_report_lists_the_sources_web_searching_agents_cited() -> None:
-    from conductor_engine.engine.providers.base import Citation
+    from conductor_engine.engine.contracts.agent_calls import Citation
     from conductor_engine.engine.storage.batch_report import task_markdown
     from tests.traces import make_trace
 

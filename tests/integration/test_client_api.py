@@ -14,10 +14,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from conductor_engine.engine.contracts.names import batch_workflow_id
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, workflow_id_for
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

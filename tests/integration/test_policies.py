@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.activities.plan import PlanActivities
+from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import (
@@ -23,8 +24,8 @@ from conductor_engine.engine.storage.policies import (
     version_label,
 )
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from tests.agent_server import AgentServer
+from tests.rollout_groups import read_groups
 from tests.traces import make_trace
 
 
@@ -66,14 +67,14 @@ async def test_publishing_consumes_the_traces_once_and_a_retry_returns_the_same_
 ) -> None:
     registry, name = PolicyRegistry(trace_store.pool), _name()
     keys = await _stored_traces(trace_store, name, 4)
-    before = await trace_store.groups(PolicyRef(name=name), size=4, unconsumed=True)
+    before = await read_groups(trace_store, PolicyRef(name=name), size=4, unconsumed=True)
     assert len(before) == 1
     v1 = await registry.publish(await _version(trace_store, name, 1), keys)
     assert (v1.version, v1.parent, v1.label) == (1, 0, "v1")
     assert await registry.latest_version(name) == 1
     assert sorted(await registry.consumed_by(v1.update_id)) == sorted(keys)
-    assert await trace_store.groups(PolicyRef(name=name), size=4, unconsumed=True) == []
-    assert len(await trace_store.groups(PolicyRef(name=name), size=4)) == 1, "kept for audit"
+    assert await read_groups(trace_store, PolicyRef(name=name), size=4, unconsumed=True) == []
+    assert len(await read_groups(trace_store, PolicyRef(name=name), size=4)) == 1, "kept for audit"
     again = await registry.publish(await _version(trace_store, name, 1), keys)
     assert again.version == 1 and await registry.latest_version(name) == 1
 
@@ -123,7 +124,7 @@ async def test_the_plan_activity_follows_the_newest_version_unless_pinned(
     plans = PlanActivities(Pool(conductor=local, agents=[agent]), settings)
     assert (await plans.conductor_at(None))[1] == "base", "nothing published yet"
     await registry.publish(await _version(trace_store, name, 1), [])
-    plans._versions = None  # drop the cached newest version
+    plans.conductors._versions = None  # drop the cached newest version
     spec, label = await plans.conductor_at(None)
     assert label == "v1" and spec.checkpoint is not None
     assert (Path(spec.checkpoint) / "adapter_model.safetensors").is_file()

@@ -27,6 +27,7 @@ from conductor_engine.engine.contracts.names import (
     batch_workflow_id,
     training_workflow_id,
 )
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
@@ -36,7 +37,6 @@ from conductor_engine.engine.contracts.training import (
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput
@@ -180,7 +180,7 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
                 (HISTORIES / f"{version}_{name}.json").write_text(json.dumps(saved, indent=1))
                 print(f"recorded {version}_{name}")
         finally:
-            from conductor_engine.engine.storage.shared import close_shared_stores
+            from conductor_engine.engine.storage.shared_store import close_shared_stores
 
             await close_shared_stores()
             temporal.stop()

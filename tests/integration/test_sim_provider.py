@@ -16,6 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from conductor_engine.activities.agent import AgentActivities
 from conductor_engine.engine.contracts.activities import AgentCallInput
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers import CompletionRequest, Message, TaskInfo, complete
 from conductor_engine.engine.providers import sim as sim_provider
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError, SimSettings
@@ -24,7 +25,6 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json
 
@@ -162,7 +162,7 @@ async def test_the_agent_activity_passes_the_task_and_its_attempt_to_the_sim_age
     by_attempt = {}
     for attempt in (1, 2, 3, 4, 5, 6):
         # each attempt as one that follows a failed call (a separate activity id here: an
-        # answer a worker received is held for a retry of the same activity, answers.py)
+        # answer a worker received is held for a retry of the same activity, held_answers.py)
         env.info = dataclasses.replace(env.info, attempt=attempt, activity_id=f"a{attempt}")
         reply = await env.run(AgentActivities(pool).call_agent, AgentCallInput(
             agent="alpha", question="q", subtask="s", task=info(attempt=1)))

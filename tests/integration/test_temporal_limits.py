@@ -38,29 +38,28 @@ from conductor_engine.engine.contracts.names import (
     training_workflow_id,
 )
 from conductor_engine.engine.contracts.records import RunResult
-from conductor_engine.engine.contracts.rollouts import left_out_reason
-from conductor_engine.engine.contracts.task_lists import TaskList
+from conductor_engine.engine.contracts.rewards import Reward, Verdict
+from conductor_engine.engine.contracts.task_list_refs import TaskList
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.rewards import Reward
-from conductor_engine.engine.rewards.models import Verdict
+from conductor_engine.engine.rewards.rollouts import left_out_reason
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore, LocalBlobStore, blob_store
 from conductor_engine.engine.storage.payloads import data_converter
-from conductor_engine.engine.storage.task_lists import (
+from conductor_engine.engine.storage.task_list_chunks import (
     ChunkCache,
     TaskListError,
     put_task_list,
     read_all,
     read_chunk,
 )
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.workflows.batch import BatchInput, BatchProgress
 from conductor_engine.workflows.children import StartWaves, start_bytes
 from conductor_engine.workflows.train import TrainInput, TrainProgress, pick_ranges, pick_tasks
@@ -284,7 +283,7 @@ async def test_children_start_in_waves_that_fit_in_a_workflow_task(client: Clien
 
 
 def _whole_run(size: int) -> RunResult:
-    from conductor_engine.engine.providers.base import Message
+    from conductor_engine.engine.contracts.agent_calls import Message
     from tests.traces import make_trace
 
     trace = make_trace("big")

@@ -19,18 +19,20 @@ from conductor_engine.activities.record import RecordActivities
 from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.contracts.records import RunResult
-from conductor_engine.engine.rewards import Reward, Verdict
+from conductor_engine.engine.contracts.rewards import Reward, Verdict
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
+from conductor_engine.engine.rewards.rollouts import as_rollout
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import _migrations, connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef, Trace
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import Reply
 from tests.cli import run_conductor
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json, self_calling_conductor
+from tests.rollout_groups import read_groups
 from tests.traces import make_trace
 
 
@@ -114,17 +116,18 @@ async def test_groups_are_complete_same_task_same_version_and_oldest_first(
     for t in traces:
         await trace_store.write(t)
 
-    groups = await trace_store.groups(PolicyRef(name="conductor", version=version), size=4)
+    groups = await read_groups(trace_store, PolicyRef(name="conductor", version=version), size=4)
     assert [g.task_id for g in groups] == [f"{version}-a", f"{version}-b"]
     assert all(len(g.traces) == 4 for g in groups)
-    five = await trace_store.groups(PolicyRef(name="conductor", version=version), size=5)
+    five = await read_groups(trace_store, PolicyRef(name="conductor", version=version), size=5)
     assert [len(g.traces) for g in five] == [5, 5], "b: 4 + the resumed run, not the failed one"
     assert all(t.run_id != failed.run_id for g in five for t in g.traces)
     first = groups[0].traces
     assert [t.finished_at for t in first] == sorted(t.finished_at for t in first)
     assert groups[0].rewards == [0.0, 1.0, 0.0, 1.0]
     assert [g.task_id for g in five] == [f"{version}-a", f"{version}-b"]
-    assert await trace_store.groups(PolicyRef(name="conductor", version=version), size=6) == []
+    assert await read_groups(trace_store, PolicyRef(name="conductor", version=version),
+                             size=6) == []
 
 
 async def test_analyst_filters_by_dataset_tag_version_reward_and_date(
@@ -254,8 +257,8 @@ async def test_failed_and_unparseable_runs_are_recorded_with_reward_zero(
     assert failed.reward.value == 0.0 and "gpt" in (failed.error or "")
     assert failed.steps[0].status == "failed" and failed.steps[0].error
     # what failed is recorded, so training leaves the run out of its group instead of a zero
-    assert failed.failure == "StepFailed" and failed.as_rollout() == "step_failed"
-    assert bad.as_rollout() == bad, "an unparseable plan is the policy's own: a rollout"
+    assert failed.failure == "StepFailed" and as_rollout(failed) == "step_failed"
+    assert as_rollout(bad) == bad, "an unparseable plan is the policy's own: a rollout"
 
 
 async def test_group_fetch_uses_the_group_index(postgres_url: str) -> None:
@@ -371,8 +374,8 @@ async def test_a_group_leaves_out_failed_unreadable_and_unverified_runs_and_coun
             if path.is_file() and path.read_bytes() == b"z" * 5000:
                 path.unlink()
         policy = PolicyRef(name=name, version="v1")
-        assert await store.groups(policy, size=7) == [], "complete once all G have finished"
-        [group] = await store.groups(policy, size=6)
+        assert await read_groups(store, policy, size=7) == [], "complete once all G have finished"
+        [group] = await read_groups(store, policy, size=6)
         assert [t.workflow_id for t in group.traces] == [runs[i].workflow_id for i in (0, 1, 3)]
         assert group.rewards == [1.0, 0.5, 1.0] and group.trainable
         assert group.traces[1].model_dump() == forged.model_dump()

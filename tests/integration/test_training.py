@@ -22,6 +22,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
     LossConfig,
@@ -41,9 +43,7 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.storage.traces import PolicyRef
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from conductor_engine.trainer.service import build_trainer_worker
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
 from tests.agent_server import AgentServer, Reply
@@ -51,6 +51,7 @@ from tests.cli import CONDUCTOR
 from tests.conftest import make_pool, running_worker
 from tests.faults.ledger import ROWS, FaultRow
 from tests.plans import plan_json
+from tests.rollout_groups import read_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_POOL = ROOT / "examples" / "sim" / "pool.toml"
@@ -202,9 +203,9 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
         assert sorted(t.task.id for t in traces) == sorted(f"heldout~{t.id}" for t in held)
         assert all(t.policy.version == e.version and t.task.options.temperature == 0.0
                    for t in traces)
-    untouched = await trace_store.groups(
-        PolicyRef(name=pool.conductor.id, version="base"), size=1, limit=100, unconsumed=True,
-        task_ids=[f"heldout~{t.id}" for t in held])
+    untouched = await read_groups(
+        trace_store, PolicyRef(name=pool.conductor.id, version="base"), size=1, limit=100,
+        unconsumed=True, task_ids=[f"heldout~{t.id}" for t in held])
     assert len(untouched) == len(held), "no update ever consumed a held-out run"
 
 
@@ -335,7 +336,7 @@ async def test_runs_that_failed_for_infrastructure_reasons_are_left_out_of_their
     assert it.rollouts == 7 and it.valid_plan_rate == pytest.approx(6 / 7)
 
     policy = PolicyRef(name=pool.conductor.id, version="base")
-    groups = {g.task_id.split("-")[0]: g for g in await trace_store.groups(policy, size=4)}
+    groups = {g.task_id.split("-")[0]: g for g in await read_groups(trace_store, policy, size=4)}
     alpha, beta, gamma = groups["alpha"], groups["beta"], groups["gamma"]
     # a rollout gets one plan attempt: a malformed plan is a 0 with no retry feedback
     every = [t for g in groups.values() for t in g.traces] + [
@@ -489,7 +490,7 @@ async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_i
     assert final.history[0].rollouts == 12
 
     policy = PolicyRef(name=pool.conductor.id, version="base")
-    groups = await trace_store.groups(policy, size=4, task_ids=[t.id for t in tasks])
+    groups = await read_groups(trace_store, policy, size=4, task_ids=[t.id for t in tasks])
     assert len(groups) == 3
     for g in groups:
         for t in g.traces:

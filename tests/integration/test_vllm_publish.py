@@ -15,6 +15,7 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.activities.plan import PlanActivities
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.providers.serving import LORA_PATH_NOT_FOUND, ensure_lora_adapter
@@ -22,7 +23,6 @@ from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry, PolicyVersion
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

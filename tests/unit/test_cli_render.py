@@ -17,15 +17,17 @@ from rich.console import Console
 from rich.markup import escape
 from typer.testing import CliRunner
 
+from conductor_engine.engine.contracts.plans import Step, saw_label
 from conductor_engine.engine.contracts.records import (
     PlanAttempt,
     RoundRecord,
     RunResult,
     StepRecord,
 )
-from conductor_engine.engine.plan.language import Step, saw_label
-from conductor_engine.engine.rewards import Reward, RewardWeights
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.cli import app
+from conductor_engine.engine.runtime.cli import history as cli_history
 from conductor_engine.engine.runtime.cli import traces as cli_traces
 from conductor_engine.engine.runtime.cli.render import (
     record_rows,
@@ -44,7 +46,6 @@ from conductor_engine.engine.runtime.history import (
 )
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceSummary
-from conductor_engine.engine.tasks.model import Task
 from conductor_engine.workflows.train import IterationStats
 from tests.traces import make_trace
 
@@ -102,7 +103,7 @@ HOSTILE = ["[/code]", "[bold]x", "[@SPLIT]", "[link=file:///etc/passwd]x[/link]"
 MARKUP = HOSTILE[:4]
 CLI_MODULES = [importlib.import_module(f"conductor_engine.engine.runtime.cli.{name}")
                for name in ("app", "runs", "stack", "pool", "batches", "traces", "resume",
-                            "train")]
+                            "train", "plan", "tasks", "history")]
 cli_runs, cli_batches, cli_train = CLI_MODULES[1], CLI_MODULES[4], CLI_MODULES[7]
 
 
@@ -200,7 +201,7 @@ def test_history_prints_hostile_text_verbatim(hostile: str, printed: Callable[[]
     trail = Trail(workflow_id=f"conduct-{hostile}", run_id="r", status="failed",
                   task=Task(id=f"id-{hostile}", question=f"q {hostile}"), error=f"err {hostile}",
                   rounds=[TrailRound(index=0, plan_attempts=[attempt], steps=[step])])
-    cli_traces._print_trail(trail, limit=None)
+    cli_history._print_trail(trail, limit=None)
     text = printed()
     for expected in (f"conduct-{hostile}", f"id-{hostile}", f"q {hostile}", f"sub {hostile}",
                      f"out {hostile}", f"HTTP 429 {hostile}", f"bad plan {hostile}",

@@ -3,10 +3,10 @@ could have forged (assert-style code tests, `"trusted": false`) apart, never as 
 
 from __future__ import annotations
 
+from conductor_engine.engine.contracts.rewards import Reward, Verdict
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.report import HEADER, cells, markdown, narrow_cells, system_rows
-from conductor_engine.engine.rewards import Reward, Verdict
 from conductor_engine.engine.storage.batch_report import summarize, summary_markdown
-from conductor_engine.engine.storage.traces import Trace
 from tests.traces import make_trace
 
 

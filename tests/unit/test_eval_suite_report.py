@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.suite_report import (
     cells,
     header,
@@ -13,7 +14,6 @@ from conductor_engine.engine.eval.suite_report import (
     suite_rows,
     write_suite_report,
 )
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.engine.tasks.suite import load_suite
 from tests.traces import make_trace
 

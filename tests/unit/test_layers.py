@@ -1,5 +1,7 @@
 """The layers hold: workflows -> activities -> engine, trainer -> engine, and only the runtime at
 the engine's edge (engine/runtime/) imports workflows, activities or trainer. No import cycles.
+Inside the engine its folders are stacked too (ENGINE_LAYERS): each imports only those below it,
+so no two folders import each other and the contracts, at the bottom, import none of them.
 
 Read from the source with `ast`, so every import counts: module level, inside functions (the
 lazy imports that keep torch out of light processes) and under TYPE_CHECKING.
@@ -32,6 +34,34 @@ FORBIDDEN = {
     f"{NAMESPACE}.workflows": (f"{NAMESPACE}.trainer", RUNTIME),
     f"{NAMESPACE}.trainer": (f"{NAMESPACE}.activities", f"{NAMESPACE}.workflows", RUNTIME),
 }
+
+# The engine's parts, bottom first: a part imports only parts listed before it. The contracts
+# hold the values every layer shares (plans, tasks, rewards, agent calls), so they come first
+# after the leaf helpers; the runtime, the edge, comes last.
+ENGINE_LAYERS = (
+    ("text", "redaction", "toml_errors", "observability"),
+    ("contracts",),
+    ("settings",),
+    ("rewards",),
+    ("tasks",),
+    ("storage",),
+    ("providers",),
+    ("plan",),
+    ("eval",),
+    ("runtime", "__main__", ""),
+)
+ENGINE = f"{NAMESPACE}.engine"
+
+
+def _engine_part(module: str) -> str | None:
+    """The engine folder (or top-level module) `module` belongs to; None outside the engine."""
+    if module != ENGINE and not module.startswith(ENGINE + "."):
+        return None
+    return module[len(ENGINE) + 1:].split(".")[0]
+
+
+def _rank(part: str) -> int:
+    return next(i for i, parts in enumerate(ENGINE_LAYERS) if part in parts)
 
 
 def _module_name(path: Path) -> str:
@@ -124,3 +154,54 @@ def test_there_is_no_import_cycle() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _engine_arrows() -> Iterator[tuple[str, str, str, int]]:
+    """Every import from one engine part into another: (importer part, imported part, where)."""
+    for name, path in MODULES.items():
+        here = _engine_part(name)
+        if here is None:
+            continue
+        for target, line in _imports(name, path):
+            there = _engine_part(target) if target in MODULES else None
+            if there is not None and there != here:
+                yield here, there, f"{path.relative_to(ROOT)}:{line} imports {target}", line
+
+
+def test_every_engine_part_has_its_place_in_the_stack() -> None:
+    placed = {p for parts in ENGINE_LAYERS for p in parts}
+    parts = {_engine_part(name) for name in MODULES} - {None}
+    assert parts <= placed, f"place these in ENGINE_LAYERS: {sorted(parts - placed)}"
+
+
+def test_no_engine_import_runs_back_up_the_stack() -> None:
+    bad = sorted({f"{where} ({there} sits above {here})"
+                  for here, there, where, _ in _engine_arrows() if _rank(there) > _rank(here)})
+    assert not bad, "\n".join(bad)
+
+
+def test_the_contracts_import_nothing_of_the_domain_folders() -> None:
+    domain = {"plan", "providers", "rewards", "storage", "tasks"}
+    bad = sorted({where for here, there, where, _ in _engine_arrows()
+                  if here == "contracts" and there in domain})
+    assert not bad, "\n".join(bad)
+
+
+def test_the_engine_folders_form_no_cycle() -> None:
+    # Independent of the ranking above: two folders that import each other (directly or round a
+    # longer loop) are one idea split in two, whatever order ENGINE_LAYERS claims.
+    graph: dict[str, set[str]] = {}
+    for here, there, _, _ in _engine_arrows():
+        graph.setdefault(here, set()).add(there)
+    cycles = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, nxt]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not cycles, "\n".join(sorted(set(cycles)))

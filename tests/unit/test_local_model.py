@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from conductor_engine.engine import providers
+from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.providers import local
-from conductor_engine.engine.providers.base import AgentCallError, CompletionRequest, Message
+from conductor_engine.engine.providers.base import AgentCallError, CompletionRequest
 from conductor_engine.engine.providers.local import batching
 from conductor_engine.engine.providers.local import model as local_model
 from conductor_engine.engine.providers.local.chat import prompt_ids
@@ -189,12 +190,9 @@ async def test_a_reasoning_first_plan_schema_constrains_the_local_model(
     free text there, then forces the steps, and the plan parses (issue 18)."""
     import time
 
-    from conductor_engine.engine.plan.language import (
-        DEFAULT_REASONING_MAX_CHARS,
-        parse_plan,
-        plan_json_schema,
-    )
-    from conductor_engine.engine.tasks.model import RunOptions
+    from conductor_engine.engine.contracts.plans import DEFAULT_REASONING_MAX_CHARS
+    from conductor_engine.engine.contracts.tasks import RunOptions
+    from conductor_engine.engine.plan.language import parse_plan, plan_json_schema
 
     started = time.perf_counter()  # the default bounds (2,000 characters each) compile quickly
     compile_grammar(SPEC, first_load, chat(("user", "x"), json_schema=plan_json_schema(

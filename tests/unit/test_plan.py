@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from conductor_engine.engine.plan.language import (
-    Plan,
-    PlanError,
-    Step,
-    parse_plan,
-    plan_json_schema,
-)
+from conductor_engine.engine.contracts.plans import Plan, Step
+from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema
 
 POOL = ["gpt-5", "claude-sonnet-4", "gemini-2.5-pro", "conductor"]
 

@@ -12,8 +12,8 @@ from temporalio.testing import ActivityEnvironment
 from conductor_engine.activities.plan import PlanActivities
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.tasks.model import RunOptions, Task
 from tests.agent_server import AgentServer
 
 

@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from conductor_engine.activities.plan import task_agents
+from conductor_engine.engine.contracts.tasks import Task, VisibleStep
 from conductor_engine.engine.contracts.training import RolloutConfig, group_agents
 from conductor_engine.engine.plan.language import PlanError, parse_plan
 from conductor_engine.engine.plan.prompts import agent_messages, conductor_messages
 from conductor_engine.engine.providers.pool import Pool, PoolError
 from conductor_engine.engine.tasks.files import load_jsonl
-from conductor_engine.engine.tasks.model import Task, VisibleStep
 from tests.plans import plan_json
 
 POOL = [f"agent-{c}" for c in "abcdefg"]

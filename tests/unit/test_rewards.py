@@ -10,15 +10,8 @@ from decimal import Decimal
 
 import pytest
 
-from conductor_engine.engine.rewards import (
-    VERIFIERS,
-    RewardWeights,
-    Verdict,
-    detect_verifier,
-    score_run,
-    verifiers,
-    verify,
-)
+from conductor_engine.engine.contracts.rewards import RewardWeights, Verdict
+from conductor_engine.engine.rewards import VERIFIERS, detect_verifier, score_run, verifiers, verify
 
 ADD_TESTS = """
 def test_small():

@@ -9,17 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
-from conductor_engine.engine.contracts.rollouts import (
+from conductor_engine.engine.contracts.rewards import Reward, RewardWeights, Verdict
+from conductor_engine.engine.contracts.traces import Trace
+from conductor_engine.engine.plan.language import parse_plan
+from conductor_engine.engine.rewards import score_run
+from conductor_engine.engine.rewards.rollouts import (
+    Group,
+    LeftOut,
+    as_rollout,
     count_reasons,
     describe_counts,
     failure_reason,
     left_out_reason,
     merge_counts,
 )
-from conductor_engine.engine.plan.language import parse_plan
-from conductor_engine.engine.providers.base import Message
-from conductor_engine.engine.rewards import Reward, RewardWeights, Verdict, score_run
 from conductor_engine.engine.storage.blob_refs import (
     decode,
     encode,
@@ -36,8 +41,6 @@ from conductor_engine.engine.storage.blobs import (
     ref_for,
 )
 from conductor_engine.engine.storage.payloads import BlobStoreDriverClient
-from conductor_engine.engine.storage.trace_store import Group, LeftOut
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.trainer.rollouts import group_stats
 from tests.plans import plan_json
 from tests.traces import make_trace
@@ -109,7 +112,7 @@ def test_a_run_whose_first_plan_was_retried_is_trained_as_the_invalid_plan_it_be
     trace = make_trace("retried", reward=1.0)
     rnd = trace.rounds[0]
     rnd.attempts = [attempt(1, False), attempt(2, True, feedback="not a valid plan: fix it")]
-    rollout = trace.as_rollout()
+    rollout = as_rollout(trace)
     assert isinstance(rollout, Trace)
     assert rollout.status == "invalid_plan" and rollout.answer is None
     assert rollout.reward is not None and rollout.reward.value == 0.0
@@ -120,22 +123,22 @@ def test_a_run_whose_first_plan_was_retried_is_trained_as_the_invalid_plan_it_be
     assert (rollout.workflow_id, rollout.run_id) == (trace.workflow_id, trace.run_id)
     weights = trace.model_copy(deep=True)  # the task's own weights score it
     weights.task.options.reward = RewardWeights(invalid_plan=-1.0)
-    again = weights.as_rollout()
+    again = as_rollout(weights)
     assert isinstance(again, Trace) and again.reward and again.reward.value == -1.0
 
 
 def test_a_retried_refinement_round_is_left_out_and_a_clean_run_is_itself() -> None:
     trace = make_trace("refined")
-    assert trace.as_rollout() is trace
+    assert as_rollout(trace) is trace
     trace.rounds.append(RoundRecord(index=1, attempts=[attempt(1, False), attempt(2, True)]))
-    assert trace.as_rollout() == "plan_retried"
+    assert as_rollout(trace) == "plan_retried"
 
 
 def test_a_retried_first_plan_without_a_reference_has_no_reward_to_train_on() -> None:
     trace = make_trace("no-ref")
     trace.task.reference = None
     trace.rounds[0].attempts = [attempt(1, False), attempt(2, True)]
-    assert trace.as_rollout() == "no_reward"
+    assert as_rollout(trace) == "no_reward"
 
 
 # --- groups ------------------------------------------------------------------------------

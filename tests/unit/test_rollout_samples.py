@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conductor_engine.engine.contracts.agent_calls import Message  # noqa: E402
 from conductor_engine.engine.contracts.records import PlanAttempt  # noqa: E402
-from conductor_engine.engine.providers.base import Message  # noqa: E402
 from conductor_engine.trainer.rollouts import attempt_sample  # noqa: E402
 from tests.grpo_inputs import tiny_tokenizer  # noqa: E402
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import split_heldout
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.sim_pool import (
@@ -20,7 +21,6 @@ from conductor_engine.engine.providers.sim_pool import (
     tasks,
 )
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.engine.tasks.model import Task
 
 
 def write(spec: SimPoolSpec, tmp_path: Path) -> tuple[Pool, list[Task]]:

@@ -1,5 +1,5 @@
-"""Benchmarks in their own row shapes (engine/tasks/shapes.py), read from the samples shipped in
-examples/eval/, and the one-line errors a wrong column gives."""
+"""Benchmarks in their own row shapes (engine/tasks/benchmark_shapes.py), read from the samples
+shipped in examples/eval/, and the one-line errors a wrong column gives."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from conductor_engine.engine.rewards import verify
 from conductor_engine.engine.rewards.code_tests import parse_reference
+from conductor_engine.engine.tasks.benchmark_shapes import LETTERS
 from conductor_engine.engine.tasks.files import TaskFileError
-from conductor_engine.engine.tasks.shapes import LETTERS
 from conductor_engine.engine.tasks.sources import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "eval"

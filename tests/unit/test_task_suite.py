@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor_engine.engine.tasks.model import Task
-from conductor_engine.engine.tasks.shapes import load_shaped
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.tasks.benchmark_shapes import load_shaped
 from conductor_engine.engine.tasks.suite import SuiteError, load_suite, shipped
 
 SHAPES_DATA = Path(__file__).resolve().parents[1] / "data" / "shapes"

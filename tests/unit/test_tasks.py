@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.tasks.checks import unstorable_text
 from conductor_engine.engine.tasks.files import (
     MAX_LISTED,
@@ -18,7 +19,6 @@ from conductor_engine.engine.tasks.files import (
     load_tasks,
     parse_hf_source,
 )
-from conductor_engine.engine.tasks.model import Task
 
 GOOD_AND_BAD = [
     '{"id": "mul", "question": "What is 6 x 7?", "answer": 42, "verifier": "math", '

@@ -19,12 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from conductor_engine.engine.providers.base import (
-    AgentCallError,
-    Completion,
-    CompletionRequest,
-    Usage,
-)
+from conductor_engine.engine.contracts.agent_calls import Usage
+from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
 from conductor_engine.engine.providers.local import sampling
 from conductor_engine.engine.providers.local.chat import prompt_ids
 from conductor_engine.engine.providers.local.errors import BAD_REQUEST, GENERATION_FAILED

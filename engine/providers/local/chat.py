@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conductor_engine.engine.providers.base import CompletionRequest, Message
+from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.providers.base import CompletionRequest
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from conductor_engine.engine.contracts.search_attributes import SearchAttributesMissing
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.providers.pool import Pool, PoolError
 from conductor_engine.engine.runtime.client import (
     ConductorClient,
@@ -35,7 +36,6 @@ from conductor_engine.engine.runtime.telemetry import TelemetryError, flush_trac
 from conductor_engine.engine.settings import Settings, SettingsError
 from conductor_engine.engine.storage.database import DatabaseError, database_url
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.engine.tasks.model import Task
 
 # rich_markup_mode=None on every Typer app: help text and docstrings are printed as written, so
 # `hf:NAME[@SPLIT]` or `[policy]` show instead of being taken for Rich markup and vanishing.
@@ -178,7 +178,7 @@ async def in_process_worker(
     from conductor_engine.engine.runtime.worker import (
         build_worker,  # imports workflows and activities: runtime only
     )
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
 
     await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
     async with build_worker(conductor.client, conductor.settings, pool):

@@ -1,4 +1,5 @@
-"""`conductor batch` (run, watch, report) and `conductor tasks check`: many tasks from a file.
+"""`conductor batch` (run, watch, report): many tasks from a file (`tasks check` is in
+cli/tasks.py).
 
 A batch is one BatchWorkflow; its live progress comes from the workflow's `progress` query and
 its report from the traces it recorded."""
@@ -6,7 +7,6 @@ its report from the traces it recorded."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,12 +29,10 @@ from conductor_engine.engine.runtime.cli.app import (
     open_trace_store,
     out,
     run_async,
-    tasks_app,
 )
 from conductor_engine.engine.runtime.cli.render import markdown_literal
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.tasks.files import MAX_LISTED
 
 
 @app.command()
@@ -140,33 +138,3 @@ def batch_summary(summary: dict[str, Any]) -> Markdown:
 
     literal = {**summary, "batch": markdown_literal(str(summary["batch"]))}
     return Markdown(summary_markdown(literal), hyperlinks=False)
-
-
-@tasks_app.command("check")
-def tasks_check(
-    source: Annotated[str, typer.Argument(
-        help="a JSONL file, hf:NAME[:CONFIG][@SPLIT], or a benchmark's rows as SHAPE:SOURCE "
-             "(docs/benchmarks.md)")],
-    as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
-    all_errors: Annotated[bool, typer.Option(
-        "--all", help=f"list every bad line, not the first {MAX_LISTED}")] = False,
-) -> None:
-    """Load a task file: count the valid tasks, list bad lines as FILE:LINE: why (exit 1)."""
-    from conductor_engine.engine.tasks.files import TaskFileError
-    from conductor_engine.engine.tasks.sources import load_tasks
-
-    try:
-        loaded = load_tasks(source)
-    except TaskFileError as e:
-        raise fail(str(e)) from None
-    if as_json:
-        for t in loaded.tasks:
-            print(t.model_dump_json(exclude_defaults=True))
-    verifiers = Counter(t.verifier or "auto" for t in loaded.tasks)
-    err.print(Text(f"{len(loaded.tasks)} task(s) ok in {loaded.path} · verifiers: "
-                   + (", ".join(f"{k} {v}" for k, v in sorted(verifiers.items())) or "none")),
-              highlight=False, soft_wrap=True)
-    for line in loaded.error_lines(None if all_errors else MAX_LISTED):
-        err.print(Text(line), highlight=False, soft_wrap=True)
-    if loaded.errors:
-        raise typer.Exit(1)

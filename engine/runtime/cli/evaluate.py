@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.eval import BASELINES, EvalSpec, eval_tasks, system_rows, write_report
 from conductor_engine.engine.eval.report import (
     HEADER,
@@ -38,7 +39,6 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.cli.batches import _watch_batch
 from conductor_engine.engine.runtime.cli.render import column_widths, fitted_table
 from conductor_engine.engine.runtime.client import ConductorClient
-from conductor_engine.engine.tasks.model import Task
 from conductor_engine.engine.tasks.suite import Suite, SuiteError, load_suite
 
 
@@ -201,8 +201,8 @@ def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> li
 
 
 def _shape_options(source: str, columns: list[str] | None, seed: int) -> dict[str, Any]:
-    """The loader options of a SHAPE:SOURCE source (engine/tasks/shapes.py)."""
-    from conductor_engine.engine.tasks.shapes import shape_of
+    """The loader options of a SHAPE:SOURCE source (engine/tasks/benchmark_shapes.py)."""
+    from conductor_engine.engine.tasks.benchmark_shapes import shape_of
 
     if shape_of(source) is None:
         if columns:

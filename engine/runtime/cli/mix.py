@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.cli.app import err, fail
 from conductor_engine.engine.tasks.files import TaskFileError
 from conductor_engine.engine.tasks.mix import draw, load_mix, overlap, overlap_error
-from conductor_engine.engine.tasks.model import Task
 from conductor_engine.engine.tasks.sources import load_tasks
 from conductor_engine.engine.tasks.suite import SuiteError, load_suite
 

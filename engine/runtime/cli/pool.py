@@ -1,17 +1,14 @@
-"""`conductor pool show` and `conductor plan check`: the agent pool, and whether a conductor
-completion parses as a plan against it."""
+"""`conductor pool show`: the agent pool, each agent's provider, key, prices and capabilities.
+(`plan check` is in cli/plan.py.)"""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel, Field
 
-from conductor_engine.engine.plan.language import PlanError, parse_plan
 from conductor_engine.engine.providers.budget import truncation_risk
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.prices import AgentPrices, Price, agent_prices
@@ -19,19 +16,12 @@ from conductor_engine.engine.providers.registry import capabilities
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     err,
-    fail,
-    field_range,
     load_pool,
     load_settings,
     out,
-    plan_app,
     pool_app,
 )
 from conductor_engine.engine.runtime.cli.render import fitted_table
-from conductor_engine.engine.tasks.model import RunOptions
-
-MAX_POOL_SIZE = 1000
-"""Most agents `plan check --pool-size` numbers: far above any real pool."""
 
 
 class AgentListing(BaseModel):
@@ -110,33 +100,3 @@ def pool_show(
                       "pool file (docs/benchmarks.md, the paper's pool)", markup=False,
                       highlight=False, soft_wrap=True)
 
-
-@plan_app.command("check")
-def plan_check(
-    file: Annotated[str, typer.Argument(help="a file with the conductor's completion, or -")] = "-",
-    pool: PoolOpt = None,
-    pool_size: Annotated[int | None, typer.Option(
-        help="check against agents numbered 0..N-1 instead of a pool", min=1,
-        max=MAX_POOL_SIZE)] = None,
-    max_steps: Annotated[int, typer.Option(
-        help="most steps in a plan", **field_range(RunOptions, "max_steps"))] = 5,
-    allow_empty: Annotated[bool, typer.Option(help="accept an empty plan")] = False,
-) -> None:
-    """Parse a conductor completion; print the plan as JSON, or why it is invalid (exit 1)."""
-    if file == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(file)
-        if not path.is_file():
-            raise fail(f"{path} does not exist")
-        text = path.read_text()
-    if pool_size is not None:
-        ids = [str(i) for i in range(pool_size)]
-    else:
-        agents = load_pool(load_settings(pool))
-        ids = [a.id for a in agents.agents] + [agents.conductor.id]
-    try:
-        plan = parse_plan(text, ids, max_steps=max_steps, allow_empty=allow_empty)
-    except PlanError as e:
-        raise fail(f"invalid plan: {e}") from None
-    out.print_json(json.dumps(plan.model_dump()))

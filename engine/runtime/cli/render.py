@@ -24,12 +24,12 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from conductor_engine.engine.plan.language import saw_label
+from conductor_engine.engine.contracts.plans import saw_label
 from conductor_engine.engine.text import shorten
 
 if TYPE_CHECKING:
     from conductor_engine.engine.contracts.records import RoundRecord
-    from conductor_engine.engine.rewards import Reward
+    from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.runtime.history import AttemptError, TrailRound
 
 SHORT = 300

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -35,7 +36,6 @@ from conductor_engine.engine.runtime.cli.render import (
 from conductor_engine.engine.runtime.client import ConductorClient, RunStatus
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.checks import check_size, check_storable
-from conductor_engine.engine.tasks.model import RunOptions, Task
 
 QuestionArg = Annotated[str, typer.Argument(help="the task for the conductor")]
 IdOpt = Annotated[str | None, typer.Option("--id", help="task id (default: random)")]

@@ -34,7 +34,7 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
     """Poll the task queue until SIGINT or SIGTERM."""
     from conductor_engine.engine.contracts.search_attributes import ensure_registered
     from conductor_engine.engine.runtime.worker import build_worker
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
 
     conductor = await ConductorClient.connect(settings, start_embedded=start_embedded,
                                              wait_s=settings.temporal_connect_timeout)

@@ -1,13 +1,12 @@
-"""`conductor traces list|show` (recorded traces, from PostgreSQL) and `conductor history` (a
-run's step trail from its Temporal history alone, for running and failed runs too).
+"""`conductor traces list|show`: recorded traces, from PostgreSQL.
 
-Both views print a run round by round: its plan attempts, then its steps through the one step
-table of render.py."""
+A trace prints round by round, as `conductor history` (cli/history.py) prints a trail: its plan
+attempts, then its steps through the one step table of render.py."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -15,8 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.runtime.cli.app import (
-    app,
     fail,
     load_settings,
     open_trace_store,
@@ -27,24 +26,15 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.cli.render import (
     SHORT,
     Column,
-    attempt_errors,
     record_rows,
     reward_line,
     steps_table,
-    trail_rows,
 )
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceSummary
-from conductor_engine.engine.storage.traces import Trace
 from conductor_engine.engine.text import shorten
-
-if TYPE_CHECKING:
-    from conductor_engine.engine.runtime.history import Trail, TrailRound
 
 TRACE_COLUMNS: tuple[Column, ...] = ("step", "agent", "subtask", "saw", "output", "tokens",
                                      "seconds", "attempts")
-TRAIL_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "status",
-                                     "output", "tokens", "cost", "attempts", "errors")
 REWARD_BOUND = 1e6
 """Rewards are weights of the user's choosing (RewardWeights, any float); a filter beyond
 this bound keeps out only inf, which no reward is."""
@@ -173,77 +163,3 @@ def _print_trace(trace: Trace, *, limit: int | None, indent: str = "") -> None:
     for child in trace.children:
         out.print(Text(f"{indent}└ self-call:"))
         _print_trace(child, limit=limit, indent=indent + "  ")
-
-
-@app.command()
-def history(
-    workflow_id: str,
-    run_id: RunIdOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="the trail as JSON")] = False,
-    full: FullOpt = False,
-) -> None:
-    """A run's step trail from its Temporal history alone: what each agent was asked, saw and
-    answered, tokens, cost, attempts and errors. Works for running and failed runs too."""
-    from conductor_engine.engine.runtime.history import HistoryError, step_trail
-
-    settings = load_settings()
-
-    async def go() -> Trail:
-        conductor = await ConductorClient.connect(settings)
-        return await step_trail(conductor.client, workflow_id, run_id)
-
-    try:
-        trail = run_async(go())
-    except HistoryError as e:
-        raise fail(str(e)) from None
-    if as_json:
-        print(trail.model_dump_json(indent=2))
-        return
-    _print_trail(trail, limit=None if full else SHORT)
-    out.print(Text(f"Temporal UI: {settings.workflow_url(trail.workflow_id, trail.run_id)}"),
-              soft_wrap=True)
-
-
-def _print_trail(trail: Trail, *, limit: int | None) -> None:
-    engine_status = f" ({trail.run_status})" if trail.run_status not in (None, trail.status) \
-        else ""
-    out.print(f"[bold]{escape(trail.workflow_id)}[/] · run {escape(trail.run_id)} · "
-              f"[bold]{escape(trail.status)}[/]{escape(engine_status)} · "
-              f"{trail.usage.input_tokens}/{trail.usage.output_tokens} tokens"
-              f" · ${trail.cost_usd:.4f} · {trail.events} events", soft_wrap=True)
-    if trail.reset is not None:
-        out.print(Text(f"resumed from run {trail.reset.base_run_id} (event "
-                       f"{trail.reset.event_id}: {trail.reset.reason}); its failures: conductor "
-                       f"history {trail.workflow_id} --run-id {trail.reset.base_run_id}"),
-                  soft_wrap=True, highlight=False)
-    if trail.task is not None:
-        out.print(Text(f"task {trail.task.id}: {shorten(trail.task.question, limit)}"),
-                  highlight=False, soft_wrap=True)
-    for rnd in trail.rounds:
-        _print_trail_round(rnd, limit)
-    if trail.answer is not None:
-        out.print(Panel(Text(shorten(trail.answer, limit)), title="answer",
-                        title_align="left"))
-    if trail.error:
-        out.print(f"[red]error:[/] {escape(trail.error)}", soft_wrap=True)
-    if trail.reward is not None:
-        out.print(reward_line(trail.reward))
-    for child in trail.self_calls:
-        out.print(Text(f"└ self-call: conductor history {child}"), highlight=False,
-                  soft_wrap=True)
-
-
-def _print_trail_round(rnd: TrailRound, limit: int | None) -> None:
-    for a in rnd.plan_attempts:
-        if a.status != "done":
-            verdict = f"[red]{escape(a.status)}[/]"
-        elif a.plan is not None:
-            verdict = f"plan ok ({len(a.plan)} steps)"
-        else:
-            verdict = f"[red]rejected: {escape(a.error or '')}[/]"
-        out.print(f"round {rnd.index + 1} · plan attempt {a.attempt}: {verdict} · "
-                  f"{a.usage.output_tokens} tokens · {a.attempts} call(s)", soft_wrap=True)
-        if a.errors:
-            out.print(escape(attempt_errors(a.errors)), soft_wrap=True, highlight=False)
-    if rnd.steps:
-        out.print(steps_table(trail_rows(rnd), TRAIL_COLUMNS, limit=limit))

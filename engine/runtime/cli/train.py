@@ -14,7 +14,7 @@ import signal
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -23,9 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
-from conductor_engine.engine.contracts.rollouts import describe_counts
-from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.providers.registry import ProviderName, capabilities, listed
+from conductor_engine.engine.rewards.rollouts import describe_counts
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -39,7 +37,11 @@ from conductor_engine.engine.runtime.cli.app import (
     out,
     run_async,
 )
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import (
+    ConductorClient,
+    TrainingOptions,
+    plan_training,
+)
 from conductor_engine.engine.runtime.logging import announce_json
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
@@ -73,28 +75,6 @@ def _recipe(path: Path | None) -> Any:
         where = ".".join(str(p) for p in first["loc"]) or "top level"
         more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
         raise fail(f"recipe {path}: field {where}: {first['msg']}{more}") from None
-
-
-def _base_model(pool: Pool, given: str | None) -> str:
-    """What the trainer loads: the conductor's own model for a local conductor (the local
-    provider applies each version to exactly that), else a Hugging Face id to give."""
-    conductor = pool.conductor
-    serves = capabilities(conductor.provider).trained_versions
-    if serves == "checkpoint":
-        if given and given != conductor.model:
-            raise fail(f"--base {given} differs from the conductor's model {conductor.model}; "
-                        f"the {conductor.provider} provider applies trained versions to the "
-                        f"conductor's model")
-        return conductor.model
-    if serves == "served":
-        if not given:
-            raise fail(f"the conductor {conductor.id!r} is served by {conductor.base_url}; "
-                        f"give --base with the Hugging Face id or directory of the model it "
-                        f"serves ({conductor.model}?)")
-        return given
-    trainable = [p for p in get_args(ProviderName) if capabilities(p).trained_versions]
-    raise fail(f"the conductor {conductor.id!r} runs on {conductor.provider}, whose weights "
-                f"cannot be trained here; use a {listed(trainable, 'or')} conductor")
 
 
 @contextlib.asynccontextmanager
@@ -153,71 +133,39 @@ def train_start(
     the current version, trains on them, publishes the next version. `conductor train start
     --from-traces --name NAME` trains on stored groups instead. Starting a stopped run's NAME
     again resumes it."""
-    from conductor_engine.workflows.train import TrainInput
-
     settings = load_settings(pool)
     agents = load_pool(settings)
-    loaded_tasks: list[Any] = []
-    if tasks is not None:
-        from conductor_engine.engine.contracts.training import interleave_tags
-        from conductor_engine.engine.runtime.cli.mix import mix_tasks
-        from conductor_engine.engine.tasks.mix import is_mix
-
-        chosen = mix_tasks(tasks) if is_mix(tasks) else load_task_file(tasks)
-        loaded_tasks = interleave_tags(chosen, seed)
-    elif not from_traces:
+    if tasks is None and not from_traces:
         raise fail("give a task file to sample rollouts from, or --from-traces")
-    name = name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id)
-    r = _recipe(recipe)
-    r.policy.base = _base_model(agents, base or (r.policy.base if recipe else None))
-    if group_size is not None:
-        r.rollouts.group_size = group_size
-    if tasks_per_iteration is not None:
-        r.rollouts.groups_per_update = tasks_per_iteration
-    if learning_rate is not None:
-        r.loss.learning_rate = learning_rate
-    if from_traces and recipe is None:
-        r.rollouts.max_staleness = 1_000_000  # every stored version's groups are fair game
-    if holdout is not None:
-        r.heldout.fraction = holdout
-    if eval_every is not None:
-        r.heldout.every = eval_every
-    heldout: list[Any] = []
-    if loaded_tasks and r.heldout.fraction > 0 and not from_traces:
-        from conductor_engine.engine.contracts.training import split_heldout
-
-        loaded_tasks, heldout = split_heldout(loaded_tasks, r.heldout.fraction, r.heldout.seed)
-        if not heldout:
-            raise fail(f"--holdout {r.heldout.fraction}: no task could be held out of "
-                       f"{len(loaded_tasks)} (each tag needs at least two tasks)")
+    opts = TrainingOptions(
+        name=name or (Path(tasks.split(":")[-1]).stem if tasks else agents.conductor.id),
+        recipe=_recipe(recipe), recipe_given=recipe is not None, base=base,
+        iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
+        learning_rate=learning_rate, from_traces=from_traces, concurrency=concurrency,
+        holdout=holdout, eval_every=eval_every, seed=seed)
+    try:
+        plan = plan_training(opts, agents, _training_tasks(tasks) if tasks is not None else [])
+    except ValueError as e:
+        raise fail(str(e)) from None
 
     async def go() -> None:
         from conductor_engine.engine.storage.policies import PolicyRegistry
 
         conductor = await ConductorClient.connect(settings)
         async with open_trace_store(settings) as store:
-            version = await PolicyRegistry(store.pool).latest_version(agents.conductor.id)
-        status, previous = await _previous(conductor, name)
-        progress = None
-        if previous is not None and status != "running":
-            progress = previous.model_copy(update={"stop_requested": False, "version": version,
-                                                   "phase": "starting"})
-            err.print(Text(f"resuming {name} after iteration {progress.iteration}"))
-        inp = TrainInput(name=name, policy=agents.conductor.id, tasks=loaded_tasks,
-                         heldout_tasks=heldout,
-                         iterations=iterations, from_traces=from_traces, recipe=r,
-                         concurrency=concurrency, trainer_task_queue=settings.trainer_task_queue,
-                         agents=[a.id for a in agents.available()],  # random pool subsets
-                         **({"progress": progress} if progress is not None else {}))
-        if progress is None:
-            inp.progress.version = version
+            inp, resumed = await conductor.training_input(plan, agents,
+                                                          PolicyRegistry(store.pool))
+        if resumed is not None:
+            err.print(Text(f"resuming {opts.name} after iteration {resumed}"))
+        r, heldout = plan.recipe, plan.heldout
         in_process = settings.embedded if worker is None else worker
         async with (in_process_worker(conductor, agents, in_process),
                     _in_process_trainer(conductor, in_process)):
             wid, started = await conductor.start_training(inp)
-            err.print(f"training [bold]{escape(name)}[/] "
+            err.print(f"training [bold]{escape(opts.name)}[/] "
                       f"{'started' if started else 'already running'}"
-                      f" from {escape(agents.conductor.id)} v{version}: {len(loaded_tasks)} tasks, "
+                      f" from {escape(agents.conductor.id)} v{inp.progress.version}: "
+                      f"{len(plan.tasks)} tasks, "
                       f"{r.rollouts.groups_per_update} per iteration × G={r.rollouts.group_size}"
                       f"{f', {len(heldout)} held out' if heldout else ''} "
                       f"· {escape(settings.workflow_url(wid))}", soft_wrap=True)
@@ -226,16 +174,9 @@ def train_start(
                 err.print(Text(f"TensorBoard: tensorboard --logdir "
                                f"{settings.data_dir / 'runs'}{where}"), soft_wrap=True)
             if watch or in_process:
-                await _watch(conductor, name)
+                await _watch(conductor, opts.name)
 
     run_async(go())
-
-
-async def _previous(conductor: ConductorClient, name: str) -> tuple[str, Any]:
-    try:
-        return await conductor.training_progress(name)
-    except LookupError:
-        return "none", None
 
 
 async def _watch(conductor: ConductorClient, name: str) -> None:
@@ -404,7 +345,7 @@ def trainer() -> None:
 
 
 async def _serve_trainer(settings: Settings) -> None:
-    from conductor_engine.engine.storage.shared import close_shared_stores
+    from conductor_engine.engine.storage.shared_store import close_shared_stores
     from conductor_engine.trainer.service import build_trainer_worker, release_ranks
 
     conductor = await ConductorClient.connect(settings, start_embedded=False,
@@ -519,3 +460,12 @@ async def _storage_errors(coro: Any) -> Any:
         return await coro
     except (PolicyError, BlobStoreError) as e:
         raise LookupError(str(e)) from None
+
+
+def _training_tasks(source: str) -> list[Any]:
+    """A task file, or a training-mix manifest (`examples/paper/train_mix.toml`) drawn and
+    checked against its held-out suites."""
+    from conductor_engine.engine.runtime.cli.mix import mix_tasks
+    from conductor_engine.engine.tasks.mix import is_mix
+
+    return mix_tasks(source) if is_mix(source) else load_task_file(source)

@@ -25,9 +25,10 @@ from conductor_engine.engine.contracts.names import (
     SCORE_ACTIVITY,
     parse_self_call_id,
 )
+from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.records import AgentReply, PlanAttempt, RunResult
-from conductor_engine.engine.plan.language import Plan
-from conductor_engine.engine.rewards import Reward
+from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.history.events import (
     CHILD_CLOSE_ATTRS,
     CLOSE_STATUS,
@@ -46,7 +47,6 @@ from conductor_engine.engine.runtime.history.trail import (
     TrailRound,
     TrailStep,
 )
-from conductor_engine.engine.tasks.model import Task
 
 
 async def _decode(dc: DataConverter, payloads: Any, type_: type[Any], what: str) -> Any:

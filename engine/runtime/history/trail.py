@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from conductor_engine.engine.plan.language import Access, Plan
-from conductor_engine.engine.providers.base import Usage
-from conductor_engine.engine.rewards import Reward
-from conductor_engine.engine.tasks.model import Task, VisibleStep
+from conductor_engine.engine.contracts.agent_calls import Usage
+from conductor_engine.engine.contracts.plans import Access, Plan
+from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.contracts.tasks import Task, VisibleStep
 
 ExecutionStatus = Literal[
     "running", "completed", "failed", "cancelled", "terminated", "timed_out", "continued_as_new"

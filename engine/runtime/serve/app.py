@@ -46,7 +46,7 @@ from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, T
 from conductor_engine.engine.runtime.serve.access import bearer_token, key_matches
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog, UnknownModel
 from conductor_engine.engine.runtime.serve.conversation import BadRequest, chat_task
-from conductor_engine.engine.runtime.serve.shapes import (
+from conductor_engine.engine.runtime.serve.wire import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 
-from conductor_engine.engine.runtime.serve.shapes import ChatRequest
+from conductor_engine.engine.contracts.tasks import RunOptions, Task, VisibleStep
+from conductor_engine.engine.runtime.serve.wire import ChatRequest
 from conductor_engine.engine.tasks.checks import check_size, check_storable
-from conductor_engine.engine.tasks.model import RunOptions, Task, VisibleStep
 
 
 class BadRequest(ValueError):

@@ -2,7 +2,7 @@
 
 A chunk is a blob of JSON lines, one Task each, at most TASKS_PER_CHUNK tasks and CHUNK_BYTES
 bytes (a single larger task is a chunk of its own); the reference to the list is a TaskList
-(engine/contracts/task_lists.py). Blobs are content-addressed and checked against their hash
+(engine/contracts/task_list_refs.py). Blobs are content-addressed and checked against their hash
 on every read, so a chunk can be cached by its reference for as long as a process lives.
 """
 
@@ -12,9 +12,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from conductor_engine.engine.contracts.limits import CHUNK_BYTES, TASKS_PER_CHUNK
-from conductor_engine.engine.contracts.task_lists import TaskChunk, TaskList, TaskSlice
+from conductor_engine.engine.contracts.task_list_refs import TaskChunk, TaskList, TaskSlice
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.storage.blobs import BlobStore
-from conductor_engine.engine.tasks.model import Task
 
 
 class TaskListError(RuntimeError):

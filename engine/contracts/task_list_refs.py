@@ -3,7 +3,7 @@
 A batch or training run's tasks do not travel in its workflow input: a task file of 60 MB is over
 the payload codec's 50 MiB cap, and the input is written into history again at every
 continue-as-new. The client writes the list once to the blob store in chunks of JSON lines
-(engine/storage/task_lists.py); the workflow carries this small reference, and reads the tasks
+(engine/storage/task_list_chunks.py); the workflow carries this small reference, and reads the tasks
 it is about to start, a chunk at a time, through the `read_tasks` activity
 (activities/batch.py). Chunks are content-addressed, so the same list written twice (a batch
 submitted again) is stored once.

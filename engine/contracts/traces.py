@@ -1,8 +1,9 @@
 """The trace: the full, versioned record of one finished run.
 
-A trace is what the trainer learns from (each root trace is a GRPO rollout) and what analysts
-query. It is built from the workflow's RunResult by the record activity, so the workflow stays
-small and the trace's shape can grow without touching workflow code.
+A trace is what the trainer learns from (each root trace a GRPO rollout, as
+engine/rewards/rollouts.py decides) and what analysts query. It is built from the workflow's
+RunResult by the record activity, so the workflow stays small and the trace's shape can grow
+without touching workflow code.
 
 Schema versions: bump TRACE_SCHEMA_VERSION when a field changes meaning or is removed (adding an
 optional field does not need a bump). Readers upgrade old documents in `Trace.from_document`.
@@ -16,9 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
-from conductor_engine.engine.contracts.rollouts import LeftOutReason, left_out_reason
-from conductor_engine.engine.rewards import Reward, score_run
-from conductor_engine.engine.tasks.model import Task
+from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.contracts.tasks import Task
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -77,41 +77,6 @@ class Trace(BaseModel):
         """The same document, serialised (by pydantic's fast path)."""
         return self.model_dump_json(exclude={"children"}).encode()
 
-    def as_rollout(self) -> Trace | LeftOutReason:
-        """This run as a GRPO rollout (itself, or its one-attempt counterpart), or why it is
-        left out of its group (engine/contracts/rollouts.py).
-
-        A rollout gets one plan attempt. Runs recorded outside training may have retried a
-        malformed plan with feedback (max_plan_attempts), so for them:
-        - a first round that needed several attempts: with one attempt the run would have
-          ended at the first, an invalid plan. It becomes that run, so the policy learns from
-          its failure instead of never seeing it: the first attempt only (its prompt holds no
-          feedback), status invalid_plan, scored by the task's own weights.
-        - a refinement round that needed several: the one-attempt run would have kept the
-          previous round's answer, whose reward was never computed: left out, "plan_retried".
-        """
-        if self.rounds and len(self.rounds[0].attempts) > 1:
-            return self._first_attempt_only()
-        if any(len(r.attempts) > 1 for r in self.rounds[1:]):
-            return "plan_retried"
-        return left_out_reason(self.status, self.reward, self.failure) or self
-
-    def _first_attempt_only(self) -> Trace | LeftOutReason:
-        """The run as one plan attempt would have left it: an invalid plan (see as_rollout)."""
-        tried = len(self.rounds[0].attempts)
-        first = self.rounds[0].attempts[0]
-        task = self.task
-        reward = score_run("invalid_plan", None, task.reference, task.verifier,
-                           cost_usd=first.cost_usd, weights=task.options.reward)
-        if reward.value is not None:
-            reward.reason = (f"invalid plan: the first of {tried} attempts (the later ones saw "
-                             f"retry feedback and are not trained on)")
-        rollout = self.model_copy(update={
-            "status": "invalid_plan", "answer": None, "failure": None, "reward": reward,
-            "error": f"first plan attempt rejected: {first.error}",
-            "rounds": [RoundRecord(index=0, attempts=[first])]})
-        return left_out_reason(rollout.status, reward) or rollout
-
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> Trace:
         version = doc.get("schema_version", 1)
@@ -152,3 +117,22 @@ def policy_of(result: RunResult, default: PolicyRef) -> PolicyRef:
                 return PolicyRef(name=a.conductor_id, version=a.policy_version or "base")
     return default
 
+
+class StoredRun(BaseModel):
+    """One run of a group as the store read it back: its trace, or why it could not be read
+    (a missing blob, an invalid document). Whether it is a rollout is not the store's to say
+    (engine/rewards/rollouts.py)."""
+
+    workflow_id: str
+    run_id: str
+    trace: Trace | None = None
+    error: str | None = Field(default=None, description="why the trace could not be read")
+
+
+class StoredGroup(BaseModel):
+    """The `size` oldest root runs of one task under one policy version, oldest first, as the
+    store read them (TraceStore.group_runs)."""
+
+    task_id: str
+    policy: PolicyRef
+    runs: list[StoredRun]

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from conductor_engine.engine.plan.language import DEFAULT_MAX_STEPS, Plan
-from conductor_engine.engine.rewards import RewardWeights
+from conductor_engine.engine.contracts.plans import DEFAULT_MAX_STEPS, Plan
+from conductor_engine.engine.contracts.rewards import RewardWeights
 
 
 class RunOptions(BaseModel):

@@ -1,0 +1,62 @@
+"""The plan as a value: the steps a conductor wrote, who each step is for and which earlier steps
+it may read. Parsing and checking the conductor's text is the plan language's job
+(engine/plan/language.py); the value lives here because traces, tasks, agents and activities all
+carry it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+DEFAULT_MAX_STEPS = 5
+
+PlanForm = Literal["reasoning", "bare"]
+"""How a conductor answers under constrained decoding: a JSON object whose first field is its
+free-text reasoning, then the steps (the paper's think-then-plan), or the bare steps."""
+
+DEFAULT_REASONING_MAX_CHARS = 2000
+"""The default bound on the reasoning before a JSON plan: room for a paragraph of thought
+(about 500 tokens), short enough to leave the plan most of a typical token budget."""
+
+Access = Literal["all"] | list[int]
+
+
+def saw_label(saw: Sequence[int], access: Access | None = None) -> str:
+    """Earlier steps as people read them: 1-based numbers ("1,3"), or "none". Given an access
+    list of "all", the word "all" instead, for views that show what a step was granted rather
+    than what that came to. The one place this label is written."""
+    if access == "all":
+        return "all"
+    return ",".join(str(i + 1) for i in saw) or "none"
+
+
+class Step(BaseModel):
+    agent: str
+    subtask: str
+    access: Access = "all"
+
+    def sees(self, index: int) -> list[int]:
+        """The indices of the earlier steps this step (at position `index`) may read."""
+        return list(range(index)) if self.access == "all" else sorted(set(self.access))
+
+    def access_label(self) -> str:
+        """This step's access list as people read it: "all", "none" or "1,3"."""
+        return saw_label([] if self.access == "all" else sorted(set(self.access)), self.access)
+
+
+class Plan(BaseModel):
+    steps: list[Step] = Field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def to_paper_form(self) -> str:
+        """The plan written back in the paper's list form (shown to the conductor in refinement)."""
+        return (
+            f"model_id = {json.dumps([s.agent for s in self.steps])}\n"
+            f"subtasks = {json.dumps([s.subtask for s in self.steps])}\n"
+            f"access_list = {json.dumps([s.access for s in self.steps])}"
+        )
