@@ -52,14 +52,21 @@ def test_a_reasoning_model_under_the_budget_or_timeout_is_flagged_and_others_are
     assert truncation_risk(effort) is not None, "a set effort makes any model a reasoner"
 
 
-def test_pool_show_warns_about_the_shipped_gpt_5_and_not_about_the_paper_pool(
+def test_pool_show_warns_about_a_short_gpt_5_and_not_about_the_shipped_pools(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    short = tmp_path / "short.toml"
+    short.write_text('[conductor]\nid = "c"\nprovider = "local"\nmodel = "smollm2-135m-instruct"\n'
+                     '[[agents]]\nid = "gpt-5"\nprovider = "openai"\nmodel = "gpt-5"\n'
+                     'params = { max_tokens = 4096 }\n')
     runner = CliRunner()
+    flagged = runner.invoke(app, ["pool", "show", "--pool", str(short)], env={"COLUMNS": "400"})
+    assert flagged.exit_code == 0, flagged.output
+    assert ("warning: gpt-5: likely to truncate: max_tokens 4,096 < 16,384: a reasoning "
+            "model's hidden reasoning counts against it") in flagged.stderr
     default = runner.invoke(app, ["pool", "show"], env={"COLUMNS": "400"})
     assert default.exit_code == 0, default.output
-    assert ("warning: gpt-5: likely to truncate: max_tokens 4,096 < 16,384: a reasoning "
-            "model's hidden reasoning counts against it") in default.stderr
+    assert "warning" not in default.stderr
     paper = runner.invoke(app, ["pool", "show", "--pool", str(PAPER_POOL), "--json"],
                           env={"COLUMNS": "400"})
     assert paper.exit_code == 0, paper.output
