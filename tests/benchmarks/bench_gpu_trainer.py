@@ -468,6 +468,27 @@ def warmup_samples(bench: Bench, groups: int) -> list[Sample]:
     return bench.samples[: max(1, groups) * bench.shape.group_size]
 
 
+def profile_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
+                  rows: int = 30, log: Callable[[str], None] = print) -> None:
+    """Where one update's time goes: after the warm-up, the update under torch.profiler, its
+    operators by their own device time (by CPU time off a GPU). No bare pass: this is for
+    finding the cost, `run_shape` for the ratio."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    build_model_dir(shape, model_dir, device)
+    bench = load(shape, model_dir)
+    timed(lambda: bench.update(warmup_samples(bench, warmup_groups)), bench.device)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        ours, _ = timed(lambda: bench.update(bench.samples), bench.device)
+    log(f"[{shape.name}] profiled update: {ours.seconds:.2f} s (the profiler adds some)")
+    by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    log(prof.key_averages().table(sort_by=by, row_limit=rows, max_name_column_width=60))
+
+
 def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, load, warm up, time one update and one bare pass; the figures as a dict."""
@@ -559,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"],
                         default="auto", help="the recipe's [policy] gradient_checkpointing: "
                         "auto (unset, the shipped default) or forced on/off")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where one update's time goes (torch.profiler), no figures")
     args = parser.parse_args(argv)
 
     shapes = SMALL if args.small else SHAPES
@@ -573,6 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             tempfile.TemporaryDirectory(prefix="bench-gpu-trainer-")))
         for name in names:
             suffix = "-small" if args.small else ""
+            if args.profile:
+                profile_shape(shapes[name], root / f"{name}{suffix}",
+                              warmup_groups=args.warmup_groups)
+                continue
             try:
                 r = run_shape(shapes[name], root / f"{name}{suffix}",
                               warmup_groups=args.warmup_groups)
