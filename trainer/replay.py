@@ -37,8 +37,9 @@ log = structlog.get_logger(__name__)
 _vocabularies: dict[int, Vocabulary] = {}
 _lock = threading.Lock()
 
-FIX = ("serve the conductor with vLLM >= 0.10.2 and its xgrammar structured-output backend, "
-       "which the openai-compatible provider asks for with `structured_outputs`")
+FIX = ("serve the conductor with vLLM >= 0.10.2 and its xgrammar structured-output backend "
+       "(the openai-compatible provider asks for it with `structured_outputs`); a local "
+       "conductor needs xgrammar installed (docs/rollouts.md)")
 
 
 def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
@@ -79,8 +80,10 @@ def replay_groups(groups: list[tuple[Group, int]], model: Any,
                 kept.append(replayed)
         out.append((group.model_copy(update={"traces": kept, "left_out": left}), age))
     if rejected:
-        log.warning(f"{len(rejected)} rollouts left out: the plan grammar rejects their token "
-                    f"ids, so the server did not sample under it (first: {rejected[0]}); {FIX}")
+        runs = f"{len(rejected)} rollout{'s' if len(rejected) > 1 else ''}"
+        log.warning(f"{runs} left out: the plan grammar rejects their token "
+                    f"ids, so their backend did not sample under it (first: {rejected[0]}); "
+                    f"{FIX}")
     return out
 
 

@@ -13,7 +13,8 @@ this CPU:
   in the trainer's space by construction;
 - `server fp32`: the full-vocabulary log-softmax of the same model in float32, what vLLM's
   default `logprobs` are;
-- `server bf16`: the same in bfloat16, as a GPU server runs it;
+- `server bf16` (with `--bf16`): the same in bfloat16, as a GPU server runs it (slow on a CPU
+  without bfloat16 instructions: minutes a plan);
 - `trainer`: trainer.grpo.per_token_logprobs on the replayed records (float32).
 
 It prints, per kind of position (choice, free text), the mean and largest |difference| to the
@@ -94,8 +95,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plans", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--bf16", action="store_true", help="also score in bfloat16")
     args = parser.parse_args()
 
+    from conductor_engine.engine.providers.local.openmp import wait_passively
+
+    wait_passively()  # before torch's first import (see openmp.py): a busy CPU otherwise stalls
     import torch
 
     from conductor_engine.engine.providers.local.chat import prompt_ids
@@ -105,7 +110,8 @@ def main() -> None:
     torch.manual_seed(0)
     loaded, requests, done = plans(args.plans, args.max_tokens)
     model = loaded.model
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    bf16 = copy.deepcopy(model).to(torch.bfloat16) if args.bf16 else None
+    print(f"{len(done)} plans sampled", flush=True)
     vocab = Vocabulary.of(model, loaded.tokenizer)
     pad = loaded.tokenizer.eos_token_id
     gaps: dict[str, list[float]] = {}
@@ -121,8 +127,9 @@ def main() -> None:
                         choices=replayed.choice_tokens or None)
         trainer = trainer_logprobs(model, sample, pad)
         sides = {"recorded": c.logprobs,
-                 "server fp32": full_vocabulary(model, prompt, c.token_ids),
-                 "server bf16": full_vocabulary(bf16, prompt, c.token_ids)}
+                 "server fp32": full_vocabulary(model, prompt, c.token_ids)}
+        if bf16 is not None:
+            sides["server bf16"] = full_vocabulary(bf16, prompt, c.token_ids)
         for k in range(len(c.token_ids)):
             if k in forced:
                 continue

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+import structlog.testing
 
 needs_local_extra = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None
@@ -193,7 +194,11 @@ async def test_a_served_plan_whose_ids_break_the_grammar_is_left_out_with_its_re
 
     rejected = vocab.replay(broken.json_schema or {}, squeezed)
     assert rejected == Rejected(3, squeezed[3], '":"')  # `{"reasoning` then `":"`, no space
-    groups = replay_groups([(as_group(fine, fine, broken), 0)], first_load.model, tokenizer)
+    with structlog.testing.capture_logs() as logs:
+        groups = replay_groups([(as_group(fine, fine, broken), 0)], first_load.model, tokenizer)
+    [line] = [e["event"] for e in logs if e["log_level"] == "warning"]  # one line, saying why
+    assert line.startswith("1 rollout left out: the plan grammar rejects their token ids")
+    assert str(rejected) in line and "structured_outputs" in line
     [(group, _)] = groups
     assert len(group.traces) == 2
     [out] = group.left_out
