@@ -62,7 +62,9 @@ class Vocabulary:
     @classmethod
     def of(cls, model: Any, tokenizer: Any) -> Vocabulary:
         """A transformers model's (or a peft model's) vocabulary, stopping where `generate`
-        stops: the generation config's end tokens and the tokenizer's."""
+        stops: the generation config's end tokens and the tokenizer's (as model._eos_ids
+        reads them for the local provider: the two must agree, or the end of a plan would be
+        a choice here and forced there)."""
         stops: list[int] = []
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         for value in (configured, tokenizer.eos_token_id):
@@ -72,8 +74,8 @@ class Vocabulary:
         return cls(tokenizer, int(model.config.vocab_size), stops)
 
     def compile(self, schema: dict[str, Any]) -> Any:
-        """The schema's grammar for this vocabulary, compact JSON as the local provider
-        compiles it (grammar.compile_grammar); compiled schemas are cached by xgrammar."""
+        """The schema's grammar for this vocabulary, without free whitespace, as the local
+        provider compiles it (grammar.compile_grammar); xgrammar caches compiled schemas."""
         import xgrammar as xgr
 
         with self._lock:
