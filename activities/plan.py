@@ -113,6 +113,8 @@ class PlanActivities:
             logprobs=completion.logprobs,
             forced_positions=completion.forced_positions,
             choice_tokens=completion.choice_tokens,
+            json_schema=request.json_schema if completion.token_ids is not None
+            and completion.forced_positions is None else None,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )
         try:

@@ -56,6 +56,7 @@ from conductor_engine.engine.storage.policies import (
 from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.trainer.replay import replay_groups
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,
@@ -117,6 +118,9 @@ class Trainer:
         if not stats.groups:
             return _nothing_to_train(req, stats, started)
         held = await self._hold(req, registry, store)
+        groups = await asyncio.to_thread(  # a served conductor's records (trainer/replay.py)
+            replay_groups, groups, held.policy.model, held.policy.tokenizer)
+        stats = group_stats(groups)
         samples = [s for g, age in groups
                    for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts,
                                           req.recipe.loss.temperature)]

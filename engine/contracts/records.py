@@ -44,6 +44,11 @@ class PlanAttempt(BaseModel):
         default=None, description="index into token_ids -> the few tokens the plan grammar "
         "allowed there; logprobs at those indices are over them (see Completion)",
     )
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="the plan grammar's JSON schema, kept when the backend "
+        "returned token ids but not the grammar's records: the trainer replays it over them "
+        "(engine/providers/local/replay.py)",
+    )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
     )

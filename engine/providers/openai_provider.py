@@ -85,8 +85,8 @@ def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
         # Older OpenAI-compatible servers know only `max_tokens`.
         args["max_tokens"] = request.max_tokens
         args["logprobs"] = True
-        args["extra_body"] = {"return_tokens_as_token_ids": True}
-    if request.json_schema is not None and spec.structured_output:
+        args["extra_body"] = _vllm_extras(spec, request)
+    if request.json_schema is not None and spec.structured_output and "extra_body" not in args:
         args["response_format"] = {
             "type": "json_schema",
             "json_schema": {
@@ -98,6 +98,23 @@ def _arguments(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
             },
         }
     return args
+
+
+def _vllm_extras(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
+    """vLLM's own request fields: the sampled token ids (`return_token_ids`, vLLM >= 0.10.2;
+    `return_tokens_as_token_ids` for older servers, which spell ids into the logprob tokens),
+    and the schema as vLLM's structured output rather than `response_format`.
+
+    `structured_outputs.json` with `disable_any_whitespace` is what vLLM's xgrammar backend
+    compiles with the call the local provider makes (compact JSON, grammar.compile_grammar), so
+    a served conductor samples under the very grammar the trainer replays its ids through
+    (engine/providers/local/replay.py). `response_format` would leave whitespace free, and
+    both at once are two constraints, which vLLM refuses."""
+    extras: dict[str, Any] = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    if request.json_schema is not None and spec.structured_output:
+        extras["structured_outputs"] = {"json": request.json_schema,
+                                        "disable_any_whitespace": True}
+    return extras
 
 
 def _token_data(choice: Any) -> tuple[list[int] | None, list[float] | None]:

@@ -23,6 +23,9 @@ def decode_chat(body: dict[str, Any], model: str) -> AgentRequest:
     schema = (
         (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else None
     )
+    structured = body.get("structured_outputs") or {}  # vLLM's own field (extra_body)
+    if "json" in structured:
+        schema, fmt = structured["json"], {"type": "json_schema"}
     return AgentRequest(
         api="openai",
         model=str(body.get("model", model)),
@@ -54,6 +57,8 @@ def encode_chat(reply: Reply, request: AgentRequest) -> dict[str, Any]:
         "finish_reason": "length" if reply.finish_reason == "length" else "stop",
         "logprobs": None,
     }
+    if request.body.get("return_token_ids") and reply.token_ids is not None:
+        choice["token_ids"] = list(reply.token_ids)  # vLLM >= 0.10.2
     if request.logprobs and reply.token_ids is not None:
         lps = list(reply.logprobs) if reply.logprobs is not None else [-0.5] * len(reply.token_ids)
         choice["logprobs"] = {

@@ -1,0 +1,108 @@
+"""The plan grammar's records for rollouts a server sampled: replayed here, before the groups
+become samples, so that a plan vLLM wrote trains exactly like one the local model wrote.
+
+The local provider records forced steps and choice sets while it samples; a served conductor
+(`openai-compatible`, vLLM) returns only token ids and log-probs, with the schema it was asked
+to follow kept on the plan attempt (`PlanAttempt.json_schema`). The trainer replays that grammar
+over the ids (engine/providers/local/replay.py) because it is where the ids mean something: it
+holds the tokenizer of the policy the server serves, torch and xgrammar are already loaded, and
+the rollout path (the plan activity of an API conductor, which holds no model) stays free of
+them.
+
+A replayed attempt's server log-probs are dropped: vLLM's are over the whole vocabulary, the
+trainer's over each choice set, and the choice set's share of the vocabulary is not in the
+response. Its update takes the first step's own log-probs as behaviour log-probs, as TRL does
+by default (docs/rollouts.md measures the gap).
+
+A run whose ids the grammar rejects was not sampled under this grammar (the server ignored or
+did not receive the structured-output request): it is left out of its group as
+"grammar_rejected", with the first rejected token as its detail, and the update logs one line
+saying so.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+
+from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.traces import Trace
+from conductor_engine.engine.providers.local.replay import Rejected, Vocabulary
+from conductor_engine.engine.rewards.rollouts import Group, LeftOut
+
+log = structlog.get_logger(__name__)
+
+_vocabularies: dict[int, Vocabulary] = {}
+_lock = threading.Lock()
+
+FIX = ("serve the conductor with vLLM >= 0.10.2 and its xgrammar structured-output backend "
+       "(the openai-compatible provider asks for it with `structured_outputs`); a local "
+       "conductor needs xgrammar installed (docs/rollouts.md)")
+
+
+def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
+    """The policy's vocabulary, built once per tokenizer (its grammar compiler caches)."""
+    with _lock:
+        vocab = _vocabularies.get(id(tokenizer))
+        if vocab is None or vocab.tokenizer is not tokenizer:
+            vocab = _vocabularies[id(tokenizer)] = Vocabulary.of(model, tokenizer)
+        return vocab
+
+
+def needs_replay(attempt: PlanAttempt) -> bool:
+    """A served conductor's attempt: token ids and the schema, but no records of its own."""
+    return (attempt.token_ids is not None and attempt.json_schema is not None
+            and attempt.forced_positions is None)
+
+
+def replay_groups(groups: list[tuple[Group, int]], model: Any,
+                  tokenizer: Any) -> list[tuple[Group, int]]:
+    """The groups with every served attempt's records replayed, and the runs whose ids the
+    grammar rejects moved to `left_out`; one warning line when there are any."""
+    if not any(needs_replay(a) for g, _ in groups for t in g.traces
+               for r in t.rounds for a in r.attempts[-1:]):
+        return groups
+    vocab = vocabulary(model, tokenizer)
+    out: list[tuple[Group, int]] = []
+    rejected: list[str] = []
+    for group, age in groups:
+        kept: list[Trace] = []
+        left = list(group.left_out)
+        for trace in group.traces:
+            replayed = replay_trace(trace, vocab)
+            if isinstance(replayed, str):
+                left.append(LeftOut(workflow_id=trace.workflow_id, run_id=trace.run_id,
+                                    reason="grammar_rejected", detail=replayed))
+                rejected.append(f"{trace.workflow_id}: {replayed}")
+            else:
+                kept.append(replayed)
+        out.append((group.model_copy(update={"traces": kept, "left_out": left}), age))
+    if rejected:
+        runs = f"{len(rejected)} rollout{'s' if len(rejected) > 1 else ''}"
+        log.warning(f"{runs} left out: the plan grammar rejects their token "
+                    f"ids, so their backend did not sample under it (first: {rejected[0]}); "
+                    f"{FIX}")
+    return out
+
+
+def replay_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
+    """The trace with its deciding attempts' records replayed (their log-probs dropped), or
+    why the grammar rejects one of them."""
+    rounds = []
+    for rnd in trace.rounds:
+        attempt = rnd.attempts[-1] if rnd.attempts else None
+        if attempt is None or not needs_replay(attempt):
+            rounds.append(rnd)
+            continue
+        assert attempt.json_schema is not None and attempt.token_ids is not None
+        records = vocab.replay(attempt.json_schema, attempt.token_ids)
+        if isinstance(records, Rejected):
+            return f"round {rnd.index} plan attempt {attempt.attempt}: {records}"
+        done = attempt.model_copy(update={
+            "forced_positions": records.forced_positions,
+            "choice_tokens": records.choice_tokens,
+            "logprobs": None})  # full-vocabulary log-probs: not the trainer's space
+        rounds.append(rnd.model_copy(update={"attempts": [*rnd.attempts[:-1], done]}))
+    return trace.model_copy(update={"rounds": rounds})
