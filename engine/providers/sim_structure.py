@@ -236,6 +236,7 @@ def structured_tasks(spec: StructuredPoolSpec) -> list[tuple[dict[str, object], 
         "generalist": [(q, ans, [t["G"]], []) for q, ans in items(t["G"])[:n]],
     }
     rows: list[tuple[dict[str, object], Oracle]] = []
+    best: dict[tuple[str, ...], Oracle] = {}  # the oracle depends only on the parts' tags
     for k in range(n):
         for kind in KINDS:
             q, ans, tags, parts = by_kind[kind][k]
@@ -245,7 +246,10 @@ def structured_tasks(spec: StructuredPoolSpec) -> list[tuple[dict[str, object], 
                                       "options": spec.options()}
             if parts:
                 row["parts"] = parts
-            rows.append((row, oracle(task_id, kind, parts or tags, spec)))
+            key = tuple(parts or tags)
+            if key not in best:
+                best[key] = oracle(task_id, kind, key, spec)
+            rows.append((row, best[key].model_copy(update={"id": task_id, "kind": kind})))
     return rows
 
 
