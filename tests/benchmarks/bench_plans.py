@@ -48,7 +48,13 @@ from conductor_engine.engine.contracts.training import (  # noqa: E402
 )
 from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
 from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
-from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
+from conductor_engine.engine.eval.systems import (  # noqa: E402
+    CONDUCTOR,
+    SOLO,
+    run_id,
+    system_of,
+)
+from conductor_engine.engine.plan.language import Plan, Step  # noqa: E402
 from conductor_engine.engine.providers.pool import Pool  # noqa: E402
 from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
     Oracle,
@@ -87,6 +93,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--holdout", type=float, default=0.25)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
     p.add_argument("--no-eval", action="store_true", help="skip the eval rows after training")
+    p.add_argument("--eval-only", action="store_true",
+                   help="no training: only the single-agent and MoA rows on the held-out tasks")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
     return p.parse_args()
 
@@ -98,6 +106,7 @@ class Judge:
                  parts: dict[str, list[str]]) -> None:
         self.spec, self.oracles, self.parts = spec, oracles, parts
         self.agents = spec.agents()
+        self.tokens = 0.0  # per task, at the last evaluation judged (conductor and agents)
 
     def written(self, t: Trace) -> tuple[list[PlanStep] | None, float]:
         """The plan a trace ran (None when it had none) and its expected reward."""
@@ -130,6 +139,8 @@ class Judge:
             shapes[best.kind][shape(plan, parts) if plan else "invalid"] += 1
             exact[best.kind] += plan == best.plan
         n = max(len(traces), 1)
+        self.tokens = sum(t.totals.usage.input_tokens + t.totals.usage.output_tokens
+                          for t in traces) / n
         return sum(expected) / n, sum(realised) / n, sum(oracle) / n, shapes, exact
 
 
@@ -174,6 +185,12 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                      iterations=args.iterations, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue,
                      agents=[a.id for a in pool.available()])
+    if args.eval_only:
+        async with build_worker(client, settings, pool):
+            await eval_rows(ConductorClient(client, settings), store, pool, held, None, seed,
+                            oracles)
+        return {"seed": seed, "crossed": None, "curve": [], "shapes": "", "iterations": 0,
+                "seconds_per_iteration": 0.0}
     curve: list[tuple[int, str, float, float]] = []
     last_shapes = ""
     crossed: int | None = None
@@ -196,7 +213,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                 curve.append((e.iteration, e.version, ratio, realised / oracle if oracle else 0))
                 last_shapes = _shapes_line(shapes, exact, oracles)
                 print(f"  held out {e.version}: expected {expected:.3f} / oracle {oracle:.3f} = "
-                      f"{ratio:.2f} (realised {realised:.3f})\n    shapes: {last_shapes}",
+                      f"{ratio:.2f} (realised {realised:.3f}; {judge.tokens:.0f} tokens a "
+                      f"task)\n    shapes: {last_shapes}",
                       flush=True)
                 if crossed is None and ratio >= BAR:
                     crossed = e.iteration
@@ -212,7 +230,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         evaluated = [e for e in p.evals if e.runs]
         if not args.no_eval and evaluated:
             try:
-                await eval_rows(conductor, store, pool, held, evaluated[-1], seed)
+                await eval_rows(conductor, store, pool, held, evaluated[-1], seed, oracles)
             except Exception as e:  # the training figures above still stand
                 print(f"eval rows failed: {type(e).__name__}: {e}", flush=True)
     return {"seed": seed, "crossed": crossed, "curve": curve, "shapes": last_shapes,
@@ -220,12 +238,22 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
             "seconds_per_iteration": seconds / max(len(p.history), 1)}
 
 
+def _oracle_run(task: Task, best: Oracle) -> Task:
+    """The task as the system "oracle" runs it: the oracle's plan, fixed."""
+    steps = [Step(agent=s.agent, subtask=SOLO, access=list(s.sees)) for s in best.plan]
+    options = task.options.model_copy(update={"plan": Plan(steps=steps)})
+    return task.model_copy(update={"id": run_id("oracle", task.id), "options": options})
+
+
 async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
-                    held: list[Task], trained: HeldOutEval, seed: int) -> None:
+                    held: list[Task], trained: HeldOutEval | None, seed: int,
+                    oracles: dict[str, Oracle]) -> None:
     """`conductor eval`'s rows on the held-out tasks: the trained conductor (its greedy held-out
-    runs, already made), every single agent and MoA, run now as one batch."""
+    runs, already made), every single agent, MoA and the oracle's plans, run now as one
+    batch."""
     spec = EvalSpec(agents=[a.id for a in pool.agents], baselines=["single", "moa"])
     runs = [t for t in eval_tasks(held, spec) if system_of(t.id) != CONDUCTOR]
+    runs += [_oracle_run(t, oracles[t.id]) for t in held]
     # a fixed plan is not the conductor's, so the tasks' two-step limit does not bind MoA
     runs = [t.model_copy(update={"options": t.options.model_copy(update={"max_steps": 20})})
             for t in runs]
@@ -234,8 +262,8 @@ async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
     while (await conductor.batch_progress(name))[0] in ("running", "continued_as_new"):
         await asyncio.sleep(0.5)
     traces = await store.batch_traces(name, resolve_blobs=False)
-    for t in await store.batch_traces(trained.batch, resolve_blobs=False):
-        label = f"{CONDUCTOR} {trained.version}"
+    for t in await store.batch_traces(trained.batch, resolve_blobs=False) if trained else []:
+        label = f"{CONDUCTOR} {trained.version}" if trained else CONDUCTOR
         task = t.task.model_copy(update={"id": t.task.id.replace("heldout~", f"{label}~")})
         traces.append(t.model_copy(update={"task": task}))
     rows = system_rows(traces)
@@ -266,6 +294,8 @@ async def main(args: argparse.Namespace) -> int:
                 results.append(await one_pool(s, args, seed, recipe, store, workdir))
         finally:
             await close_shared_stores()
+    if args.eval_only:
+        return 0
     rows = []
     for r in results:
         curve = r["curve"]
