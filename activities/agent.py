@@ -20,6 +20,7 @@ from conductor_engine.activities.errors import to_application_error
 from conductor_engine.activities.held_answers import held_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import AgentCallInput
+from conductor_engine.engine.contracts.agent_calls import TaskInfo
 from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import AGENT_ACTIVITY
 from conductor_engine.engine.contracts.records import AgentReply
@@ -55,7 +56,7 @@ class AgentActivities:
             top_p=spec.params.top_p,
             max_tokens=spec.params.max_tokens,
             web_search=spec.web_search if spec.searches_web else None,
-            task=req.task.model_copy(update={"attempt": info.attempt}) if req.task else None,
+            task=_task_info(req, spec.provider, info.attempt),
         )
         started = time.monotonic()
         try:
@@ -82,3 +83,15 @@ class AgentActivities:
         )
         await until_storable(reply, self.settings)
         return reply
+
+
+def _task_info(req: AgentCallInput, provider: str, attempt: int) -> TaskInfo | None:
+    """The call's TaskInfo with this attempt; a sim agent also gets the earlier answers its
+    step may read (`seen`), which its review rate acts on. No other provider gets them: they
+    are in its prompt already."""
+    if req.task is None:
+        return None
+    update: dict[str, object] = {"attempt": attempt}
+    if provider == "sim":
+        update["seen"] = [v.output for v in (*req.background, *req.visible)]
+    return req.task.model_copy(update=update)

@@ -330,7 +330,7 @@ class ConductWorkflow:
                 round=rec.round, index=rec.index,
                 task=TaskInfo(
                     task_id=task.id, tags=task.tags, reference=task.reference,
-                    verifier=task.verifier, sample=task.options.sample,
+                    verifier=task.verifier, sample=task.options.sample, parts=task.parts,
                 ),
                 outer_question=task.outer_question, background=self._background(task, rec),
             ),

@@ -26,6 +26,16 @@ class TaskInfo(BaseModel):
     verifier: str | None = None
     sample: int = Field(default=0, ge=0, description="which rollout of a group (RunOptions)")
     attempt: int = Field(default=1, ge=1, description="the activity attempt, from 1")
+    parts: list[str] = Field(
+        default_factory=list,
+        description="a composite task's parts (Task.parts): one tag each, in the order its "
+        "reference lists their answers",
+    )
+    seen: list[str] = Field(
+        default_factory=list,
+        description="the earlier answers this step may read (set by the agent activity for a "
+        "sim agent, which reviews them)",
+    )
 
 
 class Usage(BaseModel):

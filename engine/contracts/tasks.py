@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from conductor_engine.engine.contracts.plans import DEFAULT_MAX_STEPS, Plan
 from conductor_engine.engine.contracts.rewards import RewardWeights
@@ -89,6 +89,11 @@ class Task(BaseModel):
     )
     dataset: str | None = None
     tags: list[str] = Field(default_factory=list)
+    parts: list[str] = Field(
+        default_factory=list,
+        description="a composite task: one tag per part, in the order the reference gives "
+        "their answers, separated by \"; \" (sim agents answer each part apart; docs/plans.md)",
+    )
     batch: str | None = Field(default=None, description="the batch this run belongs to, if any")
     options: RunOptions = Field(default_factory=RunOptions)
     context: list[VisibleStep] = Field(
@@ -118,3 +123,15 @@ class Task(BaseModel):
             if repeated:
                 raise ValueError(f"agents must be distinct; repeated: {', '.join(repeated)}")
         return agents
+
+    @model_validator(mode="after")
+    def _one_answer_per_part(self) -> Task:
+        """A composite task's reference must list one answer per part, or no sim agent could
+        ever answer it right: refuse it with both counts."""
+        if self.parts and self.reference is not None:
+            answers = len(self.reference.split("; "))
+            if answers != len(self.parts):
+                raise ValueError(
+                    f"parts names {len(self.parts)} parts but the answer has {answers} "
+                    "(separate the parts' answers with \"; \")")
+        return self

@@ -144,21 +144,41 @@ class SimSettings(BaseModel):
     input_tokens_per_char: float = Field(
         default=0.25, ge=0, description="reported input tokens = prompt characters x this"
     )
+    review: dict[str, Probability] = Field(
+        default_factory=dict,
+        description="task tag -> probability that this agent, when its step sees an earlier "
+        "right answer (to the task, or to one part of a composite task), keeps it; otherwise "
+        "it answers as usual (docs/plans.md)",
+    )
+    default_review: Probability = Field(
+        default=0.0,
+        description="review rate for a tag `review` does not list (0: earlier answers change "
+        "nothing, as before review existed)",
+    )
 
-    @field_validator("skills")
+    @field_validator("skills", "review")
     @classmethod
     def _distinct_tags(cls, skills: dict[str, float]) -> dict[str, float]:
         folded = [t.casefold() for t in skills]
         dupes = sorted({t for t in folded if folded.count(t) > 1})
         if dupes:
-            raise ValueError(f"skills names a tag twice (tags ignore case): {', '.join(dupes)}")
+            raise ValueError(f"names a tag twice (tags ignore case): {', '.join(dupes)}")
         return skills
 
     def skill(self, tags: list[str]) -> float:
         """The probability of a right answer on a task with these tags."""
-        by_tag = {t.casefold(): p for t, p in self.skills.items()}
-        known = [by_tag[t.casefold()] for t in tags if t.casefold() in by_tag]
-        return max(known) if known else self.default_skill
+        return _best(self.skills, tags, self.default_skill)
+
+    def review_rate(self, tags: list[str]) -> float:
+        """The probability of keeping a right earlier answer on a task (or part) with these
+        tags: the best listed rate of them, like `skill`."""
+        return _best(self.review, tags, self.default_review)
+
+
+def _best(table: dict[str, float], tags: list[str], default: float) -> float:
+    by_tag = {t.casefold(): p for t, p in table.items()}
+    known = [by_tag[t.casefold()] for t in tags if t.casefold() in by_tag]
+    return max(known) if known else default
 
 
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")

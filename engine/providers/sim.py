@@ -14,6 +14,17 @@ every run and every machine, while the rollouts of a group (samples 0..G-1) draw
   one for a numeric reference, "I am not sure." otherwise;
 - no task or no reference (a self-call's subtask, a call made by hand): a neutral answer.
 
+Context matters (docs/plans.md):
+
+- review: a step that sees an earlier right answer (TaskInfo.seen, the outputs of the steps it
+  may read) keeps it with the agent's `review` rate for the task's tags, drawn like the answer;
+  otherwise it answers as usual. An earlier answer counts as right when it is the right answer
+  as a sim agent writes it (or the reference, up to case and punctuation);
+- composite tasks (TaskInfo.parts): each part is answered apart, with the agent's skill and
+  review rate for that part's tag, and the answer lists the parts' answers in order, separated
+  by "; ". It is right only when every part is: a plan must reach, within what its final step
+  sees, an agent that got each part right, and every step on the way must keep it.
+
 Latency (`latency_s` plus a repeatable draw of up to `latency_jitter_s`) is an asyncio sleep, so
 a cancelled run stops waiting at once. Usage is reported as prompt characters times
 `input_tokens_per_char` in, `output_tokens` out (capped by the call's max_tokens); the
@@ -47,10 +58,56 @@ def draw(*parts: object) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+SEPARATOR = "; "
+"""Between the parts' answers of a composite task, in its reference and in a sim's answer."""
+
+
+def part_references(task: TaskInfo) -> list[tuple[list[str], str]]:
+    """(tags, reference) of each part: a composite task's parts, else the task as one part."""
+    reference = task.reference or ""
+    if not task.parts:
+        return [(task.tags, reference)]
+    answers = reference.split(SEPARATOR)
+    if len(answers) != len(task.parts):  # Task refuses this; a hand-made TaskInfo may not
+        return [(task.tags or task.parts, reference)]
+    return [([tag], answer) for tag, answer in zip(task.parts, answers, strict=True)]
+
+
+def _seen_right(seen: list[str], k: int, parts: list[tuple[list[str], str]],
+                verifier: str | None) -> bool:
+    """Whether an earlier answer got part k right (the whole task when it has one part)."""
+    reference = parts[k][1]
+    if len(parts) == 1:
+        good = {right_answer(reference, verifier).strip(), reference.strip()}
+        return any(a.strip() in good or normalize_text(a) == normalize_text(reference)
+                   for a in seen)
+    for a in seen:
+        pieces = a.split(SEPARATOR)
+        if len(pieces) == len(parts) and normalize_text(pieces[k]) == normalize_text(reference):
+            return True
+    return False
+
+
+def outcome(spec: AgentSpec, settings: SimSettings, task: TaskInfo) -> list[bool]:
+    """Whether this agent gets each part of this rollout of this task right, given the earlier
+    answers its step sees. A one-part task draws its answer exactly as before review and parts
+    existed, so old rehearsals repeat."""
+    parts = part_references(task)
+    key = (task.task_id, spec.id, task.sample, task.attempt)
+    right = []
+    for k, (tags, _) in enumerate(parts):
+        extra = () if len(parts) == 1 else ("part", k)
+        if (task.seen and _seen_right(task.seen, k, parts, task.verifier)
+                and draw("review", *key, k) < settings.review_rate(tags)):
+            right.append(True)
+            continue
+        right.append(draw("answer", *key, *extra) < settings.skill(tags))
+    return right
+
+
 def is_right(spec: AgentSpec, settings: SimSettings, task: TaskInfo) -> bool:
-    """Whether this agent answers this rollout of this task right."""
-    u = draw("answer", task.task_id, spec.id, task.sample, task.attempt)
-    return u < settings.skill(task.tags)
+    """Whether this agent answers this rollout of this task right (every part of it)."""
+    return all(outcome(spec, settings, task))
 
 
 def _plus_one(reference: str) -> str | None:
@@ -99,9 +156,14 @@ def wrong_answer(reference: str, verifier: str | None) -> str:
 def answer(spec: AgentSpec, settings: SimSettings, task: TaskInfo | None) -> str:
     if task is None or task.reference is None or not task.reference.strip():
         return f"({spec.id}, simulated: there is no reference answer to be right or wrong about.)"
-    if is_right(spec, settings, task):
-        return right_answer(task.reference, task.verifier)
-    return wrong_answer(task.reference, task.verifier)
+    right = outcome(spec, settings, task)
+    parts = part_references(task)
+    if len(parts) == 1:
+        if right[0]:
+            return right_answer(task.reference, task.verifier)
+        return wrong_answer(task.reference, task.verifier)
+    return SEPARATOR.join(ref if ok else wrong_answer(ref, "exact")
+                          for (_, ref), ok in zip(parts, right, strict=True))
 
 
 def latency(spec: AgentSpec, settings: SimSettings, task: TaskInfo | None) -> float:

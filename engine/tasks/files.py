@@ -95,6 +95,7 @@ class _Record(BaseModel):
     reference: StrictStr | StrictInt | StrictFloat | None = None
     verifier: StrictStr | None = None
     tags: list[StrictStr] = Field(default_factory=list)
+    parts: list[StrictStr] = Field(default_factory=list)
     dataset: StrictStr | None = None
     options: RunOptions | None = None
     agents: list[StrictStr] | None = None
@@ -143,7 +144,8 @@ def _to_task(raw: dict[str, Any], dataset: str, verifier: str | None) -> Task:
         task = Task(
             id=str(rec.id) if rec.id is not None else derived_id(ds, rec.question),
             question=rec.question, reference=None if answer is None else str(answer),
-            verifier=name, dataset=ds, tags=rec.tags, options=rec.options or RunOptions(),
+            verifier=name, dataset=ds, tags=rec.tags, parts=rec.parts,
+            options=rec.options or RunOptions(),
             agents=rec.agents,
         )
     except PydanticValidationError as exc:

@@ -291,3 +291,35 @@ async def test_a_run_with_sim_agents_scores_the_competent_agent_1_and_the_weak_o
     assert [s.output for s in trace.steps] == ["57", "56"]
 
     assert weak.answer == "57" and weak.reward is not None and weak.reward.value == 0.5
+
+
+async def test_a_split_across_two_specialists_answers_a_composite_task_only_when_chained(
+    agent_server, conductor: ConductorClient, client: Client, settings: Settings,
+) -> None:
+    """The workflow hands the second step what it may see (its access), the agent activity
+    hands that to the sim agent, and the composite task is right only when the final step saw
+    the other specialist's part (docs/plans.md)."""
+    agent_server.set_responder("conductor", lambda prompt: plan_json(
+        ("geo", "Part 1.", []), ("chem", "Part 2.", [0] if "[chained]" in prompt else [])))
+    base = make_pool(agent_server)
+    pool = Pool.model_validate({
+        "conductor": base.conductor.model_dump(), "offer_conductor_as_agent": False,
+        "agents": [
+            {"id": "geo", "provider": "sim", "model": "sim",
+             "sim": {"skills": {"geo": 1.0}, "default_skill": 0.0}},
+            {"id": "chem", "provider": "sim", "model": "sim",
+             "sim": {"skills": {"chem": 1.0}, "review": {"geo": 1.0}, "default_skill": 0.0}},
+        ],
+    })
+
+    def task(mark: str) -> Task:
+        return Task(question=f"Capital of France; symbol of gold? {mark}", reference="Paris; Au",
+                    verifier="exact", tags=["geo+chem"], parts=["geo", "chem"])
+
+    async with running_worker(client, settings, pool):
+        chained = await conductor.run(task("[chained]"))
+        apart = await conductor.run(task("[apart]"))
+    assert chained.answer == "Paris; Au" and chained.reward is not None
+    assert chained.reward.value == 1.0
+    assert apart.answer == f"{sim_provider.UNSURE}; Au" and apart.reward is not None
+    assert apart.reward.value == 0.5

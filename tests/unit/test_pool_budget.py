@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conductor_engine.engine.providers.base import CompletionRequest, Message
+from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.providers.base import CompletionRequest
 from conductor_engine.engine.providers.budget import (
     MIN_REASONING_TOKENS,
     reasons,

@@ -1,0 +1,318 @@
+"""Does the local conductor learn plans, not only routing? Structured sim pools, held-out tasks.
+
+    python tests/benchmarks/bench_plans.py [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
+        [--iterations 40] [--tasks-per-kind 8] [--holdout 0.25] [--full] [--no-eval]
+
+For each seed, `conductor sim pool --structure` (engine/providers/sim_structure.py) makes four
+look-alike sim agents and four task kinds whose best plans differ: one step to a cheap
+specialist, a draft and a reviewer, a split across two specialists (a composite task), one step
+to the dear generalist. The recipe trains the local SmolLM2 conductor through TrainingWorkflow
+(real Temporal dev server, PostgreSQL, trainer worker) on three quarters of each kind; every
+evaluated version answers the held-out quarter greedily. Per evaluation it prints:
+
+- expected / oracle: the mean expected reward of the plans the conductor wrote (exactly, from
+  the sim's rules: `sim_structure.expected_reward`; an invalid plan 0) over the mean of the
+  oracle's (oracle.jsonl). Expected, not realised, reward is the bar's measure: with a handful
+  of held-out tasks one lucky draw moves the realised mean by more than the gaps between plans;
+  the realised ratio is printed beside it;
+- shapes per kind: the plans written (1 step / draft + review / split / 2 apart) against the
+  oracle's, and how many were the oracle's plan exactly.
+
+It stops a pool at the first version with expected/oracle >= 0.9 unless --full, then (unless
+--no-eval) runs `conductor eval`'s conductor, single-agent and MoA rows on the held-out tasks:
+accuracy, reward and tokens per task, the paper's comparison. Deterministic like
+bench_learning.py: the same seeds print the same curves on a busy machine, only slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import tomllib
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
+from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
+from conductor_engine.engine.contracts.traces import Trace  # noqa: E402
+from conductor_engine.engine.contracts.training import (  # noqa: E402
+    Recipe,
+    interleave_tags,
+    split_heldout,
+)
+from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
+from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
+from conductor_engine.engine.eval.systems import (  # noqa: E402
+    CONDUCTOR,
+    SOLO,
+    run_id,
+    system_of,
+)
+from conductor_engine.engine.plan.language import Plan, Step  # noqa: E402
+from conductor_engine.engine.providers.pool import Pool  # noqa: E402
+from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
+    Oracle,
+    PlanStep,
+    StructuredPoolSpec,
+    expected_reward,
+    shape,
+    structured_pool_toml,
+    structured_tasks,
+)
+from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
+from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
+from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
+from conductor_engine.workflows.train import (  # noqa: E402
+    HeldOutEval,
+    TrainingWorkflow,
+    TrainInput,
+    TrainProgress,
+)
+from tests.benchmarks._harness import Stack, quiet_logs, run, stack, table  # noqa: E402
+
+BAR = 0.9
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated pool seeds")
+    p.add_argument("--recipe", type=Path, default=ROOT / "examples" / "sim" / "recipe.toml")
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--tasks-per-kind", type=int, default=8)
+    p.add_argument("--holdout", type=float, default=0.25)
+    p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
+    p.add_argument("--no-eval", action="store_true", help="skip the eval rows after training")
+    p.add_argument("--eval-only", action="store_true",
+                   help="no training: only the single-agent and MoA rows on the held-out tasks")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    return p.parse_args()
+
+
+class Judge:
+    """The expected reward and shape of the plans a version wrote, against the oracle's."""
+
+    def __init__(self, spec: StructuredPoolSpec, oracles: dict[str, Oracle],
+                 parts: dict[str, list[str]]) -> None:
+        self.spec, self.oracles, self.parts = spec, oracles, parts
+        self.agents = spec.agents()
+        self.tokens = 0.0  # per task, at the last evaluation judged (conductor and agents)
+
+    def written(self, t: Trace) -> tuple[list[PlanStep] | None, float]:
+        """The plan a trace ran (None when it had none) and its expected reward."""
+        steps = [s for r in t.rounds for s in r.steps]
+        if not steps or any(s.agent not in self.agents for s in steps):
+            return None, 0.0
+        plan = [PlanStep(agent=s.agent, sees=list(s.saw)) for s in steps]
+        if len(plan) > 2:  # the tasks allow two steps; a longer plan would be refused
+            return plan, 0.0
+        parts = self.parts[_plain(t.task.id)]
+        value, _, _ = expected_reward(plan, self.agents, parts, self.spec.wrong,
+                                      self.spec.cost_penalty_per_usd)
+        return plan, value
+
+    async def judge(self, store: TraceStore, e: HeldOutEval
+                    ) -> tuple[float, float, float, dict[str, Counter[str]], Counter[str]]:
+        """(expected, realised and oracle mean reward, shapes written per kind, oracle plans
+        written per kind) of one held-out evaluation."""
+        traces = await store.batch_traces(e.batch, resolve_blobs=False)
+        expected, realised, oracle = [], [], []
+        shapes: dict[str, Counter[str]] = defaultdict(Counter)
+        exact: Counter[str] = Counter()
+        for t in traces:
+            best = self.oracles[_plain(t.task.id)]
+            plan, value = self.written(t)
+            expected.append(value)
+            realised.append(t.reward.value if t.reward and t.reward.value is not None else 0.0)
+            oracle.append(best.expected_reward)
+            parts = self.parts[_plain(t.task.id)]
+            shapes[best.kind][shape(plan, parts) if plan else "invalid"] += 1
+            exact[best.kind] += plan == best.plan
+        n = max(len(traces), 1)
+        self.tokens = sum(t.totals.usage.input_tokens + t.totals.usage.output_tokens
+                          for t in traces) / n
+        return sum(expected) / n, sum(realised) / n, sum(oracle) / n, shapes, exact
+
+
+def _plain(run_id: str) -> str:
+    """The task id of a held-out or eval run ("heldout~ID", "SYSTEM~ID")."""
+    return run_id.rsplit("~", 1)[-1]
+
+
+def _shapes_line(shapes: dict[str, Counter[str]], exact: Counter[str],
+                 oracles: dict[str, Oracle]) -> str:
+    oracle_shape = {o.kind: o.shape for o in oracles.values()}
+    return " · ".join(
+        f"{kind} [oracle {oracle_shape[kind]}]: "
+        + ", ".join(f"{s} {k}" for s, k in sorted(c.items()))
+        + f" (oracle plan {exact[kind]}/{sum(c.values())})"
+        for kind, c in sorted(shapes.items()))
+
+
+async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
+                   store: TraceStore, workdir: Path) -> dict[str, object]:
+    spec = StructuredPoolSpec(seed=seed, tasks_per_kind=args.tasks_per_kind)
+    pool_file = workdir / f"structure-{seed}.toml"
+    pool_file.write_text(structured_pool_toml(spec, conductor=args.model))
+    rows = structured_tasks(spec)
+    task_file = workdir / f"structure-{seed}.jsonl"
+    task_file.write_text("".join(json.dumps(r) + "\n" for r, _ in rows))
+    oracles = {o.id: o for _, o in rows}
+    loaded: list[Task] = load_tasks(str(task_file)).tasks
+    parts = {t.id: t.parts or t.tags for t in loaded}
+    train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
+    train = interleave_tags(train, 0)
+    pool = Pool.load(pool_file)
+    name = f"sim-structure-{seed}"  # fixed: the recipe's pool draws are keyed on it
+    pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
+        update={"id": f"conductor-{name}"})})
+    judge = Judge(spec, oracles, parts)
+    settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
+    client = await s.client()
+    print(f"\nstructured pool seed {seed}: roles {spec.roles()}, tags {spec.tags()}; "
+          f"{len(train)} training tasks, {len(held)} held out", flush=True)
+    inp = TrainInput(name=name, policy=pool.conductor.id, tasks=train, heldout_tasks=held,
+                     iterations=args.iterations, recipe=recipe,
+                     trainer_task_queue=settings.trainer_task_queue,
+                     agents=[a.id for a in pool.available()])
+    if args.eval_only:
+        async with build_worker(client, settings, pool):
+            await eval_rows(ConductorClient(client, settings), store, pool, held, None, seed,
+                            oracles)
+        return {"seed": seed, "crossed": None, "curve": [], "shapes": "", "iterations": 0,
+                "seconds_per_iteration": 0.0}
+    curve: list[tuple[int, str, float, float]] = []
+    last_shapes = ""
+    crossed: int | None = None
+    started = time.monotonic()
+    async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
+        conductor = ConductorClient(client, settings)
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        shown = evals = 0
+        while True:
+            p = await handle.query(TrainingWorkflow.progress)
+            for st in p.history[shown:]:
+                print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
+                      f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
+                      f"{st.update_seconds:.0f}s", flush=True)
+            shown = len(p.history)
+            for e in p.evals[evals:]:
+                expected, realised, oracle, shapes, exact = await judge.judge(store, e)
+                ratio = expected / oracle if oracle else 0.0
+                curve.append((e.iteration, e.version, ratio, realised / oracle if oracle else 0))
+                last_shapes = _shapes_line(shapes, exact, oracles)
+                print(f"  held out {e.version}: expected {expected:.3f} / oracle {oracle:.3f} = "
+                      f"{ratio:.2f} (realised {realised:.3f}; {judge.tokens:.0f} tokens a "
+                      f"task)\n    shapes: {last_shapes}",
+                      flush=True)
+                if crossed is None and ratio >= BAR:
+                    crossed = e.iteration
+                    if not args.full:
+                        await handle.signal(TrainingWorkflow.stop)
+            evals = len(p.evals)
+            desc = await handle.describe()
+            if desc.status is not None and desc.status.name != "RUNNING":
+                p = await handle.result()
+                break
+            await asyncio.sleep(1.0)
+        seconds = time.monotonic() - started
+        evaluated = [e for e in p.evals if e.runs]
+        if not args.no_eval and evaluated:
+            try:
+                await eval_rows(conductor, store, pool, held, evaluated[-1], seed, oracles)
+            except Exception as e:  # the training figures above still stand
+                print(f"eval rows failed: {type(e).__name__}: {e}", flush=True)
+    return {"seed": seed, "crossed": crossed, "curve": curve, "shapes": last_shapes,
+            "iterations": len(p.history),
+            "seconds_per_iteration": seconds / max(len(p.history), 1)}
+
+
+def _oracle_run(task: Task, best: Oracle) -> Task:
+    """The task as the system "oracle" runs it: the oracle's plan, fixed."""
+    steps = [Step(agent=s.agent, subtask=SOLO, access=list(s.sees)) for s in best.plan]
+    options = task.options.model_copy(update={"plan": Plan(steps=steps)})
+    return task.model_copy(update={"id": run_id("oracle", task.id), "options": options})
+
+
+async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
+                    held: list[Task], trained: HeldOutEval | None, seed: int,
+                    oracles: dict[str, Oracle]) -> None:
+    """`conductor eval`'s rows on the held-out tasks: the trained conductor (its greedy held-out
+    runs, already made), every single agent, MoA and the oracle's plans, run now as one
+    batch."""
+    spec = EvalSpec(agents=[a.id for a in pool.agents], baselines=["single", "moa"])
+    runs = [t for t in eval_tasks(held, spec) if system_of(t.id) != CONDUCTOR]
+    runs += [_oracle_run(t, oracles[t.id]) for t in held]
+    # a fixed plan is not the conductor's, so the tasks' two-step limit does not bind MoA
+    runs = [t.model_copy(update={"options": t.options.model_copy(update={"max_steps": 20})})
+            for t in runs]
+    name = f"eval-structure-{seed}-{uuid.uuid4().hex[:6]}"
+    await conductor.submit_batch(name, runs, concurrency=50, report=False)
+    while (await conductor.batch_progress(name))[0] in ("running", "continued_as_new"):
+        await asyncio.sleep(0.5)
+    traces = await store.batch_traces(name, resolve_blobs=False)
+    for t in await store.batch_traces(trained.batch, resolve_blobs=False) if trained else []:
+        label = f"{CONDUCTOR} {trained.version}" if trained else CONDUCTOR
+        task = t.task.model_copy(update={"id": t.task.id.replace("heldout~", f"{label}~")})
+        traces.append(t.model_copy(update={"task": task}))
+    rows = system_rows(traces)
+    print(f"\nstructured pool seed {seed}, held-out tasks ({len(held)}), conductor greedy:")
+    print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
+    for r in rows:
+        print("| " + " | ".join(cells(r)) + " |")
+    moa = next((r for r in rows if r.system == "moa"), None)
+    mine = next((r for r in rows if r.system.startswith(CONDUCTOR)), None)
+    if moa and mine and moa.tokens_per_task:
+        print(f"conductor tokens per task / MoA's: {mine.tokens_per_task / moa.tokens_per_task:.2f}"
+              f"x", flush=True)
+
+
+async def main(args: argparse.Namespace) -> int:
+    recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    print(f"recipe {args.recipe}: G={recipe.rollouts.group_size} × "
+          f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
+          f"{recipe.loss.steps_per_update} steps/update", flush=True)
+    results = []
+    with stack() as s:
+        store = await shared_store(s.settings)
+        try:
+            workdir = s.settings.data_dir / "pools"
+            workdir.mkdir(parents=True, exist_ok=True)
+            for seed in seeds:
+                results.append(await one_pool(s, args, seed, recipe, store, workdir))
+        finally:
+            await close_shared_stores()
+    if args.eval_only:
+        return 0
+    rows = []
+    for r in results:
+        curve = r["curve"]
+        assert isinstance(curve, list)
+        first, last = curve[0], curve[-1]
+        rows.append([r["seed"], r["crossed"] if r["crossed"] is not None else "not reached",
+                     f"{first[2]:.2f} → {last[2]:.2f}", f"{last[3]:.2f}",
+                     f"{r['seconds_per_iteration']:.0f}s"])
+        print(f"seed {r['seed']} curve (iteration: expected/oracle): "
+              + ", ".join(f"{i}: {ra:.2f}" for i, _, ra, _ in curve))
+        print(f"seed {r['seed']} last shapes: {r['shapes']}")
+    print()
+    print(table(["pool seed", "iterations to 0.9 of oracle", "expected/oracle v0 → last",
+                 "realised/oracle last", "s / iteration"], rows))
+    return 0 if all(r["crossed"] is not None for r in results) else 1
+
+
+if __name__ == "__main__":
+    quiet_logs("error")
+    sys.exit(run(lambda: main(parse_args())))

@@ -1,0 +1,143 @@
+"""Structured rehearsal pools (engine/providers/sim_structure.py): the oracle's arithmetic, its
+agreement with the sim agents' own draws, and the files `conductor sim pool --structure` writes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conductor_engine.engine.contracts.agent_calls import TaskInfo
+from conductor_engine.engine.contracts.rewards import RewardWeights
+from conductor_engine.engine.providers import sim
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim_structure import (
+    AgentRole,
+    PlanStep,
+    StructuredPoolSpec,
+    expected_reward,
+    p_right,
+    plans,
+    structured_pool_toml,
+    structured_tasks,
+)
+from conductor_engine.engine.rewards import score_run
+from conductor_engine.engine.tasks.files import load_tasks
+
+
+def role(skills: dict[str, float], review: dict[str, float] | None = None) -> AgentRole:
+    return AgentRole(skills=skills, review=review or {}, default_skill=0.0, output_tokens=100,
+                     price_output_per_mtok=10.0)
+
+
+def chain(a: str, b: str) -> list[PlanStep]:
+    return [PlanStep(agent=a), PlanStep(agent=b, sees=[0])]
+
+
+def test_the_oracle_probabilities_follow_the_sim_rules_in_closed_form() -> None:
+    agents = {"a": role({"x": 0.6, "y": 0.2}, {"y": 0.9}),
+              "b": role({"x": 0.5, "y": 0.9}, {"x": 0.8})}
+    assert p_right([PlanStep(agent="a")], agents, ["x"]) == pytest.approx(0.6)
+    # draft + review: the draft kept (sA rB), else the reviewer's own answer
+    assert p_right(chain("a", "b"), agents, ["x"]) == pytest.approx(0.6 * 0.8 + 0.5 * (1 - 0.48))
+    assert p_right([PlanStep(agent="a"), PlanStep(agent="b")], agents, ["x"]) == \
+        pytest.approx(0.5), "a last step that sees nothing answers alone"
+    assert p_right(chain("a", "a"), agents, ["x"]) == pytest.approx(0.6), \
+        "the same agent twice draws the same answer"
+    # a split: every part must be right at the final step
+    px = 0.6 * 0.8 + 0.5 * (1 - 0.48)
+    assert p_right(chain("a", "b"), agents, ["x", "y"]) == pytest.approx(px * (0.2 * 0.0 + 0.9))
+    value, p, cost = expected_reward(chain("a", "b"), agents, ["x"], wrong=0.25, penalty=5.0)
+    assert cost == pytest.approx(0.002) and p == pytest.approx(px)
+    assert value == pytest.approx(p * (1 - 0.01) + (1 - p) * (0.25 - 0.01))
+
+
+def test_the_expected_reward_charges_cost_as_the_scorer_does() -> None:
+    agents = {"a": role({"x": 1.0})}
+    value, _, cost = expected_reward([PlanStep(agent="a")], agents, ["x"], wrong=0.25,
+                                     penalty=5.0)
+    weights = RewardWeights(wrong=0.25, cost_penalty_per_usd=5.0)
+    scored = score_run("completed", "r", "r", "exact", cost_usd=cost, weights=weights).value
+    assert value == pytest.approx(scored)
+
+
+def run_plan(pool: Pool, plan: list[PlanStep], row: dict[str, object], sample: int) -> str:
+    """The final answer of a plan, as the workflow would chain the sim agents' calls."""
+    outputs: list[str] = []
+    for step in plan:
+        spec = pool.get(step.agent)
+        assert spec.sim is not None
+        outputs.append(sim.answer(spec, spec.sim, TaskInfo(
+            task_id=str(row["id"]), tags=list(row["tags"]),  # type: ignore[call-overload]
+            reference=str(row["answer"]), verifier="exact", sample=sample,
+            parts=list(row.get("parts", [])),  # type: ignore[call-overload]
+            seen=[outputs[j] for j in step.sees])))
+    return outputs[-1]
+
+
+def test_the_oracle_matches_the_share_the_sim_agents_get_right(tmp_path: Path) -> None:
+    spec = StructuredPoolSpec(seed=4, tasks_per_kind=1)
+    (tmp_path / "pool.toml").write_text(structured_pool_toml(spec))
+    pool = Pool.load(tmp_path / "pool.toml")
+    agents = spec.agents()
+    for row, best in structured_tasks(spec):
+        parts = list(row.get("parts") or row["tags"])  # type: ignore[call-overload]
+        for plan in [best.plan, *plans(sorted(agents))[::7]]:
+            n = 800
+            share = sum(run_plan(pool, plan, row, s) == row["answer"] for s in range(n)) / n
+            assert share == pytest.approx(p_right(plan, agents, parts), abs=0.05), (row, plan)
+
+
+def test_the_oracle_plan_of_each_kind_has_the_shape_the_kind_is_for() -> None:
+    for seed in (1, 2, 3):
+        spec = StructuredPoolSpec(seed=seed)
+        roles = spec.roles()
+        shapes = {o.kind: (o.shape, [s.agent for s in o.plan])
+                  for _, o in structured_tasks(spec)}
+        assert shapes["one"][0] == "1 step" and shapes["one"][1][0] in (roles["A"], roles["B"])
+        assert shapes["review"][0] == "draft + review"
+        assert set(shapes["review"][1]) == {roles["A"], roles["R"]}
+        assert shapes["split"] == ("split", [roles["A"], roles["B"]]) or \
+            shapes["split"] == ("split", [roles["B"], roles["A"]])
+        assert shapes["generalist"] == ("1 step", [roles["generalist"]])
+
+
+def test_routing_alone_cannot_reach_nine_tenths_of_the_oracle() -> None:
+    """The pools are built so a conductor must learn plans, not only whom to ask: the best
+    single agent per task falls short of the 0.9 bar."""
+    spec = StructuredPoolSpec(seed=1)
+    agents = spec.agents()
+    oracle = routed = 0.0
+    for row, best in structured_tasks(spec):
+        parts = list(row.get("parts") or row["tags"])  # type: ignore[call-overload]
+        oracle += best.expected_reward
+        routed += max(expected_reward([PlanStep(agent=a)], agents, parts, spec.wrong,
+                                      spec.cost_penalty_per_usd)[0] for a in agents)
+    assert routed / oracle < 0.86
+
+
+def test_conductor_sim_pool_structure_writes_pool_tasks_and_oracle(tmp_path: Path) -> None:
+    from tests.cli import run_conductor
+
+    out = tmp_path / "s5"
+    proc = run_conductor("sim", "pool", "--structure", "--seed", "5", "--tasks-per-tag", "4",
+                         "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    spec = StructuredPoolSpec(seed=5, tasks_per_kind=4)
+    assert (out / "pool.toml").read_text() == structured_pool_toml(spec)
+    pool = Pool.load(out / "pool.toml")
+    assert len(pool.agents) == 4 and len({a.description for a in pool.agents}) == 1
+    loaded = load_tasks(str(out / "tasks.jsonl")).tasks
+    oracle = [json.loads(line) for line in (out / "oracle.jsonl").read_text().splitlines()]
+    assert [t.id for t in loaded] == [o["id"] for o in oracle] and len(loaded) == 16
+    assert Counter(o["kind"] for o in oracle) == {"one": 4, "review": 4, "split": 4,
+                                                 "generalist": 4}
+    split = next(t for t in loaded if t.parts)
+    assert len(split.parts) == 2 and split.reference is not None
+    assert split.options.max_steps == 2 and split.options.reward.cost_penalty_per_usd > 0
+    assert "draft + review" in proc.stdout and "split" in proc.stdout
+    bad = run_conductor("sim", "pool", "--structure", "--tasks-per-tag", "9",
+                        "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "at most 8" in bad.stderr
