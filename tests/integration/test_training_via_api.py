@@ -106,3 +106,28 @@ async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_reco
     assert Path(loads[0].lora_path or "").is_dir()
     assert sum(s.model == v1 and s.checkpoint == loads[0].lora_path for s in served) == 16
     assert all(s.constrained and s.seed is not None for s in served)
+
+
+async def test_the_wire_server_refuses_what_it_would_sample_under_another_grammar() -> None:
+    """A schema sent as `response_format`, or as structured outputs with free whitespace, is
+    refused (400) rather than sampled under the local provider's compact grammar, which the
+    trainer's replay would then reject; a model name it does not hold is vLLM's 404."""
+    import httpx
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    base = {"model": "base-model", "messages": [{"role": "user", "content": "hi"}]}
+    with LocalVllm("base-model") as server:
+        async with httpx.AsyncClient(base_url=server.openai_base_url) as http:
+            loose = await http.post("/chat/completions", json={
+                **base, "structured_outputs": {"json": schema}})
+            other = await http.post("/chat/completions", json={
+                **base, "response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "x", "schema": schema}}})
+            unknown = await http.post("/chat/completions", json={**base, "model": "c-v3"})
+            lora = await http.post("/load_lora_adapter", json={"lora_name": "c-v3",
+                                                                "lora_path": "/nowhere"})
+        assert server.served() == []
+    assert loose.status_code == 400 and "disable_any_whitespace" in loose.text
+    assert other.status_code == 400 and "structured_outputs.json" in other.text
+    assert unknown.status_code == 404 and "The model `c-v3` does not exist." in unknown.text
+    assert lora.status_code == 404 and "No adapter found for /nowhere" in lora.text
