@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer, field_validator
 
 from conductor_engine.engine.contracts.agent_calls import Citation, Message, Usage
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
@@ -52,6 +52,18 @@ class PlanAttempt(BaseModel):
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
     )
+
+    @field_serializer("json_schema", when_used="json")
+    def _schema_as_text(self, schema: dict[str, Any] | None) -> str | None:
+        """The schema as JSON text: a trace is a jsonb document, and jsonb reorders object keys
+        (shortest first), while the grammar writes properties in the schema's order. Stored as
+        an object, a replay would expect `steps` before `reasoning`, and reject every plan."""
+        return None if schema is None else json.dumps(schema)
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema_from_text(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
 
 
 class AgentReply(BaseModel):

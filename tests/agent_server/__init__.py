@@ -23,6 +23,10 @@ Routes (what the SDKs request when given the base URLs below), and the module of
 (google-genai 3.x calls /v1/...; older releases called /v1beta/...; both are served.)
     vLLM LoRA  POST /v1/load_lora_adapter, /v1/unload_lora_adapter   vllm.py
 
+vLLM played by the local model (local_vllm.py, `LocalVllm`): not scripted but sampled, with the
+local provider's sampler and plan grammar behind vLLM's wire (structured outputs, token ids,
+runtime LoRA), so a conductor can train "behind the wire" (bench_learning.py --via-api).
+
 The rest: reply.py (`Reply`, what a test scripts), codec.py (`AgentRequest`, a request decoded
 alike whatever its family, and what the codecs share), wire.py (the HTTP side: paths to codecs,
 API keys, sending, hang-ups), server.py (`AgentServer`: scripts, recorded requests, delays, start

@@ -1,7 +1,7 @@
 """How fast the local conductor learns pools nobody tuned to: generated sim pools, held-out tasks.
 
     python tests/benchmarks/bench_learning.py [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
-        [--iterations 20] [--tasks-per-tag 8] [--holdout 0.25] [--full]
+        [--iterations 20] [--tasks-per-tag 8] [--holdout 0.25] [--full] [--via-api]
 
 For each seed: `conductor sim pool` (engine/providers/sim_pool.py) makes 4 look-alike agents, 4 of
 the generator's task kinds and `--tasks-per-tag` questions each; a quarter of each tag is held
@@ -19,6 +19,14 @@ oracle). A pool stops there unless --full. The ratio printed at the end is each 
 after training over the untrained conductor's (and over chance, 1 / agents), and the time per
 iteration (rollouts + update + held-out evaluation). Deterministic: rollouts and held-out plans
 are seeded, so the same seeds print the same curves on a busy machine, only slower.
+
+--via-api serves the conductor behind the OpenAI-compatible wire, as vLLM serves it in
+production: the pool's conductor becomes `provider = "openai-compatible"` pointed at a server
+that plays vLLM with the same local model (tests/agent_server/local_vllm.py: structured outputs,
+served token ids, runtime LoRA routes). Rollouts then take the API path (structured outputs ->
+served ids -> forced tokens and choice sets replayed by the trainer -> behaviour log-probs
+recomputed), and each published version is loaded through `/v1/load_lora_adapter`; the pools,
+seeds and figures are the local path's, so the two runs compare line for line.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import time
 import tomllib
 import uuid
 from collections import Counter, defaultdict
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +77,7 @@ from conductor_engine.workflows.train import (  # noqa: E402
     TrainInput,
     TrainProgress,
 )
+from tests.agent_server.local_vllm import LocalVllm  # noqa: E402
 from tests.benchmarks._harness import Stack, quiet_logs, run, stack, table  # noqa: E402
 
 ROUTED_BAR = 0.9
@@ -87,6 +97,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tasks-per-iteration", type=int, default=None)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    p.add_argument("--via-api", action="store_true",
+                   help="serve the conductor behind the OpenAI-compatible wire (a vLLM-like "
+                   "server wrapping the local model) instead of in-process")
     p.add_argument("--eval-table", action="store_true",
                    help="after training, the eval table on the held-out tasks: the untrained "
                    "and the trained conductor beside every baseline")
@@ -131,7 +144,8 @@ class Judge:
 
 
 async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
-                   store: TraceStore, workdir: Path) -> dict[str, object]:
+                   store: TraceStore, workdir: Path, served: LocalVllm | None
+                   ) -> dict[str, object]:
     spec = SimPoolSpec(agents=args.agents, tags=args.tags, seed=seed,
                        tasks_per_tag=args.tasks_per_tag)
     pool_file = workdir / f"pool-{seed}.toml"
@@ -149,6 +163,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     name = f"sim-pool-{seed}"
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
         update={"id": f"conductor-{name}"})})
+    if served is not None:  # the same conductor, behind the wire
+        pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(update={
+            "provider": "openai-compatible", "base_url": served.openai_base_url})})
     judge = Judge(spec, pool)
     settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
     client = await s.client()
@@ -171,7 +188,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
             for st in p.history[shown:]:
                 print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
                       f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
-                      f"{st.update_seconds:.0f}s", flush=True)
+                      f"{st.update_seconds:.0f}s"
+                      + "".join(f" · update left out {n} {why}"
+                                for why, n in sorted(st.update_left_out.items())), flush=True)
             shown = len(p.history)
             for e in p.evals[evals:]:
                 routed, reward, oracle, picks = await judge.judge(store, e)
@@ -243,15 +262,24 @@ async def main(args: argparse.Namespace) -> int:
           f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
           f"{recipe.loss.steps_per_update} steps/update", flush=True)
     results = []
-    with stack() as s:
+    print("conductor " + ("behind the OpenAI-compatible wire (a vLLM-like server)"
+                          if args.via_api else "in-process (the local provider)"), flush=True)
+    with stack() as s, ExitStack() as serving:
+        served = serving.enter_context(LocalVllm(args.model)) if args.via_api else None
         store = await shared_store(s.settings)
         try:
             workdir = s.settings.data_dir / "pools"
             workdir.mkdir(parents=True, exist_ok=True)
             for seed in seeds:
-                results.append(await one_pool(s, args, seed, recipe, store, workdir))
+                results.append(await one_pool(s, args, seed, recipe, store, workdir, served))
         finally:
             await close_shared_stores()
+    if served is not None:
+        calls = served.served()
+        loads = [c for c in served.lora_calls() if c.route == "load" and c.status == 200]
+        print(f"\nserved {len(calls)} completions ({sum(c.constrained for c in calls)} under "
+              f"structured_outputs), {sum(c.checkpoint is not None for c in calls)} by a "
+              f"trained version; {len(loads)} adapters loaded through /v1/load_lora_adapter")
     rows = []
     for r in results:
         curve = r["curve"]

@@ -75,6 +75,26 @@ async def test_writing_a_trace_twice_keeps_one_row_and_reads_back_equal(
     assert back is not None and back.model_dump() == trace.model_dump()
 
 
+async def test_a_served_plans_schema_reads_back_with_its_properties_in_order(
+    trace_store: TraceStore,
+) -> None:
+    """The trainer replays a served plan's grammar from the schema on its attempt, and the
+    grammar writes properties in the schema's order; a jsonb object would come back with its
+    keys reordered (`steps` before `reasoning`) and every replay would reject the plan."""
+    schema = {"type": "object", "properties": {"reasoning": {"type": "string"},
+                                               "steps": {"type": "array"}},
+              "required": ["reasoning", "steps"]}
+    trace = make_trace(f"t-{uuid.uuid4().hex[:6]}")
+    rnd = trace.rounds[0]
+    attempt = rnd.attempts[0].model_copy(update={"json_schema": schema, "token_ids": [1, 2]})
+    trace = trace.model_copy(update={"rounds": [rnd.model_copy(update={"attempts": [attempt]})]})
+    await trace_store.write(trace)
+    back = await trace_store.get(trace.workflow_id)
+    assert back is not None
+    read = back.rounds[0].attempts[0].json_schema
+    assert read == schema and json.dumps(read) == json.dumps(schema)
+
+
 async def test_long_texts_go_to_the_blob_store_and_come_back(
     postgres_url: str, tmp_path: Any,
 ) -> None:
