@@ -191,6 +191,23 @@ def tasks(spec: SimPoolSpec) -> list[dict[str, object]]:
             for row in per_tag[tag][k : k + 1]]
 
 
+def conductor_section(conductor: str, *, max_tokens: int) -> list[str]:
+    """A generated pool's conductor: the local model in the bare plan form (a small model that
+    reasons first spends its budget before the plan), sampled at temperature 1 for rollouts."""
+    return [
+        "offer_conductor_as_agent = false",
+        "",
+        "[conductor]",
+        'id = "conductor"',
+        'provider = "local"',
+        f'model = "{conductor}"',
+        'description = "The conductor itself."',
+        f"params = {{ temperature = 1.0, max_tokens = {max_tokens} }}",
+        "timeout_s = 300",
+        'plan_form = "bare"',
+    ]
+
+
 def pool_toml(spec: SimPoolSpec, conductor: str = "smollm2-135m-instruct") -> str:
     """The pool file: the local conductor in the bare plan form, and the sim agents."""
     matrix = spec.skill_matrix()
@@ -199,16 +216,7 @@ def pool_toml(spec: SimPoolSpec, conductor: str = "smollm2-135m-instruct") -> st
         f"--seed {spec.seed} --skills {spec.skills}`:",
         "# look-alike sim agents; the skills below are what the conductor must learn.",
         "",
-        "offer_conductor_as_agent = false",
-        "",
-        "[conductor]",
-        'id = "conductor"',
-        'provider = "local"',
-        f'model = "{conductor}"',
-        'description = "The conductor itself."',
-        "params = { temperature = 1.0, max_tokens = 96 }",
-        "timeout_s = 300",
-        'plan_form = "bare"',
+        *conductor_section(conductor, max_tokens=96),
     ]
     for agent, skills in matrix.items():
         table = ", ".join(f"{t} = {p}" for t, p in skills.items())

@@ -28,7 +28,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from conductor_engine.engine.providers.sim_pool import _BANK, DESCRIPTION, NAMES, _ranked
+from conductor_engine.engine.providers.sim_pool import (
+    _BANK,
+    DESCRIPTION,
+    NAMES,
+    _ranked,
+    conductor_section,
+)
 
 Kind = Literal["one", "review", "split", "generalist"]
 KINDS: tuple[Kind, ...] = ("one", "review", "split", "generalist")
@@ -261,16 +267,7 @@ def structured_pool_toml(spec: StructuredPoolSpec, conductor: str = "smollm2-135
         "# agents; skills, review rates and prices below are what the conductor must learn",
         "# (oracle.jsonl beside the tasks gives each task's best plan; docs/plans.md).",
         "",
-        "offer_conductor_as_agent = false",
-        "",
-        "[conductor]",
-        'id = "conductor"',
-        'provider = "local"',
-        f'model = "{conductor}"',
-        'description = "The conductor itself."',
-        "params = { temperature = 1.0, max_tokens = 128 }",
-        "timeout_s = 300",
-        'plan_form = "bare"',
+        *conductor_section(conductor, max_tokens=128),
     ]
     for name, role in spec.agents().items():
         skills = ", ".join(f"{t} = {p}" for t, p in role.skills.items())
