@@ -92,6 +92,7 @@ class PlanActivities:
                 subtask_max_chars=opts.subtask_max_chars, reasoning_max_chars=reasoning,
             ) if json_mode else None,
             seed=plan_seed(req, label) if opts.seeded else None,
+            explore=opts.explore, explore_importance=opts.explore_importance,
         )
         started = time.monotonic()
         try:

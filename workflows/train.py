@@ -298,6 +298,9 @@ class TrainingWorkflow:
                       "seeded": True}  # the same rollouts whatever the load
             if one_attempt:
                 update["max_plan_attempts"] = 1
+            if inp.recipe.rollouts.explore:  # absent otherwise: histories before it replay alike
+                update["explore"] = inp.recipe.rollouts.explore
+                update["explore_importance"] = inp.recipe.rollouts.explore_importance
             task = task.model_copy(update={"options": task.options.model_copy(update=update)})
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             res = _collected(await children.run(task, wid, f"rollout {sample} · {inp.name} "

@@ -18,6 +18,15 @@ class RunOptions(BaseModel):
     refinement_rounds: int = Field(default=0, ge=0, le=5)
     self_call_depth: int = Field(default=2, ge=0, le=5)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    explore: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="the plan's decisions drawn uniformly with this probability (a training "
+        "rollout's [rollouts] explore; the local conductor only)",
+    )
+    explore_importance: bool = Field(
+        default=False, description="an exploring run records the mixture's log-probs at its "
+        "decisions, not the policy's ([rollouts] explore_importance)",
+    )
     max_plan_attempts: int = Field(default=3, ge=1, le=20)
     max_step_attempts: int = Field(default=5, ge=1, le=100)
     step_deadline_s: float = Field(

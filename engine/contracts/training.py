@@ -76,6 +76,23 @@ class RolloutConfig(_TrlNames):
         default=None, ge=1,
         description="at most this many agents in a group's subset (None: the whole pool)",
     )
+    explore: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="epsilon: each decision of a rollout's plan (which agent, which access, "
+        "one more step or not) is drawn uniformly over the tokens the plan grammar allows there "
+        "with this probability, else from the policy; the behaviour log-probs are the "
+        "policy's (or the mixture's: explore_importance). An agent or a plan shape the "
+        "untrained conductor almost never writes gets tried (the local conductor only: a "
+        "served one samples without it)",
+    )
+    explore_importance: bool = Field(
+        default=False,
+        description="record an exploring rollout's decisions with the mixture's log-probs, so "
+        "the trainer's ratio pi/mu weighs an explored choice by the policy's own odds (an "
+        "unbiased, slow push: the expected gradient of not exploring); false: with the "
+        "policy's, so an explored choice that paid counts as if the policy had made it (a "
+        "biased, faster push, ε-greedy's)",
+    )
     shuffle_pool: bool = Field(
         default=False,
         description="show each group its agents in a random order, not the pool file's: no "

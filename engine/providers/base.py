@@ -45,6 +45,16 @@ class CompletionRequest(BaseModel):
         "tokens whatever else the backend is generating (the local model: exactly; OpenAI and "
         "vLLM: passed as `seed`, best effort); None draws freshly",
     )
+    explore: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="a training rollout's exploration (the local "
+        "model under a JSON schema only): each decision of the output (a choice right after "
+        "forced text) is drawn uniformly over the allowed tokens with this probability "
+        "(engine/providers/local/grammar.py)",
+    )
+    explore_importance: bool = Field(
+        default=False, description="log-probs at an exploring request's decisions are the "
+        "mixture's, not the policy's (engine/providers/local/sampling.py)",
+    )
 
 
 class Completion(BaseModel):

@@ -37,6 +37,8 @@ class Capabilities:
     set: it searches, but takes no options)."""
     trained_versions: TrainedVersions | None = None
     """How it serves a trained conductor version; None: it cannot."""
+    explores: bool = False
+    """It honours `CompletionRequest.explore` (and records the mixture's log-probs)."""
 
 
 ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]

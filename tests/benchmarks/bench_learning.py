@@ -15,7 +15,8 @@ the held-out tasks greedily (Recipe.heldout). From the held-out traces it prints
   to its competent agent (the same sim draws, so a perfectly routed version scores exactly 1.0);
 
 and the iteration where both first reach the bar (routed >= 0.9 and reward >= 0.9 of the
-oracle). A pool stops there unless --full. The ratio printed at the end is each pool's routing
+oracle). A pool stops at the evaluation after that (which says whether the bar held) unless
+--full. The ratio printed at the end is each pool's routing
 after training over the untrained conductor's (and over chance, 1 / agents), and the time per
 iteration (rollouts + update + held-out evaluation). Deterministic: rollouts and held-out plans
 are seeded, so the same seeds print the same curves on a busy machine, only slower.
@@ -177,6 +178,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                      agents=[a.id for a in pool.available()])
     curve: list[tuple[int, str, float, float]] = []
     crossed: int | None = None
+    kept: bool | None = None  # the bar, at the first evaluation after the crossing
     started = time.monotonic()
     async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
         conductor = ConductorClient(client, settings)
@@ -201,7 +203,11 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                       flush=True)
                 if crossed is None and routed >= ROUTED_BAR and ratio >= REWARD_BAR:
                     crossed = e.iteration
-                    if not args.full:
+                elif crossed is not None and kept is None and e.iteration > crossed:
+                    kept = routed >= ROUTED_BAR and ratio >= REWARD_BAR
+                    print(f"  the bar {'held' if kept else 'was NOT held'} at {e.version}",
+                          flush=True)
+                    if not args.full:  # crossed, and the next evaluation says whether it holds
                         await handle.signal(TrainingWorkflow.stop)
             evals = len(p.evals)
             desc = await handle.describe()
@@ -217,7 +223,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
             except Exception as e:  # the training figures above still stand
                 print(f"eval table failed: {type(e).__name__}: {e}", flush=True)
     iterations = max(len(p.history), 1)
-    return {"seed": seed, "crossed": crossed, "curve": curve, "iterations": len(p.history),
+    return {"seed": seed, "crossed": crossed, "held": kept, "curve": curve,
+            "iterations": len(p.history),
             "seconds_per_iteration": seconds / iterations,
             "update_seconds": statistics.fmean(h.update_seconds for h in p.history)
             if p.history else 0.0}
@@ -258,6 +265,10 @@ async def main(args: argparse.Namespace) -> int:
     if args.tasks_per_iteration:
         recipe.rollouts.groups_per_update = args.tasks_per_iteration
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if args.via_api and recipe.rollouts.explore:  # a served conductor samples without it
+        print(f"--via-api: the recipe's explore = {recipe.rollouts.explore} needs the local "
+              "conductor; these rollouts do not explore", flush=True)
+        recipe.rollouts.explore = 0.0
     print(f"recipe {args.recipe}: G={recipe.rollouts.group_size} × "
           f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
           f"{recipe.loss.steps_per_update} steps/update", flush=True)
@@ -285,7 +296,9 @@ async def main(args: argparse.Namespace) -> int:
         curve = r["curve"]
         assert isinstance(curve, list)
         first, last = curve[0], curve[-1]
-        rows.append([r["seed"], r["crossed"] if r["crossed"] is not None else "not reached",
+        reached = "not reached" if r["crossed"] is None else f"{r['crossed']}" + (
+            {True: ", held", False: ", not held", None: ""}[r["held"]])  # type: ignore[index]
+        rows.append([r["seed"], reached,
                      f"{first[2]:.2f} → {last[2]:.2f}",
                      f"{last[2] / first[2]:.2f}x" if first[2] else "none routed at v0",
                      f"{last[2] * args.agents:.2f}x", f"{last[3]:.2f}",

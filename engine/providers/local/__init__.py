@@ -48,7 +48,7 @@ wait_passively()  # before torch is first imported: see openmp.py
 CAPABILITIES = {
     # the plan grammar (xgrammar) constrains a JSON plan; a trained version is a checkpoint the
     # provider applies on top of the agent's own `model`
-    "local": Capabilities(structured_output=True, trained_versions="checkpoint"),
+    "local": Capabilities(structured_output=True, trained_versions="checkpoint", explores=True),
 }
 
 __all__ = [

@@ -175,8 +175,9 @@ def _run_batch(jobs: list[Job]) -> None:
     rows = Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
                 loaded.eos_ids)
     grammars = [j.grammar for j in jobs]
-    mask = GrammarMask(grammars, loaded.vocab_size, rows, text_encoder(loaded)) if any(
-        grammars) else None
+    explore = [j.request.explore for j in jobs]
+    mask = GrammarMask(grammars, loaded.vocab_size, rows, text_encoder(loaded), explore,
+                       [j.request.seed for j in jobs]) if any(grammars) else None
     options, sampler = sampling.sampling_options(first.request, [j.request.seed for j in jobs])
     try:
         with torch.inference_mode():
@@ -203,7 +204,9 @@ def _run_batch(jobs: list[Job]) -> None:
         return
     logprobs = sampling.sampled_logprobs(
         out.logits, out.sequences[:, width:], first.request.temperature,
-        mask.choices if mask else None).cpu()
+        mask.choices if mask else None,
+        [e if j.request.explore_importance else 0.0 for e, j in zip(explore, jobs, strict=True)],
+        mask.decisions if mask else None).cpu()
     sequences = out.sequences[:, width:].cpu()  # one copy from the GPU, not one per row
     for r, j in enumerate(jobs):
         try:

@@ -76,6 +76,21 @@ def grammar_compiler(loaded: LoadedModel) -> Any:
         return loaded.xgrammar_compiler
 
 
+def explore_generators(seeds: list[int | None]) -> list[Any]:
+    """A CPU generator per seeded row for its exploration draws, apart from the sampler's
+    (sampling.row_generators), so that exploring leaves the sampler's stream as it was; None
+    for a row without a seed (torch's global generator)."""
+    import torch
+
+    return [None if s is None else torch.Generator().manual_seed((s ^ EXPLORE_SALT) % 2**63)
+            for s in seeds]
+
+
+EXPLORE_SALT = 0x5EED_E7A1
+"""Mixed into a row's seed for its exploration generator, so its draws differ from the
+sampler's for the same seed."""
+
+
 def text_encoder(loaded: LoadedModel) -> Callable[[str], list[int]]:
     """Text to token ids the way the model's tokenizer splits it, with no special tokens."""
     tokenizer = loaded.tokenizer
@@ -105,10 +120,20 @@ class GrammarMask:
     or `c` `h` ...). Every plan of a task then reaches each of its choices through the same
     tokens: the choice is made in the same context in every rollout of a group, which is what
     lets GRPO credit it, and a model reads the structure as it was trained to read it.
+
+    A row asked to explore (`explore[r]` = epsilon > 0, a training rollout's
+    `CompletionRequest.explore`) makes each of its decisions (a choice right after forced text:
+    the first token of an agent's name, of an access list, the `,` that adds a step or the `]`
+    that ends the plan) with probability epsilon uniformly over the allowed tokens, and
+    otherwise as its model would: the draw is from its own generator, seeded from the row's seed,
+    so a rollout stays reproducible. The steps are kept (`decisions`); the behaviour log-probs
+    there are the policy's, or the mixture's for an `explore_importance` request
+    (sampling.sampled_logprobs), whose importance ratio then corrects for the exploration.
     """
 
     def __init__(self, grammars: list[Any], vocab_size: int, rows: Rows,
-                 encode: Callable[[str], list[int]]) -> None:
+                 encode: Callable[[str], list[int]], explore: list[float] | None = None,
+                 seeds: list[int | None] | None = None) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -124,6 +149,11 @@ class GrammarMask:
         self.choices: list[dict[int, list[int]]] = [{} for _ in grammars]  # per row: see above
         self._bits: Any = None  # [32] int32 shifts, for unpacking the bitmask
         self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
+        self.explore = explore or [0.0] * len(grammars)
+        self.decisions: list[list[int]] = [[] for _ in grammars]  # per row: explorable steps
+        self.explored: list[list[int]] = [[] for _ in grammars]  # per row: steps drawn uniformly
+        self._explore_generators = explore_generators(
+            seeds or [None] * len(grammars)) if any(self.explore) else [None] * len(grammars)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         forcing = []
@@ -134,30 +164,58 @@ class GrammarMask:
             self._accept_and_fill_batch(masked, last)
         else:
             self._accept_and_fill(masked, last)
+        exploring = []
         for r in masked:
             forced = self._forced_token(self._matchers[r], r)
             if forced is not None:
                 forcing.append((r, forced))
-            else:
-                self._record_choice(r)
+                continue
+            allowed = self._record_choice(r)
+            if allowed is not None and self._is_decision(r):
+                self.decisions[r].append(self._step)
+                token = self._explored_token(r, allowed)
+                if token is not None:
+                    exploring.append((r, token))
+                    self.explored[r].append(self._step)
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
         # the behaviour logprobs are computed from (renormalised over `choices` where recorded)
         scores = scores.clone()
         if masked:
             self._apply_bitmask(scores, masked)
-        if forcing:  # all forced rows at once: a few kernels on a GPU, not a few per row
+        if forcing or exploring:  # all such rows at once: a few kernels on a GPU, not per row
             import torch
 
-            rows = torch.tensor([r for r, _ in forcing], device=scores.device)
-            tokens = torch.tensor([t for _, t in forcing], device=scores.device)
+            pinned = forcing + exploring
+            rows = torch.tensor([r for r, _ in pinned], device=scores.device)
+            tokens = torch.tensor([t for _, t in pinned], device=scores.device)
             keep = scores[rows, tokens]
             scores[rows] = float("-inf")
-            scores[rows, tokens] = keep
+            scores[rows, tokens] = keep  # the one token left standing: the sampler takes it
             for r, _ in forcing:
                 self.forced[r].append(self._step)
         self._step += 1
         return scores
+
+    def _is_decision(self, row: int) -> bool:
+        """A choice made right after forced text (or first), where an exploring row explores:
+        the start of a value, not a token inside free text (an escape's few allowed tokens)
+        nor a name's continuation after its first token."""
+        if not self.explore[row]:
+            return False
+        forced = self.forced[row]
+        return self._step == 0 or (bool(forced) and forced[-1] == self._step - 1)
+
+    def _explored_token(self, row: int, allowed: list[int]) -> int | None:
+        """With probability explore[row], one of `allowed` uniformly; else None (the model's
+        own draw). Two uniforms from the row's explore generator, drawn at every decision."""
+        import torch
+
+        g = self._explore_generators[row]
+        u, pick = torch.rand(2, generator=g).tolist() if g is not None else torch.rand(2).tolist()
+        if u >= self.explore[row]:
+            return None
+        return allowed[min(int(pick * len(allowed)), len(allowed) - 1)]
 
     def _accept_and_fill(self, rows: list[int], last: list[int]) -> None:
         """Feed each row's matcher its last token, then fill its row of the bitmask: one row
@@ -203,9 +261,10 @@ class GrammarMask:
                 scores, bitmask, vocab_size=self._vocab_size, indices=rows,
                 backend=_gpu_backend)
 
-    def _record_choice(self, row: int) -> None:
-        """Keep the row's allowed tokens at this step when they are few (a decision); a step
-        with one allowed token (the end of turn after the closing brace) is forced."""
+    def _record_choice(self, row: int) -> list[int] | None:
+        """Keep the row's allowed tokens at this step when they are few (a choice), and return
+        them; a step with one allowed token (the end of turn after the closing brace) is
+        forced."""
         import numpy as np
         import torch
 
@@ -215,12 +274,15 @@ class GrammarMask:
         # more words set than a choice may have (numpy on the same memory: a row per plan and
         # step, where torch's per-call overhead would be most of the cost)
         if int(np.count_nonzero(words.numpy())) > CHOICE_MAX:
-            return
+            return None
         allowed = ((words[:, None] >> self._bits) & 1).flatten()[: self._vocab_size].nonzero()
         if allowed.shape[0] == 1:
             self.forced[row].append(self._step)
         elif allowed.shape[0] <= CHOICE_MAX:
-            self.choices[row][self._step] = allowed[:, 0].tolist()
+            tokens: list[int] = allowed[:, 0].tolist()
+            self.choices[row][self._step] = tokens
+            return tokens
+        return None
 
     def _forced_token(self, matcher: Any, row: int) -> int | None:
         """The first token of the text the grammar forces next, when the grammar allows it."""
