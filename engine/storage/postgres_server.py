@@ -226,8 +226,11 @@ def server_user() -> ServerUser | None:
     import pwd
 
     ensure_user_exists = _package().utils.ensure_user_exists
-    ensure_user_exists(SYSTEM_USER)
-    entry = pwd.getpwnam(SYSTEM_USER)
+    # one process at a time: servers of several data directories starting together on a new
+    # machine each ran `useradd`, and one went on with a uid that another's had replaced
+    with locked(Path("/tmp"), "conductor-postgres-user.lock"):
+        ensure_user_exists(SYSTEM_USER)
+        entry = pwd.getpwnam(SYSTEM_USER)
     return ServerUser(SYSTEM_USER, entry.pw_uid, entry.pw_gid)
 
 
@@ -287,10 +290,10 @@ def reaching_user(pgdata: Path, user: ServerUser) -> ServerUser:
 
 
 @contextlib.contextmanager
-def locked(data_dir: Path) -> Iterator[None]:
+def locked(data_dir: Path, name: str = "") -> Iterator[None]:
     """One process at a time starts, upgrades or stops the server of a data directory (a worker
     and a CLI command often start at the same moment)."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(data_dir / (name or LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

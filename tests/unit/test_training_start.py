@@ -64,3 +64,15 @@ def test_a_served_conductor_needs_its_base_and_an_api_conductor_cannot_be_traine
         == "org/m"
     with pytest.raises(ValueError, match="cannot be trained here"):
         plan_training(TrainingOptions(name="r"), _pool("openai", api_key_env="K"), [])
+
+
+def test_an_exploring_recipe_is_refused_for_a_served_conductor_and_kept_for_a_local_one() -> None:
+    """A served conductor samples without exploring (vLLM knows nothing of it), so a recipe
+    that asks for it would train on rollouts it believes explored: refused, saying what to do."""
+    recipe = Recipe()
+    recipe.rollouts.explore = 0.25
+    served = _pool("openai-compatible", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"explore = 0.25 needs a local conductor.*set explore"):
+        plan_training(TrainingOptions(name="r", base="org/m", recipe=recipe), served, [])
+    plan = plan_training(TrainingOptions(name="r", recipe=recipe), _pool("local"), [])
+    assert plan.recipe.rollouts.explore == 0.25

@@ -8,6 +8,7 @@ xgrammar is optional: without it a request is generated unconstrained, with a wa
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import threading
 from collections.abc import Callable
@@ -79,16 +80,18 @@ def grammar_compiler(loaded: LoadedModel) -> Any:
 def explore_generators(seeds: list[int | None]) -> list[Any]:
     """A CPU generator per seeded row for its exploration draws, apart from the sampler's
     (sampling.row_generators), so that exploring leaves the sampler's stream as it was; None
-    for a row without a seed (torch's global generator)."""
+    for a row without a seed (torch's global generator).
+
+    Seeded with a hash of the row's seed: Mersenne Twister's first draws for nearby seeds
+    (a group's rollouts 0, 1, 2, ...) are correlated, and a uniform pick over 15 tokens took
+    the same token for 7 of 24 consecutive seeds."""
     import torch
 
-    return [None if s is None else torch.Generator().manual_seed((s ^ EXPLORE_SALT) % 2**63)
-            for s in seeds]
+    def hashed(seed: int) -> int:
+        digest = hashlib.blake2b(f"explore:{seed}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 1
 
-
-EXPLORE_SALT = 0x5EED_E7A1
-"""Mixed into a row's seed for its exploration generator, so its draws differ from the
-sampler's for the same seed."""
+    return [None if s is None else torch.Generator().manual_seed(hashed(s)) for s in seeds]
 
 
 def text_encoder(loaded: LoadedModel) -> Callable[[str], list[int]]:
