@@ -1,6 +1,6 @@
 """Does the local conductor learn plans, not only routing? Structured sim pools, held-out tasks.
 
-    python tests/benchmarks/bench_plans.py [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
+    python tests/benchmarks/bench_plans.py [--seeds 1,2,3] [--recipe examples/sim/recipe-plans.toml]
         [--iterations 40] [--tasks-per-kind 8] [--holdout 0.25] [--full] [--no-eval]
 
 For each seed, `conductor sim pool --structure` (engine/providers/sim_structure.py) makes four
@@ -87,7 +87,8 @@ BAR = 0.9
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="1,2,3", help="comma-separated pool seeds")
-    p.add_argument("--recipe", type=Path, default=ROOT / "examples" / "sim" / "recipe.toml")
+    p.add_argument("--recipe", type=Path,
+                   default=ROOT / "examples" / "sim" / "recipe-plans.toml")
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--tasks-per-kind", type=int, default=8)
     p.add_argument("--holdout", type=float, default=0.25)
