@@ -70,7 +70,7 @@ from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
 from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
 from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
 from conductor_engine.workflows.train import (  # noqa: E402
@@ -145,6 +145,22 @@ class Judge:
         return sum(expected) / n, sum(realised) / n, sum(oracle) / n, shapes, exact
 
 
+    async def rollout_shapes(self, store: TraceStore, policy: str, version: str
+                             ) -> Counter[str]:
+        """The shapes of the plans one version's training rollouts wrote (the held-out runs,
+        `heldout~ID`, left out): whether the rollouts try the plans GRPO must credit."""
+        found = await store.search(TraceFilter(policy_name=policy, policy_version=version),
+                                   limit=10_000)
+        shapes: Counter[str] = Counter()
+        for summary in found:
+            if "~" in summary.task_id:
+                continue
+            t = await store.get(summary.workflow_id, resolve_blobs=False)
+            plan = self.written(t)[0] if t is not None else None
+            shapes[shape(plan, self.parts[summary.task_id]) if plan else "invalid"] += 1
+        return shapes
+
+
 def _plain(run_id: str) -> str:
     """The task id of a held-out or eval run ("heldout~ID", "SYSTEM~ID")."""
     return run_id.rsplit("~", 1)[-1]
@@ -207,6 +223,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                 print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
                       f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
                       f"{st.update_seconds:.0f}s", flush=True)
+                tried = await judge.rollout_shapes(store, pool.conductor.id, st.version)
+                print("    rollouts wrote: " + ", ".join(
+                    f"{s} {k}" for s, k in sorted(tried.items())), flush=True)
             shown = len(p.history)
             for e in p.evals[evals:]:
                 expected, realised, oracle, shapes, exact = await judge.judge(store, e)
