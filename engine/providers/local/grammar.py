@@ -154,7 +154,6 @@ class GrammarMask:
         self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
         self.explore = explore or [0.0] * len(grammars)
         self.decisions: list[list[int]] = [[] for _ in grammars]  # per row: explorable steps
-        self.explored: list[list[int]] = [[] for _ in grammars]  # per row: steps drawn uniformly
         self._explore_generators = explore_generators(
             seeds or [None] * len(grammars)) if any(self.explore) else [None] * len(grammars)
 
@@ -179,7 +178,6 @@ class GrammarMask:
                 token = self._explored_token(r, allowed)
                 if token is not None:
                     exploring.append((r, token))
-                    self.explored[r].append(self._step)
         self._started = True
         # a copy: `generate` keeps the tensor it passes here as the step's raw logits, which
         # the behaviour logprobs are computed from (renormalised over `choices` where recorded)
