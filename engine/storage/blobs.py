@@ -111,6 +111,14 @@ def key_for(ref: str) -> str:
     return f"{REF_ALGORITHM}/{digest[:2]}/{digest[2:]}"
 
 
+def _forget(in_flight: dict[Any, Any], slot: Any, done: asyncio.Future[None]) -> None:
+    """Drop a finished shared upload, reading its outcome so an error every waiter already
+    received (or none was left to receive) is not also logged as never retrieved."""
+    in_flight.pop(slot, None)
+    if not done.cancelled():
+        done.exception()
+
+
 class BlobStore(ABC):
     """Content-addressed `put`/`get`/`exists` over a key-value backend.
 
@@ -169,12 +177,26 @@ class BlobStore(ABC):
         return await self.size_key(key_for(ref))
 
     async def put(self, data: bytes) -> str:
-        """Store `data` once and return its reference; existing content is not rewritten."""
+        """Store `data` once and return its reference; existing content is not rewritten.
+
+        Concurrent puts of the same bytes on one event loop share one upload (a batch's runs
+        often write the same prompt at once): one existence check and one write, not sixteen
+        racing writes of one key, which some S3 servers answer with a 500. A caller that is
+        cancelled leaves the shared upload running for the others."""
         ref = ref_for(data)
-        key = key_for(ref)
+        in_flight: dict[tuple[int, str], asyncio.Future[None]] = self.__dict__.setdefault(
+            "_puts_in_flight", {})
+        slot = (id(asyncio.get_running_loop()), ref)
+        upload = in_flight.get(slot)
+        if upload is None:
+            upload = in_flight[slot] = asyncio.ensure_future(self._put_once(key_for(ref), data))
+            upload.add_done_callback(lambda done: _forget(in_flight, slot, done))
+        await asyncio.shield(upload)
+        return ref
+
+    async def _put_once(self, key: str, data: bytes) -> None:
         if not await self.exists_key(key):
             await self.put_key(key, data)
-        return ref
 
     async def get(self, ref: str) -> bytes:
         """The bytes of `ref`, checked against their hash so corruption never goes unnoticed."""

@@ -103,6 +103,34 @@ async def test_concurrent_puts_of_the_same_bytes_store_one_blob(store: BlobStore
     assert len(stored_objects(store)) == 1  # no duplicates, no temporary files left behind
 
 
+async def test_concurrent_puts_of_the_same_bytes_write_once(store: BlobStore) -> None:
+    writes: list[str] = []
+    real_put_key = store.put_key
+
+    async def counted_put_key(key: str, data: bytes) -> None:
+        writes.append(key)
+        await real_put_key(key, data)
+
+    store.put_key = counted_put_key  # type: ignore[method-assign]
+    data = uuid.uuid4().bytes * 4096
+    await asyncio.gather(*(store.put(data) for _ in range(16)))
+    assert len(writes) == 1
+    await store.put(data)  # finished: the next put checks again and finds the blob there
+    assert len(writes) == 1
+
+
+async def test_a_cancelled_put_leaves_the_shared_upload_to_the_others(store: BlobStore) -> None:
+    data = uuid.uuid4().bytes * 4096
+    first = asyncio.ensure_future(store.put(data))
+    second = asyncio.ensure_future(store.put(data))
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await second == ref_for(data)
+    assert await store.get(ref_for(data)) == data
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
 async def test_a_malformed_reference_is_refused(store: BlobStore) -> None:
     for ref in ("sha256:xyz", "md5:" + "0" * 32, "../../etc/passwd"):
         with pytest.raises(ValueError, match="not a blob reference"):
