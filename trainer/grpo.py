@@ -62,9 +62,9 @@ from torch.utils.checkpoint import checkpoint
 from conductor_engine.engine.contracts.training import LossConfig, StepMetrics
 
 __all__ = [
-    "Batch", "Compute", "LogProbs", "LossConfig", "Sample", "StepMetrics", "collate",
-    "compute_of", "group_advantages", "grpo_loss", "loss_normaliser", "make_optimizer",
-    "misfit_choice", "per_token_logprobs", "set_compute", "train_step",
+    "Batch", "Compute", "LogProbs", "LossConfig", "Sample", "StepMetrics", "batch_advantages",
+    "collate", "compute_of", "group_advantages", "grpo_loss", "loss_normaliser",
+    "make_optimizer", "misfit_choice", "per_token_logprobs", "set_compute", "train_step",
 ]
 
 # ---------------------------------------------------------------------------------- samples
@@ -131,6 +131,23 @@ def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
         return [0.0] * len(rewards)
     std = statistics.stdev(rewards)
     return [a / (std + 1e-4) for a in centred]
+
+
+def batch_advantages(groups: Sequence[Sequence[float]], *, scale: bool) -> list[list[float]]:
+    """Advantages against the whole update's rewards (REINFORCE++'s global baseline), per group:
+
+        A_i = (r_i - mean(r over every rollout of the update)) / (std(r over the same) + 1e-4)
+
+    (without the division when not `scale`). Unlike `group_advantages`, a group whose rollouts
+    all scored alike keeps a signal: all failed, its choices are pushed down; all right, up.
+    The price is variance between tasks of unequal difficulty, which a group baseline removes.
+    """
+    flat = [r for g in groups for r in g]
+    if len(flat) < 2:
+        return [[0.0] * len(g) for g in groups]
+    mean = statistics.fmean(flat)
+    div = statistics.stdev(flat) + 1e-4 if scale else 1.0
+    return [[(r - mean) / div for r in g] for g in groups]
 
 
 def loss_normaliser(samples: Sequence[Sample], cfg: LossConfig) -> float:

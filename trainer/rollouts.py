@@ -23,6 +23,7 @@ and the update is on-policy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -34,7 +35,12 @@ from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.rewards.rollouts import Group, merge_counts, rollout_group
 from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.trainer.grpo import Sample, group_advantages, misfit_choice
+from conductor_engine.trainer.grpo import (
+    Sample,
+    batch_advantages,
+    group_advantages,
+    misfit_choice,
+)
 
 
 async def select_groups(
@@ -86,17 +92,31 @@ def deciding_attempts(trace: Trace) -> list[PlanAttempt]:
     return [r.attempts[-1] for r in trace.rounds if r.attempts]
 
 
+def update_samples(groups: Sequence[tuple[Group, int]], tokenizer: Any, cfg: RolloutConfig,
+                   temperature: float = 1.0) -> list[Sample]:
+    """The samples of an update's groups, with advantages against `cfg.baseline`: each group's
+    own rollouts (GRPO) or every rollout of the update (trainer/grpo.py `batch_advantages`)."""
+    if cfg.baseline == "group":
+        return [s for g, age in groups for s in group_samples(g, age, tokenizer, cfg, temperature)]
+    trained = [(g, age) for g, age in groups if g.trainable]
+    advantages = batch_advantages([g.rewards for g, _ in trained], scale=cfg.scale_rewards)
+    return [s for (g, age), a in zip(trained, advantages, strict=True)
+            for s in group_samples(g, age, tokenizer, cfg, temperature, advantages=a)]
+
+
 def group_samples(
-    group: Group, age: int, tokenizer: Any, cfg: RolloutConfig, temperature: float = 1.0
+    group: Group, age: int, tokenizer: Any, cfg: RolloutConfig, temperature: float = 1.0,
+    advantages: Sequence[float] | None = None,
 ) -> list[Sample]:
-    """The samples of one group: group-relative advantages over its rollouts' rewards, the
-    runs left out taking no part; none for a group too small to train. `temperature` is the
-    one the trainer scores tokens at: a run sampled at another (a stored run trained with
-    `--from-traces`) keeps its tokens but not its log-probs, which are in another
-    distribution, so its update is on-policy."""
+    """The samples of one group: group-relative advantages over its rollouts' rewards (or the
+    `advantages` given, one per rollout), the runs left out taking no part; none for a group
+    too small to train. `temperature` is the one the trainer scores tokens at: a run sampled at
+    another (a stored run trained with `--from-traces`) keeps its tokens but not its log-probs,
+    which are in another distribution, so its update is on-policy."""
     if not group.trainable:
         return []
-    advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
+    if advantages is None:
+        advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
     weight = cfg.stale_discount**age
     out: list[Sample] = []
     for trace, advantage in zip(group.traces, advantages, strict=True):

@@ -60,9 +60,9 @@ from conductor_engine.trainer.replay import replay_groups
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,
-    group_samples,
     group_stats,
     select_groups,
+    update_samples,
 )
 from conductor_engine.trainer.tracking import SAMPLE_PLANS, SamplePlan, Trackers, iteration_of
 
@@ -121,9 +121,8 @@ class Trainer:
         groups = await asyncio.to_thread(  # a served conductor's records (trainer/replay.py)
             replay_groups, groups, held.policy.model, held.policy.tokenizer)
         stats = group_stats(groups)
-        samples = [s for g, age in groups
-                   for s in group_samples(g, age, held.policy.tokenizer, req.recipe.rollouts,
-                                          req.recipe.loss.temperature)]
+        samples = update_samples(groups, held.policy.tokenizer, req.recipe.rollouts,
+                                 req.recipe.loss.temperature)
         self._held = None  # the weights are about to change: unusable until published
         step = await asyncio.to_thread(on_ranks, self.ranks, "train", held, req, samples)
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided

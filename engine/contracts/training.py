@@ -64,6 +64,15 @@ class RolloutConfig(_TrlNames):
         default=True, description="divide advantages by the group's std (False = Dr. GRPO); "
         "TRL's 'group' and 'none' mean true and false"
     )
+    baseline: Literal["group", "batch"] = Field(
+        default="group",
+        description="what a rollout's reward is measured against: 'group', its task's G "
+        "rollouts (GRPO; a group whose rollouts all scored alike teaches nothing), or 'batch', "
+        "every rollout of the update (REINFORCE++'s global baseline): a group that all failed "
+        "still pushes its choices down, so a conductor that sends every kind of task to one "
+        "agent is corrected by the kinds that agent fails, not only by the rare group that "
+        "tried another. scale_rewards then divides by the batch's std",
+    )
     dataset: str | None = Field(default=None, description="only groups of this dataset")
     task_ids: list[str] | None = Field(default=None, description="only these tasks")
     pool_subset_min: int | None = Field(

@@ -19,6 +19,7 @@ from conductor_engine.trainer.grpo import (  # noqa: E402
     Compute,
     Sample,
     _shared_prefix_len,
+    batch_advantages,
     collate,
     compute_of,
     group_advantages,
@@ -66,6 +67,18 @@ def test_a_group_of_equal_rewards_gets_zero_advantages(scale: bool) -> None:
     assert group_advantages([0.5] * 4, scale=scale) == [0.0] * 4
     assert group_advantages([1.0], scale=scale) == [0.0]
 
+
+
+def test_batch_advantages_centre_and_scale_over_every_rollout_of_the_update() -> None:
+    groups = [[0.0, 0.0, 0.0], [1.0, 0.0], [1.0, 1.0, 0.5]]
+    flat = torch.tensor([r for g in groups for r in g])
+    mean, std = float(flat.mean()), float(flat.std())  # unbiased, as group_advantages'
+    assert batch_advantages(groups, scale=False) == [
+        pytest.approx([r - mean for r in g]) for g in groups]
+    assert batch_advantages(groups, scale=True) == [
+        pytest.approx([(r - mean) / (std + 1e-4) for r in g]) for g in groups]
+    assert all(a < 0 for a in batch_advantages(groups, scale=True)[0]), "all failed: pushed down"
+    assert batch_advantages([[1.0]], scale=True) == [[0.0]], "one rollout: nothing to compare"
 
 # ----------------------------------------------------------------------------- the surrogate
 

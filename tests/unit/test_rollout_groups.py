@@ -181,6 +181,33 @@ def test_advantages_are_over_the_rollouts_only() -> None:
     assert group_samples(group([1.0], ["step_failed"]), 0, tiny_tokenizer(), cfg) == []
 
 
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_a_batch_baseline_gives_a_group_that_all_failed_a_signal(scale: bool) -> None:
+    """Under GRPO's group baseline a group whose rollouts all failed trains nothing; measured
+    against the update's other rollouts its choices are pushed down (recipe `baseline`)."""
+    pytest.importorskip("transformers")
+    from conductor_engine.engine.contracts.training import RolloutConfig
+    from conductor_engine.trainer.grpo import batch_advantages
+    from conductor_engine.trainer.rollouts import update_samples
+    from tests.grpo_inputs import tiny_tokenizer
+
+    failed, mixed = group([0.0, 0.0], []), group([1.0, 0.0], [])
+    small = group([1.0], ["step_failed"] * 3)  # too few left: takes no part
+    for g in (failed, mixed, small):
+        for t in g.traces:
+            t.rounds[0].attempts[0].prompt = [Message(role="user", content="w1 w2")]
+    groups = [(failed, 0), (small, 0), (mixed, 0)]
+    by_group = update_samples(groups, tiny_tokenizer(), RolloutConfig(
+        group_size=2, scale_rewards=scale))
+    by_batch = update_samples(groups, tiny_tokenizer(), RolloutConfig(
+        group_size=2, scale_rewards=scale, baseline="batch"))
+    assert [s.advantage for s in by_group][:2] == [0.0, 0.0]
+    expected = batch_advantages([[0.0, 0.0], [1.0, 0.0]], scale=scale)  # not the small group's
+    assert [s.advantage for s in by_batch] == [a for g in expected for a in g]
+    assert by_batch[0].advantage < 0 and by_batch[2].advantage > 0
+    assert sum(s.advantage for s in by_batch) == pytest.approx(0.0)
+
 # --- blob references in trace documents ----------------------------------------------------
 
 
