@@ -79,6 +79,16 @@ class Stack:
         return await connect_temporal(self.settings, start_embedded=False)
 
 
+def recipe_line(path: Path, recipe: Any) -> str:
+    """A training benchmark's first line: the recipe file and the settings that shape a curve,
+    the ones left at their defaults (no baseline but the group's, no exploration) unsaid."""
+    r, loss = recipe.rollouts, recipe.loss
+    extra = "".join([f", baseline {r.baseline}" if r.baseline != "group" else "",
+                     f", explore {r.explore}" if r.explore else ""])
+    return (f"recipe {path}: G={r.group_size} × {r.groups_per_update} tasks, "
+            f"lr {loss.learning_rate}, {loss.steps_per_update} steps/update{extra}")
+
+
 def add_common_args(parser: argparse.ArgumentParser, latency: float | None = None) -> None:
     """--runs and --warmup; --latency too when given its default."""
     parser.add_argument("--runs", type=int, default=5, help="measured runs per kind (default 5)")

@@ -79,7 +79,14 @@ from conductor_engine.workflows.train import (  # noqa: E402
     TrainProgress,
 )
 from tests.agent_server.local_vllm import LocalVllm  # noqa: E402
-from tests.benchmarks._harness import Stack, quiet_logs, run, stack, table  # noqa: E402
+from tests.benchmarks._harness import (  # noqa: E402
+    Stack,
+    quiet_logs,
+    recipe_line,
+    run,
+    stack,
+    table,
+)
 
 ROUTED_BAR = 0.9
 REWARD_BAR = 0.9
@@ -269,9 +276,7 @@ async def main(args: argparse.Namespace) -> int:
         print(f"--via-api: the recipe's explore = {recipe.rollouts.explore} needs the local "
               "conductor; these rollouts do not explore", flush=True)
         recipe.rollouts.explore = 0.0
-    print(f"recipe {args.recipe}: G={recipe.rollouts.group_size} × "
-          f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
-          f"{recipe.loss.steps_per_update} steps/update", flush=True)
+    print(recipe_line(args.recipe, recipe), flush=True)
     results = []
     print("conductor " + ("behind the OpenAI-compatible wire (a vLLM-like server)"
                           if args.via_api else "in-process (the local provider)"), flush=True)

@@ -79,7 +79,14 @@ from conductor_engine.workflows.train import (  # noqa: E402
     TrainInput,
     TrainProgress,
 )
-from tests.benchmarks._harness import Stack, quiet_logs, run, stack, table  # noqa: E402
+from tests.benchmarks._harness import (  # noqa: E402
+    Stack,
+    quiet_logs,
+    recipe_line,
+    run,
+    stack,
+    table,
+)
 
 BAR = 0.9
 
@@ -301,9 +308,7 @@ async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
 async def main(args: argparse.Namespace) -> int:
     recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    print(f"recipe {args.recipe}: G={recipe.rollouts.group_size} × "
-          f"{recipe.rollouts.groups_per_update} tasks, lr {recipe.loss.learning_rate}, "
-          f"{recipe.loss.steps_per_update} steps/update", flush=True)
+    print(recipe_line(args.recipe, recipe), flush=True)
     results = []
     with stack() as s:
         store = await shared_store(s.settings)
