@@ -52,7 +52,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
-from functools import cache
+from functools import cache, partial
 from typing import Any, Literal, cast
 
 import torch
@@ -243,10 +243,12 @@ def _choice_ids(samples: Sequence[Sample], width: int) -> Tensor:
 _LOGIT_CHUNK = 2**26
 
 
-def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0
-                       ) -> Tensor:
+def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0,
+                       prefix: GroupPrefix | None = None) -> Tensor:
     """log pi(token | prefix) of every completion token in the loss, [B, T] float32, 0 on
     padding and on forced tokens (see Sample.forced), whose log-probs are not computed.
+    `prefix`: the shared prompt opening already run for the micro-batches of a group
+    (`GroupPrefix`), read instead of run again.
 
     The transformer runs over prompt + completion, but the LM head and the log-softmax run only
     over the hidden states that predict real completion tokens (position t predicts token t+1),
@@ -264,7 +266,7 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     if shared and batch.prefix == "packed" and _packable(hf):
         hidden = _hidden_packed(hf, batch, shared)  # [B, T, H], already shifted
     elif shared:
-        hidden = _hidden_with_shared_prefix(hf, batch, shared)  # [B, T, H], already shifted
+        hidden = _hidden_with_shared_prefix(hf, batch, shared, prefix)  # [B, T, H], shifted
     else:
         hidden = hf.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                use_cache=False).last_hidden_state[:, p - 1 : -1]  # [B, T, H]
@@ -360,7 +362,8 @@ def _checkpointed(model: Any, on: bool) -> Iterator[None]:
             m.gradient_checkpointing = was
 
 
-def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
+def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int,
+                               prefix: GroupPrefix | None = None) -> Tensor:
     """The hidden states before each completion token, [B, T, H], running the `shared` prefix
     tokens every prompt starts with once.
 
@@ -379,15 +382,12 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
     is never written (`_ReadOnlyPrefix`): replaying a layer reads the same keys again, which
     is what lets a layer keep its cache under checkpointing (`_can_checkpoint_with_cache`).
     """
-    from transformers import DynamicCache
-
     p, b = batch.prompt_len, batch.input_ids.shape[0]
-    # the layers fill the cache they are given; the model's output may not return it (with
-    # checkpointing installed, transformers' Qwen2 forces use_cache off and returns None)
-    cache = DynamicCache(config=hf.config)
+    if prefix is not None and prefix.matches(batch, shared):
+        cache = prefix.cache(hf)  # run once for the group's micro-batches
+    else:
+        cache = _run_prefix(hf, _prefix_ids(batch, shared))
     given = {_cache_keyword(hf.base_model): cache}
-    with _checkpointed(hf, False):
-        hf.base_model(input_ids=_prefix_ids(batch, shared), use_cache=True, **given)
     rest_ids, rest_mask, positions = _rows_after_prefix(batch, shared)
     kept = _read_only(cache, b) and all(hasattr(m, "_can_checkpoint_with_cache")
                                         for m in decoder_layers(hf))
@@ -397,6 +397,95 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int) -> Tensor:
                                                       1),
                              use_cache=True, **given).last_hidden_state
     return rest[:, p - 1 - shared :]  # column j of the batch is column j - shared here
+
+
+def _run_prefix(hf: Any, ids: Tensor) -> Any:
+    """The prompt opening `ids` [1, shared] run once, not checkpointed: its filled KV cache.
+    (The layers fill the cache they are given; the model's output may not return it: with
+    checkpointing installed, transformers' Qwen2 forces use_cache off and returns None.)"""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hf.config)
+    with _checkpointed(hf, False):
+        hf.base_model(input_ids=ids, use_cache=True, **{_cache_keyword(hf.base_model): cache})
+    return cache
+
+
+@dataclass
+class GroupPrefix:
+    """The prompt opening a run of micro-batches shares (a group's whole prompt), run once for
+    all of them rather than once per micro-batch.
+
+    The paper's group is 64 rollouts of one ~900-token prompt: at 8 rows a micro-batch, the
+    prompt would otherwise run forward and backward 8 times. Here it runs once without
+    gradients, and its keys and values, one leaf tensor per layer, are the cache every
+    micro-batch's rows read. Each micro-batch's backward leaves dL/d(keys, values) on the
+    leaves, summed in float32 (`grads`). After the run's last micro-batch the prefix runs once
+    more, with gradients, and one backward takes the summed gradients through it (`backward`):
+    as L is a sum over micro-batches, the chain rule gives the gradient of a backward through
+    each micro-batch's own prefix pass, at two forward passes and one backward of the prefix
+    instead of 8 of each."""
+
+    ids: Tensor  # [1, shared]
+    leaves: list[tuple[Tensor, Tensor]]  # per layer: keys, values [1, kv heads, shared, d]
+    grads: list[Tensor | None] = field(default_factory=list)  # float32 sums, as `leaves` flat
+
+    @classmethod
+    def run(cls, hf: Any, ids: Tensor) -> GroupPrefix:
+        with torch.no_grad():
+            layers = _run_prefix(hf, ids).layers
+        out = cls(ids, [(layer.keys.requires_grad_(), layer.values.requires_grad_())
+                        for layer in layers])
+        out.grads = [None] * (2 * len(layers))
+        for j, leaf in enumerate(t for kv in out.leaves for t in kv):
+            leaf.register_post_accumulate_grad_hook(partial(out._take, j))
+        return out
+
+    def _take(self, j: int, leaf: Tensor) -> None:
+        g = cast(Tensor, leaf.grad)
+        g = g.to(torch.promote_types(g.dtype, torch.float32))  # bfloat16 sums in float32
+        self.grads[j] = g if self.grads[j] is None else cast(Tensor, self.grads[j]).add_(g)
+        leaf.grad = None
+
+    def matches(self, batch: Batch, shared: int) -> bool:
+        return shared == self.ids.shape[1] and bool(
+            (_prefix_ids(batch, shared) == self.ids).all())
+
+    def cache(self, hf: Any) -> Any:
+        """A cache holding the leaves (the rows' gradients reach them through it)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=hf.config)
+        for i, (keys, values) in enumerate(self.leaves):
+            cache.update(keys, values, i)
+        return cache
+
+    def backward(self, hf: Any) -> None:
+        """The prefix again, with gradients, and the summed gradients of its keys and values
+        taken through it into the weights."""
+        layers = _run_prefix(hf, self.ids).layers
+        outs = [t for layer in layers for t in (layer.keys, layer.values)]
+        pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, self.grads, strict=True)
+                 if g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def _group_runs(hf: Any, batches: Sequence[tuple[Batch, float]]) -> dict[int, int]:
+    """Runs of two or more consecutive micro-batches that open with the same shared prefix
+    (train_step puts a group's rows together): the first index of each run -> its last."""
+    keys: list[tuple[int, ...] | None] = []
+    for batch, _ in batches:
+        shared = _shared_prefix_len(hf, batch) if batch.prefix == "cache" else 0
+        keys.append(tuple(_prefix_ids(batch, shared)[0].tolist()) if shared else None)
+    runs: dict[int, int] = {}
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            if keys[start] is not None and i - start > 1:
+                runs[start] = i - 1
+            start = i
+    return runs
 
 
 def _cache_keyword(model: Any) -> str:
@@ -654,11 +743,12 @@ def _hf(model: torch.nn.Module) -> Any:
     return unwrap() if unwrap is not None else model
 
 
-def _pass_tokens(hf: Any, batch: Batch) -> int:
-    """Tokens a micro-batch's passes run: the shared prefix once, the rest per row."""
+def _pass_tokens(hf: Any, batch: Batch, *, prefix_run: bool = True) -> int:
+    """Tokens a micro-batch's passes run: the shared prefix once (none when its group ran it,
+    `prefix_run` False), the rest per row."""
     shared = _shared_prefix_len(hf, batch)
     b, width = batch.input_ids.shape
-    return shared + b * (width - shared)
+    return shared * prefix_run + b * (width - shared)
 
 
 def _bytes_per_token(hf: Any, compute: int, stream: int, *, lora: bool = False,
@@ -689,7 +779,7 @@ _HEADROOM = 4 * 2**30
 
 
 def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         batch: Batch, compute: Compute) -> bool:
+                         batch: Batch, compute: Compute, *, prefix_run: bool = True) -> bool:
     """Whether this micro-batch's activations would not fit the free device memory (less
     4 GiB) beside the gradients and AdamW state not allocated yet. The bytes per token are
     the estimate above until a micro-batch has run without checkpointing, then the most
@@ -708,7 +798,8 @@ def _needs_checkpointing(model: torch.nn.Module, optimizer: torch.optim.Optimize
     pending = sum(4 * local(p) for p in params if p.grad is None)
     pending += sum(8 * local(p) for p in params if p not in optimizer.state)  # exp_avg(_sq)
     hf = _hf(model)
-    return not fits(_pass_tokens(hf, batch) * _per_token(hf, compute) + pending, free)
+    tokens = _pass_tokens(hf, batch, prefix_run=prefix_run)
+    return not fits(tokens * _per_token(hf, compute) + pending, free)
 
 
 def _per_token(hf: Any, compute: Compute) -> int:
@@ -739,8 +830,8 @@ def fits(needed: int, free: int) -> bool:
 
 
 @contextmanager
-def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool
-             ) -> Iterator[None]:
+def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool, *,
+             prefix_run: bool = True) -> Iterator[None]:
     """With `on` (a micro-batch run without checkpointing under auto checkpointing): the bytes
     its passes keep for the backward, per token, kept as the most seen (`Compute.measured`).
 
@@ -761,7 +852,7 @@ def _measure(model: torch.nn.Module, batch: Batch, compute: Compute, on: bool
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield
-    per_token = kept[0] // max(_pass_tokens(_hf(model), batch), 1)
+    per_token = kept[0] // max(_pass_tokens(_hf(model), batch, prefix_run=prefix_run), 1)
     compute.measured["bytes_per_token"] = max(per_token,
                                               compute.measured.get("bytes_per_token", 0))
 
@@ -979,24 +1070,43 @@ def _accumulate(
 ) -> Tensor:
     """Every micro-batch's forward and backward, gradients summed into `.grad`: the update's
     totals (loss, clip fraction and kl token-weighted, tokens), over all ranks. Checkpointed
-    where auto checkpointing judges it needed, or everywhere with `recompute_all`."""
+    where auto checkpointing judges it needed, or everywhere with `recompute_all`.
+
+    On one process, a group spread over several micro-batches runs its shared prompt once for
+    all of them (`GroupPrefix`): forward before its first micro-batch, backward after its
+    last. (On several ranks a group's micro-batches are dealt to different ranks.)"""
     totals = torch.zeros(4, dtype=torch.float64)  # loss, clip_fraction, kl (token-weighted), tokens
     hf = _hf(model)
+    runs = _group_runs(hf, batches) if _ranks(model)[1] == 1 else {}
+    prefix: GroupPrefix | None = None
+    last = -1  # the index of the current run's last micro-batch
     for i, ((batch, weight), ref) in enumerate(zip(batches, refs, strict=True)):
-        recompute = compute.auto_checkpointing and (
-            recompute_all or _needs_checkpointing(model, optimizer, batch, compute))
+        device = batch.input_ids.device
+        if i in runs:
+            with _autocast(device, compute):
+                prefix = GroupPrefix.run(hf, _prefix_ids(batch, _shared_prefix_len(hf, batch)))
+            last = runs[i]
+        grouped = prefix is not None
+        recompute = compute.auto_checkpointing and (recompute_all or _needs_checkpointing(
+            model, optimizer, batch, compute, prefix_run=not grouped))
         checkpointed = _checkpointed(hf, recompute) if compute.auto_checkpointing \
             else nullcontext()
-        measured = _measure(model, batch, compute, compute.auto_checkpointing and not recompute)
+        measured = _measure(model, batch, compute, compute.auto_checkpointing and not recompute,
+                            prefix_run=not grouped)
         with checkpointed, measured, _gradient_sync(model, i == len(batches) - 1):
-            with _autocast(batch.input_ids.device, compute):
-                logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature)
+            with _autocast(device, compute):
+                logprobs = per_token_logprobs(model, batch, temperature=cfg.temperature,
+                                              prefix=prefix)
             if not bool(batch.has_old.all()):  # later steps measure their ratio against this one
                 batch.old_logprobs = torch.where(batch.has_old[:, None], batch.old_logprobs,
                                                  logprobs.detach())
                 batch.has_old = torch.ones_like(batch.has_old)
             loss, m = grpo_loss(logprobs, batch, cfg, ref_logprobs=ref, normaliser=normaliser)
             (loss * weight).backward()
+        if prefix is not None and i == last:  # the group's prefix, backward once
+            with _autocast(device, compute):
+                prefix.backward(hf)
+            prefix = None
         if weight:
             totals += torch.tensor([m["loss"], m["clip_fraction"] * m["tokens"],
                                     m["kl"] * m["tokens"], m["tokens"]], dtype=torch.float64)

@@ -489,9 +489,26 @@ def profile_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
     log(prof.key_averages().table(sort_by=by, row_limit=rows, max_name_column_width=60))
 
 
+@contextlib.contextmanager
+def prefix_per_micro_batch() -> Iterator[None]:
+    """train_step as it was before a group's prompt ran once for all its micro-batches
+    (trainer/grpo.py GroupPrefix): every micro-batch runs the prompt itself. For an A/B in
+    the same run (`--compare-prefix`), nothing else."""
+    from conductor_engine.trainer import grpo
+
+    runs = grpo._group_runs
+    grpo._group_runs = lambda hf, batches: {}  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        grpo._group_runs = runs
+
+
 def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Build, load, warm up, time one update and one bare pass; the figures as a dict."""
+              compare_prefix: bool = False, log: Callable[[str], None] = print
+              ) -> dict[str, Any]:
+    """Build, load, warm up, time one update and one bare pass; the figures as a dict. With
+    `compare_prefix`, also one update with the prompt run per micro-batch (the old way)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
     build_model_dir(shape, model_dir, device)
@@ -508,6 +525,12 @@ def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
     with compute_dtype_probe(bench.policy.model) as probe:
         ours, step = timed(lambda: bench.update(samples), bench.device)
     log(f"[{shape.name}] update: {ours.seconds:.2f} s")
+    old: Timed | None = None
+    if compare_prefix:
+        with prefix_per_micro_batch():
+            timed(lambda: bench.update(warm), bench.device)
+            old, _ = timed(lambda: bench.update(samples), bench.device)
+        log(f"[{shape.name}] update, the prompt run per micro-batch: {old.seconds:.2f} s")
     timed(lambda: bench.bare(warm), bench.device)
     bare, bare_size = timed(lambda: bench.bare(samples), bench.device)
     log(f"[{shape.name}] bare forward+backward: {bare.seconds:.2f} s")
@@ -530,6 +553,8 @@ def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
         "bare_precision": ("autocast bfloat16" if bench.device.type == "cuda"
                            and torch.cuda.is_bf16_supported() else "as the model's weights"),
         "ratio_update_to_bare": ours.seconds / bare.seconds,
+        "update_seconds_prefix_per_micro_batch": old.seconds if old else None,
+        "update_peak_bytes_prefix_per_micro_batch": old.peak_bytes if old else None,
         "peak_memory_is": memory_kind(bench.device),
         "settings": settings_in_effect(bench),
         "compute_seen": probe,
@@ -553,6 +578,11 @@ def report(r: dict[str, Any]) -> str:
         f"{r['bare_tokens_per_s']:10,.0f} tokens/s  peak {gib(r['bare_peak_bytes'])}  "
         f"({r['bare_precision']}, micro-batch {r['bare_micro_batch']})",
         f"  ours / bare = {r['ratio_update_to_bare']:.2f}x the time",
+        *([f"  the prompt run per micro-batch (before GroupPrefix): "
+           f"{r['update_seconds_prefix_per_micro_batch']:.2f} s per update, peak "
+           f"{gib(r['update_peak_bytes_prefix_per_micro_batch'])}: ours "
+           f"{r['update_seconds_prefix_per_micro_batch'] / r['update_seconds']:.2f}x faster"]
+          if r.get("update_seconds_prefix_per_micro_batch") else []),
         f"  peak memory: {r['peak_memory_is']}",
         f"  settings: kind {s['kind']}, trainable {s['trainable_params_by_dtype']}, frozen "
         f"{s['frozen_params_by_dtype']}, gradient checkpointing (the model's flag after the "
@@ -580,6 +610,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"],
                         default="auto", help="the recipe's [policy] gradient_checkpointing: "
                         "auto (unset, the shipped default) or forced on/off")
+    parser.add_argument("--compare-prefix", action="store_true",
+                        help="also time an update with each micro-batch running its group's "
+                        "prompt itself (before GroupPrefix), in the same run")
     parser.add_argument("--profile", action="store_true",
                         help="print where one update's time goes (torch.profiler), no figures")
     args = parser.parse_args(argv)
@@ -602,7 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             try:
                 r = run_shape(shapes[name], root / f"{name}{suffix}",
-                              warmup_groups=args.warmup_groups)
+                              warmup_groups=args.warmup_groups,
+                              compare_prefix=args.compare_prefix)
             except Exception as e:  # noqa: BLE001 (one shape failing must not lose the other)
                 failed = True
                 msg = f"{type(e).__name__}: {e}"

@@ -313,6 +313,42 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, bet
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+@pytest.mark.parametrize("header", [0, 6], ids=["own-prompts", "one-header"])
+def test_a_group_over_several_micro_batches_runs_its_prompt_once_to_the_same_gradient(
+        checkpointing: bool, header: int) -> None:
+    """Two groups of 6 in micro-batches of 2: each group's prompt runs forward twice and
+    backward once in all (GroupPrefix), not once per micro-batch, and the update's gradient is
+    the one of a single pass over all the rows, written out by hand (float64)."""
+    samples = random_samples(12, seed=3, old=True, groups=2, header=header)
+    cfg = LossConfig(micro_batch_size=2, max_grad_norm=1e9)
+
+    model = tiny_model().double()
+    batch = collate(samples, PAD)
+    batch.prefix = "none"
+    loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg)
+    loss.backward()
+    want = [p.grad for p in model.parameters()]
+
+    model = tiny_model().double()
+    if checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    passes: list[int] = []  # rows per forward pass of the first decoder layer
+    model.model.layers[0].register_forward_pre_hook(
+        lambda _, args, kwargs: passes.append(kwargs["hidden_states"].shape[0]
+                                              if "hidden_states" in kwargs else args[0].shape[0]),
+        with_kwargs=True)
+    recorder = GradRecorder(model.parameters())
+    step = train_step(model, recorder, samples, cfg, pad_id=PAD)
+    assert step.skipped is None and step.loss == pytest.approx(loss.item(), rel=1e-6)
+    prompts = [p for p in passes if p == 1]  # a prefix pass is one row; the rows' passes two
+    assert len(prompts) == 2 * 2, passes  # per group: once without gradients, once with
+    assert len(passes) - len(prompts) == 6, passes  # six micro-batches of rows
+    for got, w in zip(recorder.grads, want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-6)  # log-probs are float32
+
+
 def test_a_step_where_every_advantage_is_zero_is_skipped() -> None:
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
