@@ -61,6 +61,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -505,11 +506,13 @@ def prefix_per_micro_batch() -> Iterator[None]:
 
 
 def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
-              compare_prefix: bool = False, log: Callable[[str], None] = print
-              ) -> dict[str, Any]:
+              compare_prefix: bool = False, fresh: int = 0,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, load, warm up, time one update and one bare pass; the figures as a dict. With
     `compare_prefix`, also two updates with the prompt run per micro-batch (the old way),
-    alternating with two more of ours: each way's fastest is reported."""
+    alternating with two more of ours: each way's fastest is reported. With `fresh` = N, N
+    more updates, each on a new draw of the rollouts (other completion lengths, as every
+    update of a trainer brings), after the others: their seconds, in order."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
     build_model_dir(shape, model_dir, device)
@@ -539,6 +542,13 @@ def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
         log(f"[{shape.name}] updates, ours: {', '.join(f'{t.seconds:.2f}' for t in ourss)} s; "
             f"the prompt run per micro-batch: {', '.join(f'{t.seconds:.2f}' for t in olds)} s")
         ours = min(ourss, key=lambda t: t.seconds)
+    fresh_seconds = []
+    for k in range(1, fresh + 1):
+        drawn = make_samples(shape, SEED + k)
+        fresh_seconds.append(timed(partial(bench.update, drawn), bench.device)[0].seconds)
+    if fresh:
+        log(f"[{shape.name}] updates on fresh rollouts: "
+            f"{', '.join(f'{s:.2f}' for s in fresh_seconds)} s")
     timed(lambda: bench.bare(warm), bench.device)
     bare, bare_size = timed(lambda: bench.bare(samples), bench.device)
     log(f"[{shape.name}] bare forward+backward: {bare.seconds:.2f} s")
@@ -562,6 +572,7 @@ def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
                            and torch.cuda.is_bf16_supported() else "as the model's weights"),
         "ratio_update_to_bare": ours.seconds / bare.seconds,
         "update_seconds_prefix_per_micro_batch": old.seconds if old else None,
+        "update_seconds_fresh_rollouts": fresh_seconds,
         "update_peak_bytes_prefix_per_micro_batch": old.peak_bytes if old else None,
         "peak_memory_is": memory_kind(bench.device),
         "settings": settings_in_effect(bench),
@@ -621,6 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare-prefix", action="store_true",
                         help="also time an update with each micro-batch running its group's "
                         "prompt itself (before GroupPrefix), in the same run")
+    parser.add_argument("--fresh", type=int, default=0, metavar="N",
+                        help="then N updates, each on a new draw of the rollouts (new lengths)")
     parser.add_argument("--profile", action="store_true",
                         help="print where one update's time goes (torch.profiler), no figures")
     args = parser.parse_args(argv)
@@ -644,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 r = run_shape(shapes[name], root / f"{name}{suffix}",
                               warmup_groups=args.warmup_groups,
-                              compare_prefix=args.compare_prefix)
+                              compare_prefix=args.compare_prefix, fresh=args.fresh)
             except Exception as e:  # noqa: BLE001 (one shape failing must not lose the other)
                 failed = True
                 msg = f"{type(e).__name__}: {e}"
