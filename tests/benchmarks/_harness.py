@@ -79,6 +79,29 @@ class Stack:
         return await connect_temporal(self.settings, start_embedded=False)
 
 
+async def patiently(call: Callable[[], Awaitable[Any]], *, tries: int = 8,
+                    pause: float = 5.0) -> Any:
+    """`call()` again after a Temporal RPC that timed out or found the server unavailable, up
+    to `tries` times (pause doubling): a training benchmark polls its workflow for hours, and
+    on a loaded machine one query can miss its deadline (a pool's run died of it, 2026-11-27)
+    while the training itself goes on."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    transient = {RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE,
+                 RPCStatusCode.CANCELLED}
+    for attempt in range(tries):
+        try:
+            return await call()
+        except RPCError as e:
+            if e.status not in transient and "Timeout expired" not in e.message \
+                    or attempt == tries - 1:
+                raise
+            print(f"  (Temporal RPC failed: {e.message}; again in {pause:.0f} s)", flush=True)
+            await asyncio.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
 def recipe_line(path: Path, recipe: Any) -> str:
     """A training benchmark's first line: the recipe file and the settings that shape a curve,
     the ones left at their defaults (no baseline but the group's, no exploration) unsaid."""

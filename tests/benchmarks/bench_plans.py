@@ -81,6 +81,7 @@ from conductor_engine.workflows.train import (  # noqa: E402
 )
 from tests.benchmarks._harness import (  # noqa: E402
     Stack,
+    patiently,
     quiet_logs,
     recipe_line,
     run,
@@ -225,7 +226,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
         shown = evals = 0
         while True:
-            p = await handle.query(TrainingWorkflow.progress)
+            p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
             for st in p.history[shown:]:
                 print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
                       f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
@@ -248,7 +249,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                     if not args.full:
                         await handle.signal(TrainingWorkflow.stop)
             evals = len(p.evals)
-            desc = await handle.describe()
+            desc = await patiently(handle.describe)
             if desc.status is not None and desc.status.name != "RUNNING":
                 p = await handle.result()
                 break
