@@ -1,0 +1,39 @@
+"""The training benchmarks' harness (tests/benchmarks/_harness.py): polling that outlives a
+loaded machine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+from tests.benchmarks._harness import patiently
+
+
+def test_a_query_that_timed_out_is_asked_again_and_a_real_error_is_raised_at_once() -> None:
+    calls = [0]
+
+    async def times_out_twice() -> str:
+        calls[0] += 1
+        if calls[0] < 3:
+            raise RPCError("Timeout expired", RPCStatusCode.UNKNOWN, b"")
+        return "progress"
+
+    assert asyncio.run(patiently(times_out_twice, pause=0.0)) == "progress"
+    assert calls[0] == 3
+
+    async def not_found() -> str:
+        calls[0] += 1
+        raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+
+    calls[0] = 0
+    with pytest.raises(RPCError, match="not found"):
+        asyncio.run(patiently(not_found, pause=0.0))
+    assert calls[0] == 1
+
+    async def always_times_out() -> str:
+        raise RPCError("deadline", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+
+    with pytest.raises(RPCError):
+        asyncio.run(patiently(always_times_out, tries=3, pause=0.0))
