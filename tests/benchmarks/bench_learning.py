@@ -81,6 +81,7 @@ from conductor_engine.workflows.train import (  # noqa: E402
 from tests.agent_server.local_vllm import LocalVllm  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     Stack,
+    iteration_line,
     patiently,
     quiet_logs,
     recipe_line,
@@ -196,11 +197,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         while True:
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
             for st in p.history[shown:]:
-                print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
-                      f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
-                      f"{st.update_seconds:.0f}s"
-                      + "".join(f" · update left out {n} {why}"
-                                for why, n in sorted(st.update_left_out.items())), flush=True)
+                print(iteration_line(st), flush=True)
             shown = len(p.history)
             for e in p.evals[evals:]:
                 routed, reward, oracle, picks = await judge.judge(store, e)

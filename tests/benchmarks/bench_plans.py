@@ -81,6 +81,7 @@ from conductor_engine.workflows.train import (  # noqa: E402
 )
 from tests.benchmarks._harness import (  # noqa: E402
     Stack,
+    iteration_line,
     patiently,
     quiet_logs,
     recipe_line,
@@ -228,9 +229,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         while True:
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
             for st in p.history[shown:]:
-                print(f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
-                      f"valid {st.valid_plan_rate or 0:.2f} · {st.rollout_seconds:.0f}+"
-                      f"{st.update_seconds:.0f}s", flush=True)
+                print(iteration_line(st), flush=True)
                 tried = await judge.rollout_shapes(store, pool.conductor.id, st.version)
                 print("    rollouts wrote: " + ", ".join(
                     f"{s} {k}" for s, k in sorted(tried.items())), flush=True)

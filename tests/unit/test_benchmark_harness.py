@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from tests.benchmarks._harness import patiently
+from tests.benchmarks._harness import iteration_line, patiently
 
 
 def test_a_query_that_timed_out_is_asked_again_and_a_real_error_is_raised_at_once() -> None:
@@ -37,3 +37,16 @@ def test_a_query_that_timed_out_is_asked_again_and_a_real_error_is_raised_at_onc
 
     with pytest.raises(RPCError):
         asyncio.run(patiently(always_times_out, tries=3, pause=0.0))
+
+
+def test_an_iteration_line_counts_the_runs_left_out_of_its_mean() -> None:
+    from conductor_engine.workflows.train import IterationStats
+
+    starved = IterationStats(iteration=0, version="base", rollouts=10, mean_reward=0.85,
+                             valid_plan_rate=1.0, left_out={"PlanFailed": 22},
+                             update_left_out={"PlanFailed": 22})
+    line = iteration_line(starved)
+    assert "reward 0.850" in line and "10 scored" in line
+    assert "left out 22 (PlanFailed 22)" in line and "update left out" not in line
+    whole = IterationStats(iteration=3, version="v3", rollouts=32, mean_reward=0.5)
+    assert "left out" not in iteration_line(whole)
