@@ -88,11 +88,11 @@ class RolloutConfig(_TrlNames):
     explore: float = Field(
         default=0.0, ge=0.0, lt=1.0,
         description="epsilon: each decision of a rollout's plan (which agent, which access, "
-        "one more step or not) is drawn uniformly over the tokens the plan grammar allows there "
-        "with this probability, else from the policy; the behaviour log-probs are the "
-        "policy's (or the mixture's: explore_importance). An agent or a plan shape the "
-        "untrained conductor almost never writes gets tried (the local conductor only: a "
-        "served one samples without it)",
+        "one more step or not) is drawn uniformly over its options (the allowed tokens grouped "
+        "by first character) with this probability, else from the policy; the behaviour "
+        "log-probs are the policy's (or the mixture's: explore_importance). An agent or a "
+        "plan shape the untrained conductor almost never writes gets tried (the local "
+        "conductor only: a served one samples without it)",
     )
     explore_importance: bool = Field(
         default=False,

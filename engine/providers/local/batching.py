@@ -28,6 +28,7 @@ from conductor_engine.engine.providers.local.grammar import (
     GrammarMask,
     compile_grammar,
     text_encoder,
+    token_decoder,
 )
 from conductor_engine.engine.providers.local.model import LoadedModel
 from conductor_engine.engine.providers.pool import AgentSpec
@@ -177,7 +178,8 @@ def _run_batch(jobs: list[Job]) -> None:
     grammars = [j.grammar for j in jobs]
     explore = [j.request.explore for j in jobs]
     mask = GrammarMask(grammars, loaded.vocab_size, rows, text_encoder(loaded), explore,
-                       [j.request.seed for j in jobs]) if any(grammars) else None
+                       [j.request.seed for j in jobs], token_decoder(loaded)
+                       ) if any(grammars) else None
     options, sampler = sampling.sampling_options(first.request, [j.request.seed for j in jobs])
     try:
         with torch.inference_mode():

@@ -100,6 +100,28 @@ def text_encoder(loaded: LoadedModel) -> Callable[[str], list[int]]:
     return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def token_decoder(loaded: LoadedModel) -> Callable[[int], str]:
+    """A token id's text."""
+    tokenizer = loaded.tokenizer
+    return lambda token: str(tokenizer.decode([token]))
+
+
+def outcomes(allowed: list[int], text: Callable[[int], str]) -> list[list[int]]:
+    """A decision's allowed tokens grouped by what they decide: by their text's first character.
+
+    A decision's options are spelled by unequal numbers of tokens: an agent `vale` by `v`,
+    `va` and `val`, `fjord` by `f` alone; the end of a plan by `]` and `]}`, another step by
+    `,` only. Uniform over tokens, exploring tried `vale` three times as often as `fjord` and
+    ended the plan two times in three; uniform over these groups it tries each option alike.
+    In a plan's JSON, options that begin with the same character (two agents `sierra` and
+    `scarlet`) share a group: the explored first letter is theirs, the model picks between them.
+    """
+    groups: dict[str, list[int]] = {}
+    for token in allowed:
+        groups.setdefault(text(token)[:1], []).append(token)
+    return list(groups.values())
+
+
 class GrammarMask:
     """A logits processor (duck-typed, see batching.Rows) that keeps each row of a batch inside
     its own grammar; a row without one (no json_schema) is left alone.
@@ -127,16 +149,18 @@ class GrammarMask:
     A row asked to explore (`explore[r]` = epsilon > 0, a training rollout's
     `CompletionRequest.explore`) makes each of its decisions (a choice right after forced text:
     the first token of an agent's name, of an access list, the `,` that adds a step or the `]`
-    that ends the plan) with probability epsilon uniformly over the allowed tokens, and
-    otherwise as its model would: the draw is from its own generator, seeded from the row's seed,
-    so a rollout stays reproducible. The steps are kept (`decisions`); the behaviour log-probs
-    there are the policy's, or the mixture's for an `explore_importance` request
-    (sampling.sampled_logprobs), whose importance ratio then corrects for the exploration.
+    that ends the plan) with probability epsilon uniformly over its options (`outcomes`: one of
+    the option groups, then one of its tokens), and otherwise as its model would: the draw is
+    from its own generator, seeded from the row's seed, so a rollout stays reproducible. Each
+    decision's exploring distribution is kept (`decisions`: step -> token -> q(token)); the
+    behaviour log-probs there are the policy's, or the mixture's for an `explore_importance`
+    request (sampling.sampled_logprobs), whose importance ratio then corrects for exploring.
     """
 
     def __init__(self, grammars: list[Any], vocab_size: int, rows: Rows,
                  encode: Callable[[str], list[int]], explore: list[float] | None = None,
-                 seeds: list[int | None] | None = None) -> None:
+                 seeds: list[int | None] | None = None,
+                 decode: Callable[[int], str] | None = None) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -153,7 +177,9 @@ class GrammarMask:
         self._bits: Any = None  # [32] int32 shifts, for unpacking the bitmask
         self._encode = functools.lru_cache(maxsize=4096)(lambda text: tuple(encode(text)))
         self.explore = explore or [0.0] * len(grammars)
-        self.decisions: list[list[int]] = [[] for _ in grammars]  # per row: explorable steps
+        # per row: explorable step -> allowed token -> its probability when the row explores
+        self.decisions: list[dict[int, dict[int, float]]] = [{} for _ in grammars]
+        self._text = functools.lru_cache(maxsize=65536)(decode or (lambda token: str(token)))
         self._explore_generators = explore_generators(
             seeds or [None] * len(grammars)) if any(self.explore) else [None] * len(grammars)
 
@@ -174,8 +200,10 @@ class GrammarMask:
                 continue
             allowed = self._record_choice(r)
             if allowed is not None and self._is_decision(r):
-                self.decisions[r].append(self._step)
-                token = self._explored_token(r, allowed)
+                groups = outcomes(allowed, self._text)
+                self.decisions[r][self._step] = {
+                    t: 1.0 / (len(groups) * len(g)) for g in groups for t in g}
+                token = self._explored_token(r, groups)
                 if token is not None:
                     exploring.append((r, token))
         self._started = True
@@ -207,16 +235,20 @@ class GrammarMask:
         forced = self.forced[row]
         return self._step == 0 or (bool(forced) and forced[-1] == self._step - 1)
 
-    def _explored_token(self, row: int, allowed: list[int]) -> int | None:
-        """With probability explore[row], one of `allowed` uniformly; else None (the model's
-        own draw). Two uniforms from the row's explore generator, drawn at every decision."""
+    def _explored_token(self, row: int, groups: list[list[int]]) -> int | None:
+        """With probability explore[row], one of the decision's option `groups` uniformly and
+        one of its tokens uniformly; else None (the model's own draw). Two uniforms from the
+        row's explore generator, drawn at every decision: the second picks the group, and its
+        fractional part the token within it."""
         import torch
 
         g = self._explore_generators[row]
         u, pick = torch.rand(2, generator=g).tolist() if g is not None else torch.rand(2).tolist()
         if u >= self.explore[row]:
             return None
-        return allowed[min(int(pick * len(allowed)), len(allowed) - 1)]
+        scaled = pick * len(groups)
+        group = groups[min(int(scaled), len(groups) - 1)]
+        return group[min(int((scaled % 1.0) * len(group)), len(group) - 1)]
 
     def _accept_and_fill(self, rows: list[int], last: list[int]) -> None:
         """Feed each row's matcher its last token, then fill its row of the bitmask: one row

@@ -109,7 +109,7 @@ def sampling_options(
 def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | None,
                      choices: list[dict[int, list[int]]] | None = None,
                      explore: list[float] | None = None,
-                     decisions: list[list[int]] | None = None) -> Any:
+                     decisions: list[dict[int, dict[int, float]]] | None = None) -> Any:
     """Log-probability of each sampled token (`tokens`, batch × steps) under the model at the
     sampling temperature, batch × steps: one log-softmax over the batch per step.
 
@@ -120,9 +120,11 @@ def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | 
     exactly 1 for an on-policy rollout. Tokens a JSON grammar forces carry their unconstrained
     probability; the trainer leaves them out.
 
-    At a row's `decisions` (grammar.GrammarMask), where it explored with probability
-    epsilon = `explore[r]`, the token was drawn from the mixture
-        mu(t) = (1 - epsilon) * p_C(t) + epsilon / |C|       (C: the allowed tokens)
+    At a row's `decisions` (grammar.GrammarMask: step -> token -> q(token), the exploring
+    draw's distribution: uniform over the decision's options, then over an option's tokens),
+    where it explored with probability epsilon = `explore[r]`, the token was drawn from the
+    mixture
+        mu(t) = (1 - epsilon) * p_C(t) + epsilon * q(t)       (C: the allowed tokens)
     and its behaviour log-prob is log mu(t): the trainer's ratio pi/mu then weighs an explored
     choice by how likely the policy itself makes it. A row given epsilon 0 here (an exploring
     request without `explore_importance`) keeps the policy's log-prob p_C(t) there.
@@ -141,8 +143,8 @@ def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | 
                 out[r, k] = z[tokens[r, k]] - torch.logsumexp(z[allowed], dim=0)
     for r, steps_ in enumerate(decisions or []):
         eps = explore[r] if explore else 0.0
-        for k in steps_:
+        for k, q in steps_.items():
             if eps and k < len(logits) and choices is not None and k in choices[r]:
-                uniform = torch.tensor(eps / len(choices[r][k]))
-                out[r, k] = torch.log((1 - eps) * out[r, k].exp() + uniform)
+                explored = torch.tensor(eps * q.get(int(tokens[r, k]), 0.0))
+                out[r, k] = torch.log((1 - eps) * out[r, k].exp() + explored)
     return out
