@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,18 @@ def _request(seed: int, explore: float, importance: bool = False,
         json_schema=plan_json_schema(AGENTS, 3, subtask_max_chars=8))
 
 
-def _decisions(c: Completion) -> list[int]:
-    """A completion's decisions: its choices right after a forced token (or first)."""
+def _decisions(c: Completion, decode: Callable[[int], str] | None = None) -> list[int]:
+    """A completion's decisions: its choices right after a forced token (or first), and those
+    right after a decision with two options or more (`decode` groups a choice's tokens into
+    options; without it, only the first kind is found)."""
     forced = set(c.forced_positions or ())
-    return [k for k in sorted(c.choice_tokens or {}) if k == 0 or k - 1 in forced]
+    found: list[int] = []
+    for k, allowed in sorted((c.choice_tokens or {}).items()):
+        after_decision = decode is not None and k - 1 in found \
+            and len(outcomes(allowed, decode)) > 1
+        if k == 0 or k - 1 in forced or after_decision:
+            found.append(k)
+    return found
 
 
 async def _complete(spec: AgentSpec, requests: list[CompletionRequest]) -> list[Completion]:
@@ -130,13 +139,15 @@ async def test_explore_importance_records_the_mixture_s_log_probs_at_decisions_o
         return str(tokenizer.decode([token]))
 
     eps = 0.5
+    inner = 0
     for seed in range(6):
         policy, = await _complete(spec, [_request(seed, eps)])
         mixture, = await _complete(spec, [_request(seed, eps, importance=True)])
         assert policy.token_ids == mixture.token_ids
         assert policy.logprobs is not None and mixture.logprobs is not None
-        decisions = set(_decisions(policy))
+        decisions = set(_decisions(policy, decode))
         assert decisions
+        inner += len(decisions - set(_decisions(policy)))  # an access list's `0` or `]`
         for k, (lp, lm) in enumerate(zip(policy.logprobs, mixture.logprobs, strict=True)):
             if k in decisions:
                 groups = outcomes((policy.choice_tokens or {})[k], decode)
@@ -145,6 +156,7 @@ async def test_explore_importance_records_the_mixture_s_log_probs_at_decisions_o
                                            abs=1e-5)
             else:
                 assert lm == lp
+    assert inner, "no decision inside an access list was drawn: the test checks nothing there"
 
 
 @needs_local_extra

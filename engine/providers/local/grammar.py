@@ -199,8 +199,10 @@ class GrammarMask:
                 forcing.append((r, forced))
                 continue
             allowed = self._record_choice(r)
-            if allowed is not None and self._is_decision(r):
-                groups = outcomes(allowed, self._text)
+            if allowed is None or not self.explore[r]:
+                continue
+            groups = outcomes(allowed, self._text)
+            if self._is_decision(r, groups):
                 self.decisions[r][self._step] = {
                     t: 1.0 / (len(groups) * len(g)) for g in groups for t in g}
                 token = self._explored_token(r, groups)
@@ -226,14 +228,16 @@ class GrammarMask:
         self._step += 1
         return scores
 
-    def _is_decision(self, row: int) -> bool:
-        """A choice made right after forced text (or first), where an exploring row explores:
-        the start of a value, not a token inside free text (an escape's few allowed tokens)
-        nor a name's continuation after its first token."""
-        if not self.explore[row]:
-            return False
+    def _is_decision(self, row: int, groups: list[list[int]]) -> bool:
+        """A choice where an exploring row explores: one made right after forced text (or
+        first), the start of a value; or one right after such a decision that still has two
+        options or more (the `0` or `]` after an access list's `[`, the rest of `s` when
+        agents `sierra` and `scarlet` share it). Not a token inside free text (an escape's few
+        allowed tokens), nor a name's continuation after its first token (one option)."""
         forced = self.forced[row]
-        return self._step == 0 or (bool(forced) and forced[-1] == self._step - 1)
+        if self._step == 0 or (forced and forced[-1] == self._step - 1):
+            return True
+        return self._step - 1 in self.decisions[row] and len(groups) > 1
 
     def _explored_token(self, row: int, groups: list[list[int]]) -> int | None:
         """With probability explore[row], one of the decision's option `groups` uniformly and
