@@ -109,13 +109,10 @@ def iteration_line(st: Any) -> str:
     out of its group and of the mean; without the count, a curve that lost most of an
     iteration's runs reads like one that lost none (a starved pool-1 run: 22 of 32 failed,
     "reward 0.850" over the other 10, 2026-11-28)."""
-    from conductor_engine.engine.rewards.rollouts import describe_counts
+    from conductor_engine.engine.runtime.cli.train import left_out_note
 
-    left = f" · left out {describe_counts(st.left_out)}" if st.left_out else ""
-    if st.update_left_out and st.update_left_out != st.left_out:
-        left += f" · update left out {describe_counts(st.update_left_out)}"
     return (f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
-            f"valid {st.valid_plan_rate or 0:.2f} · {st.rollouts} scored{left} · "
+            f"valid {st.valid_plan_rate or 0:.2f} · {st.rollouts} scored{left_out_note(st)} · "
             f"{st.rollout_seconds:.0f}+{st.update_seconds:.0f}s")
 
 

@@ -208,7 +208,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def _iteration_line(s: Any) -> str:
     made = f" → {s.published}" if s.published else f" (no update: {s.note})" if s.note else ""
     return (f"it {s.iteration:>3} · {s.version}{made} · {s.rollouts} rollouts"
-            f"{_left_out_note(s)} · reward {_fmt(s.mean_reward)} · "
+            f"{left_out_note(s)} · reward {_fmt(s.mean_reward)} · "
             f"valid {_fmt(s.valid_plan_rate, 2)} · loss {_fmt(s.loss, 4)} · clip "
             f"{_fmt(s.clip_fraction, 3)} · kl {_fmt(s.kl, 4)} · |g| {_fmt(s.grad_norm, 3)} · "
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
@@ -222,7 +222,7 @@ def heldout_line(e: Any) -> str:
             f"{_fmt(e.valid_plan_rate, 2)}{left}")
 
 
-def _left_out_note(s: Any) -> str:
+def left_out_note(s: Any) -> str:
     """" · left out 5 (verifier_error 4, step_failed 1)", and what the update left out when
     that differs (stale groups, unreadable traces); "" when nothing was."""
     note = f" · left out {describe_counts(s.left_out)}" if s.left_out else ""
