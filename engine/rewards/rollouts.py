@@ -7,7 +7,7 @@ reward says something about the plan the policy wrote. A malformed plan does (it
 recipe's `invalid_plan`, 0 in the paper); an infrastructure failure does not: a provider that
 kept answering 500, a conductor that could not be reached, a verifier that crashed, a reward that
 was never computed. Scoring those 0 would teach the policy that whatever it wrote was wrong, so
-they are left out of their group and counted by reason instead (DESIGN.md, "Trust").
+they are left out of their group and counted by reason instead (docs/concepts/rollout.md).
 
 Pure functions over pydantic data: the training workflow (on a RunResult) and the trainer (on a
 stored trace) classify a run the same way.
