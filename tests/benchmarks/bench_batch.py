@@ -2,7 +2,8 @@
 
     python tests/benchmarks/bench_batch.py [--tasks 1000] [--concurrency 100] [--latency 0.5]
 
-Engine: one BatchWorkflow (engine.client.submit_batch) on the engine's own worker, every task a
+Engine: one BatchWorkflow (engine.runtime.client.ConductorClient.submit_batch) on the engine's
+own worker, every task a
 child ConductWorkflow: an immediate 3-step chain plan (step i reads step i-1), each agent called
 over the OpenAI SDK and answering after `--latency` seconds, then the score and record
 activities (each task has a reference; traces go to PostgreSQL). The report is written after the

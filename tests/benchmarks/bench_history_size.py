@@ -8,7 +8,8 @@ Children. Every child is a conductor run whose plan reply carries `--reasoning-k
 before a 2-step plan, and whose agents answer `--output-kb` each (the whole RunResult, with the
 plan's prompt, the outputs and the answer, stays under the 256 KiB payload threshold by default,
 so history holds it inline; past the threshold the payload codec keeps a reference instead).
-- engine: a BatchWorkflow of `--children` tasks (engine.client.submit_batch), each child
+- engine: a BatchWorkflow of `--children` tasks
+  (engine.runtime.client.ConductorClient.submit_batch), each child
   returning its summary (RunResult.summary); and a training iteration of the same number of
   rollouts (the update a stand-in on its own trainer queue);
 - baseline: a parent defined in this file that starts the same children as BatchWorkflow did

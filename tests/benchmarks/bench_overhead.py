@@ -2,7 +2,8 @@
 
     python tests/benchmarks/bench_overhead.py [--runs 5] [--latency 0.2]
 
-Engine: ConductWorkflow on the engine's own worker (engine.worker.build_worker). The conductor
+Engine: ConductWorkflow on the engine's own worker (engine.runtime.worker.build_worker). The
+conductor
 answers at once with a 5-step chain (step 0 access [], step i access [i-1]); every step's agent
 is called through the OpenAI SDK and the scripted agent server answers after `--latency`
 seconds. So one engine run is 1 plan activity + 5 agent activities.

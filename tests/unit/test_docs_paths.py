@@ -187,3 +187,63 @@ def test_ci_runs_the_test_commands_the_readme_gives() -> None:
     readme_extras = set(re.findall(r"-e '\.\[([\w,]+)\]'", block)[0].split(","))
     ci_extras = set(re.findall(r"-e '\.\[([\w,]+)\]'", ci)[0].split(","))
     assert readme_extras <= ci_extras
+
+
+# A dotted name of the package written in the docs (`conductor_engine.engine.runtime.client`,
+# `trainer.grpo.train_step`): a module, or a module and the attribute it holds.
+DOTTED = re.compile(r"(?<![\w./-])((?:conductor_engine\.)?(?:engine|trainer|workflows|activities)"
+                    r"(?:\.[A-Za-z_]\w*)+)")
+# A root document named by its file name alone (`README.md`, `ARCHITECTURE.md`, `DESIGN.md`).
+ROOT_DOC = re.compile(r"(?<![\w./-])([A-Z][A-Z_]+\.md)\b")
+
+
+def resolves(name: str) -> bool:
+    """True when `name` imports, or its longest importable prefix holds the rest as attributes."""
+    import importlib
+
+    parts = name.removeprefix("conductor_engine.").split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module("conductor_engine." + ".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def _named_in_docs() -> Iterator[tuple[str, str]]:
+    """(where, text) for the code of every Markdown page and every docstring."""
+    for file in _tracked():
+        if file.suffix == ".md":
+            text = file.read_text(encoding="utf-8")
+            for number, code in _code_of_markdown(text):
+                yield f"{file.relative_to(ROOT)}:{number}", code
+            for number, line in enumerate(text.splitlines(), start=1):
+                yield f"{file.relative_to(ROOT)}:{number}", " ".join(ROOT_DOC.findall(line))
+        elif file.suffix == ".py":
+            for number, doc in _docstrings(file):
+                yield f"{file.relative_to(ROOT)}:{number}", doc
+
+
+def test_every_module_the_docs_name_imports() -> None:
+    problems = [f"{where}: {name}" for where, text in _named_in_docs()
+                for name in DOTTED.findall(text) if not resolves(name.rstrip("."))]
+    assert not problems, "dotted names that do not import:\n" + "\n".join(problems)
+
+
+def test_every_root_document_the_docs_cite_exists() -> None:
+    problems = [f"{where}: {name}" for where, text in _named_in_docs()
+                for name in ROOT_DOC.findall(text) if not (ROOT / name).exists()]
+    assert not problems, "root documents that do not exist:\n" + "\n".join(problems)
+
+
+def test_a_stale_module_name_or_root_document_is_caught() -> None:
+    assert resolves("conductor_engine.engine.runtime.worker.build_worker")
+    assert resolves("trainer.grpo.train_step")
+    assert not resolves("engine.worker.build_worker")
+    assert not resolves("conductor_engine.engine.runtime.worker.no_such_function")
+    assert ROOT_DOC.findall("as DESIGN.md says, not ../shared/DESIGN.md") == ["DESIGN.md"]

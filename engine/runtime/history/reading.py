@@ -321,7 +321,7 @@ class _Builder:
 async def load_trail(
     client: Client, workflow_id: str, run_id: str | None = None
 ) -> tuple[Trail, RunEvents]:
-    """The trail and the grouped events it was built from (for engine.resume)."""
+    """The trail and the grouped events it was built from (for engine.runtime.resume)."""
     rid, events = await fetch_events(client, workflow_id, run_id)
     trail = await _Builder(client.data_converter, workflow_id, rid, events).build()
     return trail, events
