@@ -80,7 +80,8 @@ _SPAN_CHOICE = re.compile(r"[(\[]?([A-Ja-j])(?:[)\].:*_]|\s*$)")
 _OPTION = re.compile(r"(?i:option|choice)\s+")
 _ALTERNATIVE = re.compile(r"\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[(\[]?([A-Ja-j])(?![\w'-])")
 _PARENTHESISED = re.compile(r"\(([A-J])\)")
-_STANDALONE = re.compile(r"(?<![\w'-])([B-HJ]|[AI](?! [a-z]))(?![\w'-])")
+_STANDALONE = re.compile(r"(?<![\w'-])([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-])")
+"""A lone capital A-J; "A" and "I" only when not the English words ("A bird", "I think")."""
 _ALTERNATIVES = re.compile(r"(?i)\bor\b")
 _CODE_REFERENCE = re.compile(r"^\s*(?:assert\b|def\s+test)", re.MULTILINE)
 _NUMBER = re.compile(
@@ -306,12 +307,17 @@ def _last_line(text: str, default: str = "") -> str:
     return (text.strip().splitlines() or [default])[-1]
 
 
+def _slots(results: list[Any], count: int) -> list[Any]:
+    """One result per case: a run that stopped early reported fewer (None: not run)."""
+    return (results + [None] * count)[:count]
+
+
 def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str]]:
     """Each case judged here, by trusted code: (passed, why not)."""
     out: list[tuple[bool, str]] = []
     unrun = _last_line(res.failure, "did not run") if not res.timed_out else "timed out"
     if tests.form == "io":
-        for case, io in zip(tests.io, res.io, strict=True):
+        for case, io in zip(tests.io, _slots(res.io, len(tests.io)), strict=True):
             if io is None:
                 out.append((False, unrun))
             elif io.timed_out:
@@ -326,7 +332,7 @@ def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str
                       f"got {shorten(io.stdout.strip(), 60)!r}"
                 out.append((False, f"{why} ({shorten(err, 80)})" if err else why))
         return out
-    for call_case, call in zip(tests.calls, res.calls, strict=True):
+    for call_case, call in zip(tests.calls, _slots(res.calls, len(tests.calls)), strict=True):
         if call is None:
             out.append((False, unrun))
         elif call.error is not None or call.value is None:
@@ -339,7 +345,11 @@ def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str
                 continue
             if tests.tuples_as_lists:
                 got = tuples_to_lists(got)
-            if same_value(call_case.expected, got):
+            try:
+                same = same_value(call_case.expected, got)
+            except RecursionError:  # nested past the stack: the candidate's value, wrong
+                same = False
+            if same:
                 out.append((True, ""))
             else:
                 out.append((False, f"expected {_shown(call_case.expected)}, got {_shown(got)}"))
@@ -353,6 +363,8 @@ def _shown(value: Any) -> str:
         return shorten(repr(value), 60)
     except ValueError:
         return "an integer of over 4300 digits"
+    except RecursionError:
+        return "a value nested too deep to show"
 
 
 def _after_prelude(prelude: str, code: str) -> str:
