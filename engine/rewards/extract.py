@@ -47,8 +47,11 @@ def boxed_spans(text: str) -> list[Span]:
     """Every innermost `\\boxed{...}` (or `\\fbox{...}`) value, nested braces included, in
     order; an unclosed box is none. One pass over the braces: linear however deep."""
     found: list[Span] = []
+    first = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
+    if first < 0:
+        return found
     stack: list[list[int]] = []  # per open brace: [is a box, content start, holds a box]
-    for m in _BOX_OR_BRACE.finditer(text):
+    for m in _BOX_OR_BRACE.finditer(text, first):
         if m.group() == "}":
             if not stack:
                 continue
