@@ -149,7 +149,8 @@ def detect_verifier(reference: str) -> str:
 def _primary(spans: list[Span]) -> Span | None:
     """The span that is the answer: the last box, else the last answer line or phrase."""
     boxes = [s for s in spans if s.kind == "boxed"]
-    return (boxes or spans or [None])[-1]
+    chosen = boxes or spans
+    return chosen[-1] if chosen else None
 
 
 def _hedge(kind: str, first: str, second: str, details: dict[str, Any]) -> Verdict:
