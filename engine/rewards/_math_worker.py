@@ -43,6 +43,12 @@ def _wrap_gold(gold: str) -> str:
     return f"${gold}$"
 
 
+def _without_percent(text: str) -> str:
+    """A percent sign dropped: "50%" reads as 50 and only as 50. math-verify reads it both as 50
+    and as 0.5, so one answer would be right against two different references."""
+    return text.replace("\\%", "").replace("%", "")
+
+
 def _parsed(found: list[Any]) -> bool:
     """math-verify falls back to the raw string when sympy cannot read it; that is no parse."""
     return any(not isinstance(item, str) for item in found)
@@ -98,7 +104,7 @@ def _judge(gold: list[Any], text: str, timeout: int) -> tuple[bool, list[Any]]:
     from math_verify import parse, verify
     from math_verify.utils import timeout as math_timeout
 
-    answer = parse(text, parsing_timeout=timeout)
+    answer = parse(_without_percent(text), parsing_timeout=timeout)
     integer = _integer(gold)
     exact = None  # an integer reference: no float tolerance (_exact_verdict)
     if integer is not None and answer:
@@ -116,9 +122,10 @@ def check(request: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     from math_verify import parse
 
     timeout = max(1, int(request.get("timeout", 5)))
-    gold = parse(_wrap_gold(request["gold"]), parsing_timeout=timeout)
+    reference = _without_percent(request["gold"])
+    gold = parse(_wrap_gold(reference), parsing_timeout=timeout)
     if not _parsed(gold):
-        gold = parse(request["gold"], parsing_timeout=timeout)
+        gold = parse(reference, parsing_timeout=timeout)
     if _timed_out():
         return {"ok": False, "error": "math-verify timed out reading the reference"}
     if not _parsed(gold):

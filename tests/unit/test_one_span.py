@@ -123,3 +123,10 @@ def test_the_span_is_the_last_box_else_the_last_answer_line_else_the_reply() -> 
     assert verify("x\nAnswer: 4", "4", "exact").details["found_by"] == "line"
     assert verify("4", "4", "exact").details["found_by"] == "reply"
     assert chosen_letter("I'd go with D") == ("D", "last standalone letter")
+
+
+def test_a_percent_reads_as_one_number() -> None:
+    """math-verify reads "50%" as 50 and as 0.5: right against two references. Here it is 50."""
+    assert [r for r in ("50", "0.5", "\\frac{1}{2}") if verify("\\boxed{50\\%}", r, "math").correct
+            ] == ["50"]
+    assert verify("The answer is 5%.", "5", "math").correct
