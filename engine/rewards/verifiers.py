@@ -76,9 +76,11 @@ _LETTER_REFERENCE = re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J]))\s*[.:]?\s*$")
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[).:\]]")
 _IS_CORRECT = re.compile(r"(?<![\w'-])\(?([A-J])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b")
 _LEADING_CHOICE = re.compile(r"[\s*_>#]*[(\[]?([A-J])(?:[)\].:*_]|\s*$)")
-_SPAN_CHOICE = re.compile(r"[(\[]?([A-Ja-j])(?:[)\].:*_]|\s*$)")
+_SPAN_CHOICE = re.compile(r"[(\[]?(?:([A-Ja-j])(?:[)\].:*_]|\s*$)"
+                          r"|([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-]))")
 _OPTION = re.compile(r"(?i:option|choice)\s+")
-_ALTERNATIVE = re.compile(r"\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[(\[]?([A-Ja-j])(?![\w'-])")
+_ALTERNATIVE = re.compile(r"[)\].:*_]*\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[(\[]?([A-Ja-j])"
+                          r"(?![\w'-])")
 _PARENTHESISED = re.compile(r"\(([A-J])\)")
 _STANDALONE = re.compile(r"(?<![\w'-])([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-])")
 """A lone capital A-J; "A" and "I" only when not the English words ("A bird", "I think")."""
@@ -202,12 +204,13 @@ def reference_letter(reference: str) -> str | None:
 
 def span_letters(text: str) -> list[str]:
     """The letters a stated answer names, in order, each once: one for "C", "(c)", "C.
-    Paris", "option C", "I'd say C"; two for "A or B", "(A), (B)", "A/B"; none for "42"."""
+    Paris", "option C", "C, not D", "I'd say C"; two for "A or B", "(A), (B)", "A/B"; none
+    for "42" or "a dog"."""
     text = strip_latex_text(text).lstrip(" \t\r\n*_>#")
     if m := _OPTION.match(text):
         text = text[m.end():]
     if m := _SPAN_CHOICE.match(text):
-        letters = [m.group(1).upper()]
+        letters = [(m.group(1) or m.group(2)).upper()]
         if alt := _ALTERNATIVE.match(text, m.end()):
             letters.append(alt.group(1).upper())
         return list(dict.fromkeys(letters))

@@ -130,3 +130,15 @@ def test_a_percent_reads_as_one_number() -> None:
     assert [r for r in ("50", "0.5", "\\frac{1}{2}") if verify("\\boxed{50\\%}", r, "math").correct
             ] == ["50"]
     assert verify("The answer is 5%.", "5", "math").correct
+
+
+@pytest.mark.parametrize(("span", "letters"), [
+    ("C", ["C"]), ("(c)", ["C"]), ("C. Paris", ["C"]), ("option C", ["C"]),
+    ("C, not D", ["C"]), ("(B), since (A) fails", ["B"]), ("I think B", ["B"]),
+    ("A or B", ["A", "B"]), ("(A), (B)", ["A", "B"]), ("A/B", ["A", "B"]),
+    ("B and C", ["B", "C"]), ("42", []), ("a dog", []), ("A bird flies", []),
+])
+def test_a_stated_choice_names_its_letters(span: str, letters: list[str]) -> None:
+    from conductor_engine.engine.rewards.verifiers import span_letters
+
+    assert span_letters(span) == letters
