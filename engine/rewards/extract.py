@@ -93,8 +93,8 @@ def answer_spans(text: str) -> list[Span]:
     values, which run to the first full stop followed by white space, else to the end of their
     line. A value also ends where the next such marker begins ("Answer: yes. Answer: no" states
     two answers). A line or phrase that holds a box is left out: the box says it ("Final
-    answer: \\boxed{5}" is the box 5); so is one with nothing in it, and a phrase that says
-    what the answer is not ("the answer is not obvious"). Linear in the text: each
+    answer: \\boxed{5}" is the box 5); so is one with nothing in it, and a phrase that states
+    no answer ("we ask what the answer is.", "the answer is not obvious"). Linear in the text: each
     search below moves only forward."""
     boxes = boxed_spans(text)
     box_starts = [b.start for b in boxes]
@@ -120,8 +120,8 @@ def answer_spans(text: str) -> list[Span]:
         j = bisect.bisect_left(box_starts, i)
         if not value or (j < len(box_starts) and box_starts[j] < end):
             continue
-        if not is_line and _NEGATION.match(value):  # "the answer is not obvious" says none
-            continue
+        if not is_line and (value[0] in ".?!,;)" or _NEGATION.match(value)):
+            continue  # "what the answer is." and "the answer is not obvious" state none
         spans.append(Span("line", value, i, i + len(value)))
     return sorted(boxes + spans, key=lambda s: s.start)
 

@@ -6,8 +6,8 @@ has one, else its last "Answer: X" line or "the answer is X" phrase, else the wh
 other box, answer line or phrase must agree with it (`extract.answer_spans`).
 
 - `exact`: SQuAD-style normalised text equality (`extract.normalize_text`) of the span. Another
-  stated answer agrees when it says the same, or the same followed by more words ("the answer
-  is Paris, the capital" agrees with `\\boxed{Paris}`).
+  stated answer agrees when it names the span's answer, alone or among other words ("the
+  answer is Paris, the capital" agrees with `\\boxed{Paris}`; "London" does not).
 - `choice`: multiple choice, letters A-J. The span must name one letter ("C", "(C)", "C.",
   "option C", or a lone capital A-J in a sentence; "A or B" names two); "X is correct" counts
   as a stated answer too. With none of these, the reply's leading letter ("C." or "**C**"),
@@ -165,9 +165,13 @@ def _hedge(kind: str, first: str, second: str, details: dict[str, Any]) -> Verdi
 
 
 def _agrees(other: str, answer: str) -> bool:
-    """Another stated answer agrees with the span's if it says the same, or the same and more
-    words after it ("paris capital of france" agrees with "paris")."""
-    return other == answer or (bool(answer) and other.startswith(answer + " "))
+    """Another stated answer (normalised) agrees with the span's if it names it: the same
+    words, alone or among others ("that paris is capital" names "paris"). One that never
+    names the span's answer ("no" beside `\\boxed{yes}`) is a second answer. Linear: a text
+    shorter than the answer cannot hold it, so each search is paid for by its own text."""
+    if not other or other == answer:
+        return True
+    return len(other) > len(answer) and f" {answer} " in f" {other} "
 
 
 def verify_exact(answer: str, reference: str, timeout_s: float) -> Verdict:
