@@ -21,8 +21,10 @@ from typing import Literal
 
 _BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox)[ \t\r\n]*\{|[{}]")
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
-_MARKER = re.compile(r"(?:\b(?P<final>final)[ \t]+)?\banswer(?:[ \t*_]*(?P<colon>[:：])|\s+is\b)",
-                     re.IGNORECASE)
+_MARKER = re.compile(r"[Aa](?<![^\W_][Aa])[Nn][Ss][Ww][Ee][Rr]"
+                     r"(?:[ \t*_]*(?P<colon>[:：])|\s+[Ii][Ss]\b)")
+"""\banswer, then a colon or "is"; spelled with character classes, which the regex engine
+scans for several times faster than an IGNORECASE word."""
 _SENTENCE_STOP = re.compile(r"\.(?=\s|\Z)")
 _SPACE = re.compile(r"\s+")
 _NEGATION = re.compile(r"(?i:not)\b")
@@ -82,7 +84,13 @@ def _markers(text: str) -> list[tuple[int, int, bool]]:
     it starts and where its value may begin. "answer" must start a word."""
     found = []
     for m in _MARKER.finditer(text):
-        start = m.start("final") if m.group("final") else m.start()
+        start = m.start()
+        before = start
+        while before > 0 and text[before - 1] in " \t":  # each blank run is read once
+            before -= 1
+        if (before < start and text[before - 5:before].lower() == "final"
+                and not (before > 5 and (text[before - 6].isalnum() or text[before - 6] == "_"))):
+            start = before - 5
         found.append((start, m.end(), m.group("colon") is not None))
     return found
 

@@ -70,6 +70,12 @@ from conductor_engine.engine.rewards.typed_values import (
 from conductor_engine.engine.text import shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
+MAX_PROGRAM_CHARS = 1 << 20
+"""A longer program is wrong unrun: no solution is that long, and one of hundreds of MB could
+exhaust the sandbox's memory before it starts (our error) instead of being the candidate's."""
+MAX_MATH_CHARS = 100_000
+"""A longer stated answer is wrong unread (math-verify would time out on it anyway); a reply
+with no stated answer is read by its last MAX_MATH_CHARS characters, where its answer is."""
 """Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
 
 _LETTER_REFERENCE = re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J]))\s*[.:]?\s*$")
@@ -272,8 +278,11 @@ def _math_text(span: Span) -> str:
 def verify_math(answer: str, reference: str, timeout_s: float) -> Verdict:
     spans = answer_spans(answer)
     primary = _primary(spans)
-    text = _math_text(primary) if primary is not None else answer
+    text = _math_text(primary) if primary is not None else answer[-MAX_MATH_CHARS:]
     others = list(dict.fromkeys(_math_text(s) for s in spans if _math_text(s) != text))
+    if len(text) > MAX_MATH_CHARS or any(len(o) > MAX_MATH_CHARS for o in others):
+        return _verdict("math", False, f"a stated answer is over {MAX_MATH_CHARS:,} characters",
+                        {"found_by": "boxed" if primary and primary.kind == "boxed" else "line"})
     try:
         reply = check_math(reference, text, timeout_s, others)
     except MathCheckError as exc:
@@ -401,7 +410,11 @@ def verify_code(answer: str, reference: str, timeout_s: float) -> Verdict:
         tests = parse_reference(reference)
     except ValueError as exc:
         return _error("code", str(exc))
-    res = _run_code(last_code_block(answer), tests, SandboxLimits(timeout_s=timeout_s))
+    code = last_code_block(answer)
+    if len(code) > MAX_PROGRAM_CHARS:  # its size alone could stop the sandbox's start
+        return _verdict("code", False, f"the program is over {MAX_PROGRAM_CHARS:,} characters",
+                        {"form": tests.form, "trusted": tests.trusted})
+    res = _run_code(code, tests, SandboxLimits(timeout_s=timeout_s))
     details: dict[str, Any] = {
         "form": tests.form, "trusted": tests.trusted, "output_tail": res.output_tail[-1000:],
         "timed_out": res.timed_out, "isolation": res.isolation, "duration_s": res.duration_s,
