@@ -110,13 +110,15 @@ def answer_spans(text: str) -> list[Span]:
     n = len(text)
     spans: list[Span] = []
     stop = -1  # the first sentence stop at or after the last position searched from
+    line_end = -1  # likewise the first line end: many markers on one line share it
     for k, (_, value_at, is_line) in enumerate(markers):
         i = _skip(text, value_at, markup=is_line)
         if not is_line and text[i:i + 1] == ":":
             i = _skip(text, i + 1, markup=False)
-        line_end = text.find("\n", i)
-        end = min(n if line_end < 0 else line_end,
-                  markers[k + 1][0] if k + 1 < len(markers) else n)
+        if line_end < i:
+            line_end = text.find("\n", i)
+            line_end = n if line_end < 0 else line_end
+        end = min(line_end, markers[k + 1][0] if k + 1 < len(markers) else n)
         if not is_line:
             if stop < i + 1:
                 found = _SENTENCE_STOP.search(text, i + 1)
