@@ -70,13 +70,13 @@ from conductor_engine.engine.rewards.typed_values import (
 from conductor_engine.engine.text import shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
+"""Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
 MAX_PROGRAM_CHARS = 1 << 20
 """A longer program is wrong unrun: no solution is that long, and one of hundreds of MB could
 exhaust the sandbox's memory before it starts (our error) instead of being the candidate's."""
 MAX_MATH_CHARS = 100_000
 """A longer stated answer is wrong unread (math-verify would time out on it anyway); a reply
 with no stated answer is read by its last MAX_MATH_CHARS characters, where its answer is."""
-"""Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
 
 _LETTER_REFERENCE = re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J]))\s*[.:]?\s*$")
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[).:\]]")

@@ -52,3 +52,15 @@ def test_a_program_printing_a_long_number_like_token_is_judged_at_once() -> None
 def test_a_boxed_answer_and_a_different_answer_line_win_nothing(reference: str) -> None:
     reward = score_run("completed", "\\boxed{no}\n\nAnswer: yes", reference, "exact")
     assert reward.value == WRONG and "hedged" in reward.reason
+
+
+@pytest.mark.parametrize(("reply", "verifier", "reference"), [
+    ("```python\n" + "#" * (2 << 20) + "\n```", "code", "assert f() == 1"),
+    ("\\boxed{" + "1" * 200_000 + "}", "math", "5"),
+    ("```python\ndef f():\n    return 1\x00\n```", "code", "assert f() == 1"),
+    ("```python\nprint(1)\x00\n```", "code", json.dumps({"io": [{"input": "", "output": "1"}]})),
+])
+def test_oversized_or_malformed_answers_score_wrong_not_a_verifier_error(
+        reply: str, verifier: str, reference: str) -> None:
+    v = verify(reply, reference, verifier)
+    assert v.correct is False and "error" not in v.details, v.reason
