@@ -85,7 +85,7 @@ _LEADING_CHOICE = re.compile(r"[\s*_>#]*[(\[]?([A-J])(?:[)\].:*_]|\s*$)")
 _SPAN_CHOICE = re.compile(r"[(\[]?(?:([A-Ja-j])(?:[)\].:*_]|\s*$)"
                           r"|([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-]))")
 _OPTION = re.compile(r"(?i:option|choice)\s+")
-_ALTERNATIVE = re.compile(r"[)\].:*_]*\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[(\[]?([A-Ja-j])"
+_ALTERNATIVE = re.compile(r"[)\].:*_]*\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[*_(\[]*([A-Ja-j])"
                           r"(?![\w'-])")
 _PARENTHESISED = re.compile(r"\(([A-J])\)")
 _STANDALONE = re.compile(r"(?<![\w'-])([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-])")
@@ -241,6 +241,8 @@ def chosen_letter(answer: str) -> tuple[str | None, str]:
             return None, f"hedged: the reply names {' and '.join(named)}"
         return letters[0], "boxed" if kind == "boxed" else "answer line"
     if m := _LEADING_CHOICE.match(answer):
+        if alt := _ALTERNATIVE.match(answer, m.end()):
+            return None, f"hedged: the reply names {m.group(1)} and {alt.group(1).upper()}"
         return m.group(1), "leading letter"
     for rx, how in ((_PARENTHESISED, "last (X)"), (_STANDALONE, "last standalone letter")):
         found = rx.findall(answer)

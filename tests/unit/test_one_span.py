@@ -84,6 +84,8 @@ HEDGES = [
     ("choice", "Answer: A/B", ("A", "B")),
     ("choice", "Answer: A\nThe answer is B.", ("A", "B")),
     ("choice", "Answer: A. Option B is correct.", ("A", "B")),
+    ("choice", "**A** or **B**", ("A", "B")),
+    ("choice", "(A), (B)", ("A", "B")),
     ("math", "\\boxed{1}\nAnswer: 2", ("1", "2")),
     ("math", "Answer: 2\n\\boxed{1}", ("1", "2")),
     ("math", "The answer is 1 or 2", ("1", "2")),
