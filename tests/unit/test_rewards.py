@@ -279,3 +279,35 @@ def test_rewards_round_trip_through_json() -> None:
     reward = score_run("completed", fenced("def add(a, b):\n    return a + b"), ADD_TESTS, None)
     assert type(reward).model_validate_json(reward.model_dump_json()) == reward
 
+
+
+def test_a_math_helper_killed_from_outside_is_a_verifier_error() -> None:
+    """Only our machinery failing is a verifier error: the helper killed by something else
+    (the host's OOM killer) while it read the answer is one; its own timeout is not."""
+    import os
+    import signal
+    from pathlib import Path
+
+    def helpers() -> list[int]:
+        """This process's math helpers."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent == os.getpid() and b"_math_worker.py" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    verify("1", "1", "math")  # a helper is started and idle
+    result: dict[str, Verdict] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        v=verify("$\\boxed{10^{10^{10}}}$", "5", "math", timeout_s=20)))
+    thread.start()
+    time.sleep(2)  # the helper is inside math-verify on the answer (it gives up after 6 s)
+    for pid in helpers():
+        os.kill(pid, signal.SIGKILL)
+    thread.join(60)
+    v = result["v"]
+    assert v.correct is False and v.reason.startswith("verifier error:"), v.reason
