@@ -43,6 +43,12 @@ def _wrap_gold(gold: str) -> str:
     return f"${gold}$"
 
 
+def _without_percent(text: str) -> str:
+    """A percent sign dropped: "50%" reads as 50 and only as 50. math-verify reads it both as 50
+    and as 0.5, so one answer would be right against two different references."""
+    return text.replace("\\%", "").replace("%", "")
+
+
 def _parsed(found: list[Any]) -> bool:
     """math-verify falls back to the raw string when sympy cannot read it; that is no parse."""
     return any(not isinstance(item, str) for item in found)
@@ -89,25 +95,66 @@ def _exact_verdict(answer: list[Any], value: int) -> bool | None:
     return None if symbolic else False
 
 
-def check(request: dict[str, Any]) -> dict[str, Any]:
+def _timed_out() -> bool:
+    return any("timeout" in w.lower() for w in _warnings.messages)
+
+
+def _judge(gold: list[Any], text: str, timeout: int) -> tuple[bool, list[Any]]:
+    """Whether the answer `text` equals the parsed reference, and the answer as parsed."""
     from math_verify import parse, verify
     from math_verify.utils import timeout as math_timeout
 
-    timeout = max(1, int(request.get("timeout", 5)))
-    gold = parse(_wrap_gold(request["gold"]), parsing_timeout=timeout)
-    if not _parsed(gold):
-        gold = parse(request["gold"], parsing_timeout=timeout)
-    if not _parsed(gold):
-        return {"ok": False, "gold_unparsed": True, "gold": [], "answer": []}
-    answer = parse(request["answer"], parsing_timeout=timeout)
+    answer = parse(_without_percent(text), parsing_timeout=timeout)
     integer = _integer(gold)
     exact = None  # an integer reference: no float tolerance (_exact_verdict)
     if integer is not None and answer:
         exact = math_timeout(timeout)(_exact_verdict)(answer, integer)
     correct = exact if exact is not None else bool(answer) and verify(
         gold, answer, timeout_seconds=timeout)
-    return {"ok": True, "correct": correct, "gold": [str(g) for g in gold],
-            "answer": [str(a) for a in answer]}
+    return bool(correct), answer
+
+
+def check(request: dict[str, Any], progress: Any = None) -> dict[str, Any]:
+    """Judge `answer`, and then each of `others` (the reply's other stated answers), against
+    `gold`. The reference is ours: its failures are errors. Everything after it reads the
+    candidate's text, so a timeout, a memory error or any exception there is the answer's
+    `failure` (a wrong answer, not an error). `progress` is told when that part begins."""
+    from math_verify import parse
+
+    timeout = max(1, int(request.get("timeout", 5)))
+    reference = _without_percent(request["gold"])
+    gold = parse(_wrap_gold(reference), parsing_timeout=timeout)
+    if not _parsed(gold):
+        gold = parse(reference, parsing_timeout=timeout)
+    if _timed_out():
+        return {"ok": False, "error": "math-verify timed out reading the reference"}
+    if not _parsed(gold):
+        return {"ok": False, "gold_unparsed": True, "gold": [], "answer": []}
+    reply: dict[str, Any] = {"ok": True, "correct": False, "gold": [str(g) for g in gold],
+                             "answer": [], "failure": None, "hedge": None}
+    if progress is not None:
+        progress()
+    try:
+        correct, answer = _judge(gold, request["answer"], timeout)
+        reply["answer"] = [str(a) for a in answer]
+        for other in request.get("others", []) if correct else []:
+            if _timed_out():
+                break
+            agrees, parsed = _judge(gold, other, timeout)
+            if _parsed(parsed) and not agrees:
+                correct, reply["hedge"] = False, other
+                break
+        if _timed_out():
+            correct, reply["failure"] = False, "math-verify timed out on the answer"
+        reply["correct"] = correct
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the candidate's text made math-verify give up: its
+        # TimeoutException is a BaseException; MemoryError and RecursionError come here too
+        why = "timed out" if "timeout" in type(exc).__name__.lower() else type(exc).__name__
+        reply["correct"] = False
+        reply["failure"] = f"math-verify gave up on the answer ({why})"
+    return reply
 
 
 def main() -> None:
@@ -120,10 +167,14 @@ def main() -> None:
     print(json.dumps({"ready": True}), flush=True)
     logging.getLogger("math_verify").addHandler(_warnings)
     logging.getLogger("math_verify").propagate = False
+
+    def progress() -> None:
+        print(json.dumps({"stage": "answer"}), flush=True)
+
     for line in sys.stdin:
         _warnings.messages.clear()
         try:
-            reply = check(json.loads(line))
+            reply = check(json.loads(line), progress)
         except BaseException as exc:  # report anything, MemoryError and timeouts included
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         reply["warnings"] = _warnings.messages

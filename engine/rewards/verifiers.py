@@ -1,21 +1,33 @@
 """Verifiers: is an answer right, judged against a task's reference?
 
-- `exact`: SQuAD-style normalised text equality (`extract.normalize_text`), trying the reply's
-  last `\\boxed{}` value, its last "Answer: ..." line, then the whole reply.
-- `choice`: multiple choice, letters A-J. The chosen letter is read from the reply, preferring
-  explicit forms ("Answer: C", "the answer is (C)", `\\boxed{C}`, a reply that starts "C." or
-  "**C**") over a stray letter (the last "(C)", then the last standalone capital A-J).
-- `math`: math-verify (symbolic and numeric equivalence, LaTeX or plain), in a helper process
-  (`mathcheck`) so it is safe and bounded in time from any thread.
+Each verifier judges one span of the reply, and a reply that states two different answers is
+wrong (a hedge must never be right twice). The span is the last `\\boxed{}` value if the reply
+has one, else its last "Answer: X" line or "the answer is X" phrase, else the whole reply; every
+other box, answer line or phrase must agree with it (`extract.answer_spans`).
+
+- `exact`: SQuAD-style normalised text equality (`extract.normalize_text`) of the span. Another
+  stated answer agrees when it names the span's answer, alone or among other words ("the
+  answer is Paris, the capital" agrees with `\\boxed{Paris}`; "London" does not).
+- `choice`: multiple choice, letters A-J. The span must name one letter ("C", "(C)", "C.",
+  "option C", or a lone capital A-J in a sentence; "A or B" names two); "X is correct" counts
+  as a stated answer too. With none of these, the reply's leading letter ("C." or "**C**"),
+  else its last "(C)", else its last standalone capital A-J.
+- `math`: math-verify (symbolic and numeric equivalence, LaTeX or plain) of the span, in a
+  helper process (`mathcheck`) so it is safe and bounded in time from any thread; every other
+  stated answer math-verify can read must also equal the reference, and a span that offers
+  alternatives ("1 or 2") is wrong. With no stated answer, math-verify reads the whole reply.
 - `code`: the reference holds stdin/stdout cases, function-call cases or Python test code
   (`code_tests`); the reply's last ```python block (or the whole reply) runs in the sandbox
   (`sandbox`) and, for cases, its outputs are compared here, outside the candidate's reach. The
   score is the fraction of cases (or tests) passed, correct only if all pass; a verdict from
   assert-style test code says it is untrusted (`details["trusted"]`).
 
-`verify` never raises. A verifier that cannot do its job (unknown name, malformed reference,
-crash, timeout of the verifier itself) returns correct=False, score 0, a reason starting
-"verifier error:" and `details["error"]`, so a scorer can tell it from a wrong answer.
+`verify` never raises. Whatever the candidate's text makes a verifier give up on (math-verify
+timing out or running out of memory on the answer, a sandboxed program that dies) scores wrong,
+with a reason that says so. Only a verifier that cannot do its job for reasons of its own
+(unknown name, malformed reference, a helper or sandbox that cannot start, a bug) returns
+correct=False, score 0, a reason starting "verifier error:" and `details["error"]`, so a scorer
+can tell it from a wrong answer.
 """
 
 from __future__ import annotations
@@ -35,9 +47,8 @@ from conductor_engine.engine.rewards.code_tests import (
     tuples_to_lists,
 )
 from conductor_engine.engine.rewards.extract import (
-    answer_candidates,
-    answer_line,
-    last_boxed,
+    Span,
+    answer_spans,
     last_code_block,
     normalize_text,
     strip_latex_text,
@@ -60,17 +71,26 @@ from conductor_engine.engine.text import shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
 """Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
+MAX_PROGRAM_CHARS = 1 << 20
+"""A longer program is wrong unrun: no solution is that long, and one of hundreds of MB could
+exhaust the sandbox's memory before it starts (our error) instead of being the candidate's."""
+MAX_MATH_CHARS = 100_000
+"""A longer stated answer is wrong unread (math-verify would time out on it anyway); a reply
+with no stated answer is read by its last MAX_MATH_CHARS characters, where its answer is."""
 
 _LETTER_REFERENCE = re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J]))\s*[.:]?\s*$")
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[).:\]]")
-_EXPLICIT_CHOICE = (
-    re.compile(r"(?i:\banswer)\s*(?i:is)?\s*[:：]\s*[*_]*\s*[(\[]?([A-Ja-j])\b(?![-'])"),
-    re.compile(r"(?i:\banswer\s+is)\s*(?i:option\s+)?[*_]*\s*(?:\(([A-Ja-j])\)|([A-J])\b)"),
-    re.compile(r"(?<![\w'-])\(?([A-J])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b"),
-)
-_LEADING_CHOICE = re.compile(r"^[\s*_>#]*[(\[]?([A-J])(?:[)\].:*_]|\s*$)")
+_IS_CORRECT = re.compile(r"(?<![\w'-])\(?([A-J])\)?\s+is\s+(?:the\s+)?(?i:correct|right)\b")
+_LEADING_CHOICE = re.compile(r"[\s*_>#]*[(\[]?([A-J])(?:[)\].:*_]|\s*$)")
+_SPAN_CHOICE = re.compile(r"[(\[]?(?:([A-Ja-j])(?:[)\].:*_]|\s*$)"
+                          r"|([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-]))")
+_OPTION = re.compile(r"(?i:option|choice)\s+")
+_ALTERNATIVE = re.compile(r"[)\].:*_]*\s*(?i:or|and|/|,|&|\|)\s*(?i:option\s+)?[*_(\[]*([A-Ja-j])"
+                          r"(?![\w'-])")
 _PARENTHESISED = re.compile(r"\(([A-J])\)")
-_STANDALONE = re.compile(r"(?<![\w'-])([A-J])(?![\w'-])")
+_STANDALONE = re.compile(r"(?<![\w'-])([B-HJ]|[AI](?! (?!(?:and|n?or)\b)[a-z]))(?![\w'-])")
+"""A lone capital A-J; "A" and "I" only when not the English words ("A bird", "I think")."""
+_ALTERNATIVES = re.compile(r"(?i)\bor\b")
 _CODE_REFERENCE = re.compile(r"^\s*(?:assert\b|def\s+test)", re.MULTILINE)
 _NUMBER = re.compile(
     r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?\s*%?"
@@ -131,21 +151,53 @@ def detect_verifier(reference: str) -> str:
     return "exact"
 
 
+# --- one span -----------------------------------------------------------------------------
+
+
+def _primary(spans: list[Span]) -> Span | None:
+    """The span that is the answer: the last box, else the last answer line or phrase."""
+    boxes = [s for s in spans if s.kind == "boxed"]
+    chosen = boxes or spans
+    return chosen[-1] if chosen else None
+
+
+def _hedge(kind: str, first: str, second: str, details: dict[str, Any]) -> Verdict:
+    details["hedge"] = [first, second]
+    return _verdict(kind, False, f"hedged: the reply answers both {shorten(first, 60)!r} and "
+                                 f"{shorten(second, 60)!r}", details)
+
+
 # --- exact --------------------------------------------------------------------------------
+
+
+def _agrees(other: str, answer: str) -> bool:
+    """Another stated answer (normalised) agrees with the span's if it names it: the same
+    words, alone or among others ("that paris is capital" names "paris"). One that never
+    names the span's answer ("no" beside `\\boxed{yes}`) is a second answer. Linear: a text
+    shorter than the answer cannot hold it, so each search is paid for by its own text."""
+    if not other or other == answer:
+        return True
+    return len(other) > len(answer) and f" {answer} " in f" {other} "
 
 
 def verify_exact(answer: str, reference: str, timeout_s: float) -> Verdict:
     expected = normalize_text(strip_latex_text(reference))
     if not expected:
         return _error("exact", "the reference is empty after normalisation")
-    candidates = answer_candidates(answer)
-    normalised = [normalize_text(c) for c in candidates]
-    details = {"expected": expected, "candidates": normalised[:2]}
-    if expected in normalised:
+    spans = answer_spans(answer)
+    primary = _primary(spans)
+    got_text = primary.text if primary is not None else answer
+    got = normalize_text(strip_latex_text(got_text))
+    details: dict[str, Any] = {"expected": expected, "answer": shorten(got, 200),
+                               "found_by": primary.kind if primary is not None else "reply"}
+    for span in spans:
+        other = normalize_text(strip_latex_text(span.text))
+        if not _agrees(other, got):
+            return _hedge("exact", got_text, span.text, details)
+    if got == expected:
         return _verdict("exact", True, f"matches {shorten(reference, 80)!r}", details)
-    got = candidates[0] if len(candidates) > 1 else answer
     return _verdict("exact", False,
-                    f"expected {shorten(reference, 80)!r}, got {shorten(got, 80)!r}",
+                    f"expected {shorten(reference, 80)!r}, got {shorten(got_text, 80)!r}",
                     details)
 
 
@@ -160,20 +212,38 @@ def reference_letter(reference: str) -> str | None:
     return next(g for g in m.groups() if g).upper()
 
 
+def span_letters(text: str) -> list[str]:
+    """The letters a stated answer names, in order, each once: one for "C", "(c)", "C.
+    Paris", "option C", "C, not D", "I'd say C"; two for "A or B", "(A), (B)", "A/B"; none
+    for "42" or "a dog"."""
+    text = strip_latex_text(text).lstrip(" \t\r\n*_>#")
+    if m := _OPTION.match(text):
+        text = text[m.end():]
+    if m := _SPAN_CHOICE.match(text):
+        letters = [(m.group(1) or m.group(2)).upper()]
+        if alt := _ALTERNATIVE.match(text, m.end()):
+            letters.append(alt.group(1).upper())
+        return list(dict.fromkeys(letters))
+    return list(dict.fromkeys(_STANDALONE.findall(text)))
+
+
 def chosen_letter(answer: str) -> tuple[str | None, str]:
-    """The letter a reply chose, and how it was found (for the verdict's details)."""
-    explicit = [(m.start(), next(g for g in m.groups() if g))
-                for rx in _EXPLICIT_CHOICE for m in rx.finditer(answer)]
-    if explicit:
-        return max(explicit)[1].upper(), "explicit answer"
-    boxed = last_boxed(answer)
-    if boxed is not None and (m := _LEADING_CHOICE.match(strip_latex_text(boxed))):
-        return m.group(1), "boxed"
+    """The letter a reply chose, and how it was found (for the verdict's details); None and
+    why when it chose none or several (a hedge)."""
+    stated = [(s.start, s.kind, s.text, span_letters(s.text)) for s in answer_spans(answer)]
+    stated += [(m.start(), "line", m.group(), [m.group(1)]) for m in _IS_CORRECT.finditer(answer)]
+    stated = sorted(x for x in stated if x[3])
+    if stated:
+        boxes = [x for x in stated if x[1] == "boxed"]
+        _, kind, text, letters = (boxes or stated)[-1]
+        named = list(dict.fromkeys(letter for x in stated for letter in x[3]))
+        if len(named) > 1:
+            return None, f"hedged: the reply names {' and '.join(named)}"
+        return letters[0], "boxed" if kind == "boxed" else "answer line"
     if m := _LEADING_CHOICE.match(answer):
+        if alt := _ALTERNATIVE.match(answer, m.end()):
+            return None, f"hedged: the reply names {m.group(1)} and {alt.group(1).upper()}"
         return m.group(1), "leading letter"
-    line = answer_line(answer)
-    if line is not None and (m := _LEADING_CHOICE.match(line)):
-        return m.group(1), "answer line"
     for rx, how in ((_PARENTHESISED, "last (X)"), (_STANDALONE, "last standalone letter")):
         found = rx.findall(answer)
         if found:
@@ -188,7 +258,8 @@ def verify_choice(answer: str, reference: str, timeout_s: float) -> Verdict:
     got, how = chosen_letter(answer)
     details = {"expected": expected, "chosen": got, "found_by": how}
     if got is None:
-        return _verdict("choice", False, f"expected {expected}, no choice found", details)
+        reason = how if how.startswith("hedged") else "no choice found"
+        return _verdict("choice", False, f"expected {expected}, {reason}", details)
     if got == expected:
         return _verdict("choice", True, f"chose {got}", details)
     return _verdict("choice", False, f"expected {expected}, got {got}", details)
@@ -201,22 +272,44 @@ class _UnparsedReference(Exception):
     pass
 
 
+def _math_text(span: Span) -> str:
+    """A stated answer as math-verify should read it: a box stays a box."""
+    return f"\\boxed{{{span.text}}}" if span.kind == "boxed" else span.text
+
+
 def verify_math(answer: str, reference: str, timeout_s: float) -> Verdict:
+    spans = answer_spans(answer)
+    primary = _primary(spans)
+    text = _math_text(primary) if primary is not None else answer[-MAX_MATH_CHARS:]
+    others = list(dict.fromkeys(_math_text(s) for s in spans if _math_text(s) != text))
+    if len(text) > MAX_MATH_CHARS or any(len(o) > MAX_MATH_CHARS for o in others):
+        return _verdict("math", False, f"a stated answer is over {MAX_MATH_CHARS:,} characters",
+                        {"found_by": "boxed" if primary and primary.kind == "boxed" else "line"})
     try:
-        reply = check_math(reference, answer, timeout_s)
+        reply = check_math(reference, text, timeout_s, others)
     except MathCheckError as exc:
         return _error("math", str(exc))
     if reply.get("gold_unparsed"):
         raise _UnparsedReference(reference)
-    timeouts = [w for w in reply.get("warnings", []) if "timeout" in w.lower()]
-    if not reply.get("ok") or timeouts:
-        return _error("math", reply.get("error") or "; ".join(timeouts), warnings=timeouts)
+    if not reply.get("ok"):
+        return _error("math", reply.get("error") or "math-verify failed on the reference")
     gold, got = reply["gold"], reply["answer"]
-    details = {"expected": gold[-1:], "extracted": got[-1:]}
+    details: dict[str, Any] = {"expected": gold[-1:], "extracted": got[-1:],
+                               "found_by": primary.kind if primary is not None else "reply"}
+    expected = shorten(gold[-1], 80) if gold else shorten(reference, 80)
+    if reply.get("failure"):
+        details["failure"] = reply["failure"]
+        return _verdict("math", False, f"expected {expected}; {reply['failure']}", details)
+    if primary is not None and _ALTERNATIVES.search(strip_latex_text(primary.text)):
+        details["hedge"] = [primary.text]
+        return _verdict("math", False,
+                        f"hedged: {shorten(primary.text, 80)!r} offers alternatives", details)
+    if reply.get("hedge"):
+        return _hedge("math", text, reply["hedge"], details)
     if reply["correct"]:
-        return _verdict("math", True, f"equals {shorten(gold[-1], 80)}", details)
+        return _verdict("math", True, f"equals {expected}", details)
     shown = shorten(got[-1], 80) if got else "no parsable answer"
-    return _verdict("math", False, f"expected {shorten(gold[-1], 80)}, got {shown}", details)
+    return _verdict("math", False, f"expected {expected}, got {shown}", details)
 
 
 def _verify_math_strict(answer: str, reference: str, timeout_s: float) -> Verdict:
@@ -233,12 +326,17 @@ def _last_line(text: str, default: str = "") -> str:
     return (text.strip().splitlines() or [default])[-1]
 
 
+def _slots(results: list[Any], count: int) -> list[Any]:
+    """One result per case: a run that stopped early reported fewer (None: not run)."""
+    return (results + [None] * count)[:count]
+
+
 def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str]]:
     """Each case judged here, by trusted code: (passed, why not)."""
     out: list[tuple[bool, str]] = []
     unrun = _last_line(res.failure, "did not run") if not res.timed_out else "timed out"
     if tests.form == "io":
-        for case, io in zip(tests.io, res.io, strict=True):
+        for case, io in zip(tests.io, _slots(res.io, len(tests.io)), strict=True):
             if io is None:
                 out.append((False, unrun))
             elif io.timed_out:
@@ -253,7 +351,7 @@ def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str
                       f"got {shorten(io.stdout.strip(), 60)!r}"
                 out.append((False, f"{why} ({shorten(err, 80)})" if err else why))
         return out
-    for call_case, call in zip(tests.calls, res.calls, strict=True):
+    for call_case, call in zip(tests.calls, _slots(res.calls, len(tests.calls)), strict=True):
         if call is None:
             out.append((False, unrun))
         elif call.error is not None or call.value is None:
@@ -266,7 +364,11 @@ def _case_outcomes(tests: CodeTests, res: SandboxResult) -> list[tuple[bool, str
                 continue
             if tests.tuples_as_lists:
                 got = tuples_to_lists(got)
-            if same_value(call_case.expected, got):
+            try:
+                same = same_value(call_case.expected, got)
+            except RecursionError:  # nested past the stack: the candidate's value, wrong
+                same = False
+            if same:
                 out.append((True, ""))
             else:
                 out.append((False, f"expected {_shown(call_case.expected)}, got {_shown(got)}"))
@@ -280,6 +382,8 @@ def _shown(value: Any) -> str:
         return shorten(repr(value), 60)
     except ValueError:
         return "an integer of over 4300 digits"
+    except RecursionError:
+        return "a value nested too deep to show"
 
 
 def _after_prelude(prelude: str, code: str) -> str:
@@ -308,7 +412,11 @@ def verify_code(answer: str, reference: str, timeout_s: float) -> Verdict:
         tests = parse_reference(reference)
     except ValueError as exc:
         return _error("code", str(exc))
-    res = _run_code(last_code_block(answer), tests, SandboxLimits(timeout_s=timeout_s))
+    code = last_code_block(answer)
+    if len(code) > MAX_PROGRAM_CHARS:  # its size alone could stop the sandbox's start
+        return _verdict("code", False, f"the program is over {MAX_PROGRAM_CHARS:,} characters",
+                        {"form": tests.form, "trusted": tests.trusted})
+    res = _run_code(code, tests, SandboxLimits(timeout_s=timeout_s))
     details: dict[str, Any] = {
         "form": tests.form, "trusted": tests.trusted, "output_tail": res.output_tail[-1000:],
         "timed_out": res.timed_out, "isolation": res.isolation, "duration_s": res.duration_s,

@@ -184,3 +184,53 @@ def test_with_no_sandbox_the_verifier_refuses_and_the_probe_is_retried() -> None
     finally:
         sb.configure(sb.SandboxConfig())
     assert verify("def f():\n    return 1", "assert f() == 1", "code").correct
+
+
+# --- the run's edges: what the candidate or the host's load can cause ----------------------
+
+
+def test_a_sandbox_that_never_became_ready_is_a_verifier_error_not_a_crash() -> None:
+    """Nothing of the candidate's runs before "ready": a run that timed out or broke before it
+    (an overloaded host) is our failure, reported as one, for every form."""
+    from conductor_engine.engine.rewards.sandbox.run import _assemble
+
+    limits = SandboxLimits(timeout_s=2)
+    for mode in ("io", "call", "asserts"):
+        job = {"mode": mode, "inputs": ["1\n"], "cases": [{}]}
+        res = _assemble(job, [], "", b"", -9, True, limits)
+        assert res.error is not None and "did not start within 2s" in res.error, mode
+        res = _assemble(job, [], "malformed sandbox output (x: y)", b"", 1, False, limits)
+        assert res.error is not None and "malformed" in res.error, mode
+
+
+def test_case_results_cut_short_are_cases_not_run() -> None:
+    """Fewer results than cases (a run that stopped early) fail the missing cases; they never
+    make the comparison raise."""
+    from conductor_engine.engine.rewards.sandbox.models import SandboxResult
+    from conductor_engine.engine.rewards.verifiers import _case_outcomes
+
+    tests = parse_reference(SUM_IO)
+    short = SandboxResult(failure="killed by signal SIGKILL")
+    assert _case_outcomes(tests, short) == [(False, "killed by signal SIGKILL")] * 2
+    tests = parse_reference(TWO_SUM)
+    assert _case_outcomes(tests, SandboxResult(timed_out=True)) == [(False, "timed out")] * 2
+
+
+def test_the_descendant_walk_survives_processes_that_come_and_go() -> None:
+    """The runner's kill walks /proc while the candidate's processes exit and are reaped: one
+    that vanishes mid-walk is skipped, never an error that would fail the run."""
+    import subprocess
+    import sys
+
+    from conductor_engine.engine.rewards.sandbox.run import _descendants
+
+    churn = ("import os\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n"
+             "        os._exit(0)\n    os.waitpid(pid, 0)\n")
+    proc = subprocess.Popen([sys.executable, "-c", churn])
+    try:
+        for _ in range(3000):
+            assert proc.pid not in _descendants(proc.pid)
+        assert _descendants(2**22 + 12345) == []  # no such process
+    finally:
+        proc.kill()
+        proc.wait()

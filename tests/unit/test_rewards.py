@@ -140,11 +140,14 @@ def test_a_float_reference_keeps_its_tolerance() -> None:
     assert not verify("2.6", "2.5", "math").correct
 
 
-def test_math_gives_up_on_a_runaway_comparison_in_time() -> None:
+def test_math_gives_up_on_a_runaway_comparison_in_time_and_scores_it_wrong() -> None:
+    """The candidate's text made math-verify give up: that is the answer's failure, a wrong
+    answer, never a verifier error (which would drop the rollout from its group)."""
     started = time.monotonic()
     v = verify("$10^{10^{10}}$", "$10^{10^{9}}$", "math", timeout_s=3)
     assert time.monotonic() - started < 20, "given up (the comparison itself would never end)"
-    assert v.correct is False and v.reason.startswith("verifier error:")
+    assert v.correct is False and "error" not in v.details, v.reason
+    assert "timed out" in v.reason
 
 
 def test_verify_works_off_the_main_thread() -> None:
@@ -276,3 +279,35 @@ def test_rewards_round_trip_through_json() -> None:
     reward = score_run("completed", fenced("def add(a, b):\n    return a + b"), ADD_TESTS, None)
     assert type(reward).model_validate_json(reward.model_dump_json()) == reward
 
+
+
+def test_a_math_helper_killed_from_outside_is_a_verifier_error() -> None:
+    """Only our machinery failing is a verifier error: the helper killed by something else
+    (the host's OOM killer) while it read the answer is one; its own timeout is not."""
+    import os
+    import signal
+    from pathlib import Path
+
+    def helpers() -> list[int]:
+        """This process's math helpers."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent == os.getpid() and b"_math_worker.py" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    verify("1", "1", "math")  # a helper is started and idle
+    result: dict[str, Verdict] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        v=verify("$\\boxed{10^{10^{10}}}$", "5", "math", timeout_s=20)))
+    thread.start()
+    time.sleep(2)  # the helper is inside math-verify on the answer (it gives up after 6 s)
+    for pid in helpers():
+        os.kill(pid, signal.SIGKILL)
+    thread.join(60)
+    v = result["v"]
+    assert v.correct is False and v.reason.startswith("verifier error:"), v.reason

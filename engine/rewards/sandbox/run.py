@@ -94,12 +94,18 @@ class _Capped:
 
 
 def _descendants(pid: int) -> list[int]:
-    """The living descendants of `pid`, parents before children (/proc/PID/task/*/children)."""
+    """The living descendants of `pid`, parents before children (/proc/PID/task/*/children).
+    A process or thread may exit at any point of the walk (the candidate's processes come
+    and go as they like): one that vanished has no children left to find, never an error."""
     found, queue = [], [pid]
     while queue:
-        for task in Path(f"/proc/{queue.pop(0)}/task").glob("*/children"):
+        try:
+            tasks = list(Path(f"/proc/{queue.pop(0)}/task").iterdir())
+        except OSError:  # the process was reaped before its task list could be read
+            continue
+        for task in tasks:
             with contextlib.suppress(OSError, ValueError):
-                kids = [int(k) for k in task.read_text().split()]
+                kids = [int(k) for k in (task / "children").read_text().split()]
                 found += kids
                 queue += kids
     return found
@@ -325,12 +331,17 @@ class _Assembler:
 def _assemble(job: dict[str, Any], events: list[Any], protocol: str, stderr: bytes,
               code: int | None, timed_out: bool, limits: SandboxLimits) -> SandboxResult:
     if not events or not isinstance(events[0], Ready):
+        # Nothing of the candidate's has run before "ready": a sandbox that never got there
+        # (it failed, broke the protocol, or was still starting when the time ran out, as on
+        # an overloaded host) is our failure, never the candidate's.
         res = SandboxResult(timed_out=timed_out, exit_code=code)
-        if protocol or timed_out:
-            res.failure = protocol or _unfinished(timed_out, code, limits)
+        tail = stderr.decode("utf-8", "replace").strip()[-1500:]
+        if timed_out:
+            res.error = (f"the sandbox did not start within {limits.timeout_s:g}s (is the host "
+                         f"overloaded?): {tail or 'no output'}")
         else:
-            tail = stderr.decode("utf-8", "replace").strip()[-1500:]
-            res.error = f"sandbox failed to start (exit {code}): {tail or 'no output'}"
+            why = f"{protocol}; " if protocol else ""
+            res.error = f"sandbox failed to start (exit {code}): {why}{tail or 'no output'}"
         return res
     asm = _Assembler(job)
     for event in events[1:]:
