@@ -55,6 +55,7 @@ def config_path() -> tuple[Path, bool]:
 # a setting or is a misspelling of one (tests/unit/test_settings.py keeps this list complete).
 OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
+    f"{ENV_PREFIX}LOG",  # engine/runtime/cli/app.py: a log level over log_level, for a command
     f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
     f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
     f"{ENV_PREFIX}LOCAL_DEVICE",  # engine/providers/local/device.py

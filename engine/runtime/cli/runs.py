@@ -52,7 +52,7 @@ TempOpt = Annotated[float, typer.Option(help="conductor sampling temperature",
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 # The answer is printed above the table, so a run's table shows no outputs.
-RUN_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "tokens",
+RUN_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "sees", "tokens",
                                    "seconds", "attempts")
 
 
@@ -172,7 +172,7 @@ def result(workflow_id: str, as_json: JsonOpt = False) -> None:
 
 
 def _steps(res: RunResult) -> Table:
-    rows = [row for rnd in res.rounds for row in record_rows(rnd, say_all=True)]
+    rows = [row for rnd in res.rounds for row in record_rows(rnd)]
     return steps_table(rows, RUN_COLUMNS, title="steps")
 
 
