@@ -204,12 +204,19 @@ async def in_process_worker(
         yield
         return
     from conductor_engine.engine.contracts.search_attributes import ensure_registered
+    from conductor_engine.engine.providers.local.weights import report_progress_to
     from conductor_engine.engine.runtime.worker import (
         build_worker,  # imports workflows and activities: runtime only
     )
     from conductor_engine.engine.storage.shared_store import close_shared_stores
 
     await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
-    async with build_worker(conductor.client, conductor.settings, pool):
-        yield
+    # a first run fetches and converts the local model: a line for each stage, above the
+    # command's spinner or bar (terminal or pipe), so the minute it takes says what it does
+    report_progress_to(lambda text: err.print(Text(text), highlight=False, soft_wrap=True))
+    try:
+        async with build_worker(conductor.client, conductor.settings, pool):
+            yield
+    finally:
+        report_progress_to(None)
     await close_shared_stores()
