@@ -10,7 +10,6 @@ from pydantic import ValidationError
 from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.records import RunResult
@@ -29,6 +28,7 @@ from conductor_engine.engine.runtime.cli.app import (
 )
 from conductor_engine.engine.runtime.cli.render import (
     Column,
+    Fitted,
     record_rows,
     reward_line,
     steps_table,
@@ -171,7 +171,7 @@ def result(workflow_id: str, as_json: JsonOpt = False) -> None:
         _print_result(res, settings)
 
 
-def _steps(res: RunResult) -> Table:
+def _steps(res: RunResult) -> Fitted:
     rows = [row for rnd in res.rounds for row in record_rows(rnd)]
     return steps_table(rows, RUN_COLUMNS, title="steps")
 
