@@ -99,6 +99,17 @@ def _quiet(_logger: object, _method: str, event: MutableMapping[str, Any]
     return event
 
 
+def _logged_already(record: logging.LogRecord) -> bool:
+    """False for the SDK's `Completing activity as failed` line of a model call that failed:
+    the activity (activities/agent.py, plan.py) logged that failure already, with its step,
+    agent and what to do, so a quiet log says it once. Kept with tracebacks on."""
+    from conductor_engine.engine.providers.base import AgentCallError
+
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (record.name.startswith("temporalio") and exc is not None
+                and isinstance(exc.__cause__, AgentCallError))
+
+
 ADOPTED = ("huggingface_hub", "datasets")
 """Libraries that put a stderr handler of their own on their root logger and still propagate
 to the root one: each of their lines (a Hugging Face download's `Retrying in 1s`) printed twice,
@@ -171,6 +182,8 @@ def configure_logging(fmt: str = "auto", level: str = "warning",
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
+    if not json_lines and not tracebacks:
+        handler.addFilter(_logged_already)
     root = logging.getLogger()
     if _handler is not None:
         root.removeHandler(_handler)

@@ -160,3 +160,35 @@ def test_conductor_log_names_a_level_and_refuses_a_misspelt_one() -> None:
     assert "CONDUCTOR_LOG='verbose' is no log level; use one of debug, info" in bad.output
     good = CliRunner().invoke(app, ["--verbose", "pool", "show"], env={"CONDUCTOR_LOG": "debug"})
     assert good.exit_code == 0, good.output
+
+
+def test_a_failed_model_call_is_said_once_the_activitys_own_line() -> None:
+    """The call_agent activity logs `agent call failed` with its step, agent and what to do,
+    then raises: the SDK's `Completing activity as failed` for the same failure is left out of
+    a quiet log, kept with tracebacks on."""
+    from temporalio.exceptions import ApplicationError
+
+    from conductor_engine.engine.providers.base import AgentCallError
+
+    def fail_the_sdk_way() -> None:
+        try:
+            try:
+                raise AgentCallError("OPENAI_API_KEY is not set; export it", retryable=False)
+            except AgentCallError as e:
+                structlog.get_logger().warning("agent call failed", error=str(e), agent="gpt-5")
+                raise ApplicationError(str(e), type="AgentKeyMissing") from e
+        except ApplicationError:
+            logging.getLogger("temporalio.activity").warning("Completing activity as failed",
+                                                             exc_info=True)
+
+    quiet, verbose = io.StringIO(), io.StringIO()
+    try:
+        configure_logging("auto", "warning", stream=quiet)
+        fail_the_sdk_way()
+        configure_logging("auto", "warning", stream=verbose, tracebacks=True)
+        fail_the_sdk_way()
+    finally:
+        configure_logging("auto", "warning")
+    [line] = quiet.getvalue().splitlines()
+    assert "agent call failed" in line and "export it" in line
+    assert "Completing activity as failed" in verbose.getvalue()
