@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.redaction import redact_text
 
 _handler: logging.Handler | None = None  # ours on the root logger, replaced on reconfiguration
@@ -103,8 +104,6 @@ def _logged_already(record: logging.LogRecord) -> bool:
     """False for the SDK's `Completing activity as failed` line of a model call that failed:
     the activity (activities/agent.py, plan.py) logged that failure already, with its step,
     agent and what to do, so a quiet log says it once. Kept with tracebacks on."""
-    from conductor_engine.engine.providers.base import AgentCallError
-
     exc = record.exc_info[1] if record.exc_info else None
     return not (record.name.startswith("temporalio") and exc is not None
                 and isinstance(exc.__cause__, AgentCallError))

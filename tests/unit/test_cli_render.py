@@ -550,3 +550,17 @@ def test_the_batch_bar_keeps_its_count_and_time_whole(width: int) -> None:
     assert "failed 2" in line and "reward 0.500" in line
     if width >= 120:
         assert "running 4" in line and "1,323,567" in line
+
+
+def test_a_reward_prints_as_its_number_and_verdict_and_its_line_states_the_rule() -> None:
+    wrong = Reward(value=0.5, reason="wrong: expected 391, got 381")
+    assert str(wrong) == f"{wrong}" == "0.5 (wrong: expected 391, got 381)"
+    assert float(wrong) == 0.5 and Reward.model_validate_json(wrong.model_dump_json()) == wrong
+    assert str(Reward(value=None, reason="no reference answer")) == "none (no reference answer)"
+    with pytest.raises(ValueError, match="no reference answer"):
+        float(Reward(value=None, reason="no reference answer"))
+    line = _text(reward_line(wrong))
+    assert line.strip() == ("reward: 0.5 (wrong: expected 391, got 381) · rule: 1 right · "
+                            "0.5 wrong · 0 no valid plan")
+    custom = RewardWeights(wrong=0.2, failed=-1.0, cost_penalty_per_usd=2.0)
+    assert custom.rule() == "1 right · 0.2 wrong · 0 no valid plan · -1 failed run · -2 per $"
