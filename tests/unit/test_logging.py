@@ -192,3 +192,12 @@ def test_a_failed_model_call_is_said_once_the_activitys_own_line() -> None:
     [line] = quiet.getvalue().splitlines()
     assert "agent call failed" in line and "export it" in line
     assert "Completing activity as failed" in verbose.getvalue()
+
+
+def test_verbose_works_after_the_command_too() -> None:
+    from conductor_engine.engine.runtime.cli import verbose_first
+
+    assert verbose_first(["run", "q", "--verbose"]) == ["--verbose", "run", "q"]
+    assert verbose_first(["--verbose", "pool", "show"]) == ["--verbose", "pool", "show"]
+    assert verbose_first(["run", "--", "--verbose"]) == ["run", "--", "--verbose"]
+    assert verbose_first(["pool", "show"]) == ["pool", "show"]
