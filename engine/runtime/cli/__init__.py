@@ -33,7 +33,17 @@ from conductor_engine.engine.runtime.cli import (  # noqa: F401
 from conductor_engine.engine.runtime.cli.app import app
 from conductor_engine.engine.settings import SettingsError
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "verbose_first"]
+
+
+def verbose_first(args: list[str]) -> list[str]:
+    """`--verbose` is an option of `conductor` itself, and people write it after the command
+    too (`conductor run "..." --verbose`): moved to the front, so both work. Not after `--`,
+    where every word is an argument."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--verbose" not in args[:end]:
+        return args
+    return ["--verbose", *(a for a in args[:end] if a != "--verbose"), *args[end:]]
 
 
 def main() -> None:  # pragma: no cover
@@ -42,7 +52,7 @@ def main() -> None:  # pragma: no cover
     issue 300), turning a finished command into a crash."""
     code = 0
     try:
-        app()
+        app(args=verbose_first(sys.argv[1:]))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except SettingsError as e:  # settings built outside load_settings: still one line

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -75,6 +76,34 @@ def field_range(model: type[BaseModel], name: str) -> dict[str, Any]:
     return bounds
 
 
+LOG_VARIABLE = "CONDUCTOR_LOG"
+"""A level name over `log_level` for one command: `CONDUCTOR_LOG=debug` shows everything,
+tracebacks included (settings.OTHER_VARIABLES lists it)."""
+LEVELS = ("debug", "info", "warning", "error")
+_verbose = False  # the app's --verbose
+
+
+@app.callback()
+def _app_options(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="log lines from info up, and the traceback of each failure "
+        f"(everything: {LOG_VARIABLE}=debug)")] = False) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+def _configure_logging(settings: Settings) -> None:
+    """Quiet by default (warnings and errors, one line each); more on request: --verbose (info
+    and tracebacks), CONDUCTOR_LOG=LEVEL (debug: tracebacks too); JSON lines only with
+    log_format = "json"."""
+    level = os.environ.get(LOG_VARIABLE, "").strip().lower() or settings.log_level.lower()
+    if level not in LEVELS:
+        source = LOG_VARIABLE if os.environ.get(LOG_VARIABLE, "").strip() else "log_level"
+        raise fail(f"{source}={level!r} is no log level; use one of {', '.join(LEVELS)}", 2)
+    if _verbose and level in ("warning", "error"):
+        level = "info"
+    configure_logging(settings.log_format, level, tracebacks=_verbose or level == "debug")
+
+
 def load_settings(pool: Path | None = None) -> Settings:
     """Settings from the environment and config file (with --pool over them); logging set up.
     A bad setting is one `error:` line naming its variable or file line, exit status 2."""
@@ -84,7 +113,7 @@ def load_settings(pool: Path | None = None) -> Settings:
         raise fail(str(e), 2) from None
     if pool is not None:
         settings.pool_file = pool
-    configure_logging(settings.log_format, settings.log_level)
+    _configure_logging(settings)
     return settings
 
 
@@ -175,12 +204,19 @@ async def in_process_worker(
         yield
         return
     from conductor_engine.engine.contracts.search_attributes import ensure_registered
+    from conductor_engine.engine.providers.local.weights import report_progress_to
     from conductor_engine.engine.runtime.worker import (
         build_worker,  # imports workflows and activities: runtime only
     )
     from conductor_engine.engine.storage.shared_store import close_shared_stores
 
     await ensure_registered(conductor.client, conductor.settings.temporal_namespace)
-    async with build_worker(conductor.client, conductor.settings, pool):
-        yield
+    # a first run fetches and converts the local model: a line for each stage, above the
+    # command's spinner or bar (terminal or pipe), so the minute it takes says what it does
+    report_progress_to(lambda text: err.print(Text(text), highlight=False, soft_wrap=True))
+    try:
+        async with build_worker(conductor.client, conductor.settings, pool):
+            yield
+    finally:
+        report_progress_to(None)
     await close_shared_stores()

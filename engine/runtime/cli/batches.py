@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markdown import Markdown
@@ -33,6 +33,11 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.cli.render import markdown_literal
 from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.progress import ProgressColumn
+
+    from conductor_engine.workflows.batch import BatchProgress
 
 
 @app.command()
@@ -87,24 +92,41 @@ def batch(
     run_async(go())
 
 
+def progress_columns() -> tuple[ProgressColumn, ...]:
+    """The batch bar's columns, readable at 80 columns: the name cut to 24 characters, a short
+    bar, the count and the time whole, and the figures in the room left, cut with `…` (never
+    wrapped, never crowding out the count)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+
+    whole = Column(no_wrap=True)
+    return (TextColumn("{task.description}", style="bold", markup=False,  # the name as written
+                       table_column=Column(no_wrap=True, overflow="ellipsis", max_width=24)),
+            BarColumn(bar_width=12), MofNCompleteColumn(table_column=whole),
+            TimeElapsedColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[info]}", markup=False,
+                       table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")))
+
+
+def progress_info(p: BatchProgress) -> str:
+    """The figures beside the bar, most wanted first: failures and reward."""
+    reward = "—" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+    skipped = f" · skipped {p.skipped}" if p.skipped else ""
+    return (f"failed {p.failed} · reward {reward} · running {p.running}{skipped} · "
+            f"{p.input_tokens + p.output_tokens:,} tokens · ${p.cost_usd:.4f}")
+
+
 async def _watch_batch(settings: Settings, name: str, conductor: ConductorClient | None) -> None:
     """A live progress bar from the batch's `progress` query, until it finishes."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     conductor = conductor or await ConductorClient.connect(settings, start_embedded=False)
-    columns = (TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[info]}", markup=False))  # the name as written
-    with Progress(*columns, console=err, transient=False) as bar:
+    with Progress(*progress_columns(), console=err, transient=False, expand=True) as bar:
         job = bar.add_task(name, total=None, info="")
         while True:
             status, p = await conductor.batch_progress(name)
             if p is not None:
-                reward = "—" if p.mean_reward is None else f"{p.mean_reward:.3f}"
-                bar.update(job, total=p.total, completed=p.done, info=(
-                    f"running {p.running} · failed {p.failed} · skipped {p.skipped} · reward "
-                    f"{reward} · tokens {p.input_tokens + p.output_tokens:,} · "
-                    f"${p.cost_usd:.4f}"))
+                bar.update(job, total=p.total, completed=p.done, info=progress_info(p))
             if status != "running" and status != "continued_as_new":
                 break
             await asyncio.sleep(0.5)

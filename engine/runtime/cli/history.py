@@ -32,7 +32,7 @@ from conductor_engine.engine.text import shorten
 if TYPE_CHECKING:
     from conductor_engine.engine.runtime.history import Trail, TrailRound
 
-TRAIL_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "status",
+TRAIL_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "sees", "status",
                                      "output", "tokens", "cost", "attempts", "errors")
 
 

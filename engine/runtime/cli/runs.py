@@ -10,7 +10,6 @@ from pydantic import ValidationError
 from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.records import RunResult
@@ -29,6 +28,7 @@ from conductor_engine.engine.runtime.cli.app import (
 )
 from conductor_engine.engine.runtime.cli.render import (
     Column,
+    Fitted,
     record_rows,
     reward_line,
     steps_table,
@@ -52,7 +52,7 @@ TempOpt = Annotated[float, typer.Option(help="conductor sampling temperature",
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 # The answer is printed above the table, so a run's table shows no outputs.
-RUN_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "saw", "tokens",
+RUN_COLUMNS: tuple[Column, ...] = ("round", "step", "agent", "subtask", "sees", "tokens",
                                    "seconds", "attempts")
 
 
@@ -171,8 +171,8 @@ def result(workflow_id: str, as_json: JsonOpt = False) -> None:
         _print_result(res, settings)
 
 
-def _steps(res: RunResult) -> Table:
-    rows = [row for rnd in res.rounds for row in record_rows(rnd, say_all=True)]
+def _steps(res: RunResult) -> Fitted:
+    rows = [row for rnd in res.rounds for row in record_rows(rnd)]
     return steps_table(rows, RUN_COLUMNS, title="steps")
 
 

@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.traces import Trace
@@ -26,6 +25,7 @@ from conductor_engine.engine.runtime.cli.app import (
 from conductor_engine.engine.runtime.cli.render import (
     SHORT,
     Column,
+    Fitted,
     record_rows,
     reward_line,
     steps_table,
@@ -33,7 +33,7 @@ from conductor_engine.engine.runtime.cli.render import (
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceSummary
 from conductor_engine.engine.text import shorten
 
-TRACE_COLUMNS: tuple[Column, ...] = ("step", "agent", "subtask", "saw", "output", "tokens",
+TRACE_COLUMNS: tuple[Column, ...] = ("step", "agent", "subtask", "sees", "output", "tokens",
                                      "seconds", "attempts")
 REWARD_BOUND = 1e6
 """Rewards are weights of the user's choosing (RewardWeights, any float); a filter beyond
@@ -87,20 +87,24 @@ def traces_list(
     out.print(traces_table(rows))
 
 
-def traces_table(rows: list[TraceSummary]) -> Table:
-    """`traces list`'s table: every cell plain Text (ids, datasets and questions are user text)."""
-    table = Table(title=f"{len(rows)} trace(s)", title_justify="left")
-    for col in ("finished", "workflow", "task", "dataset", "policy", "status", "reward",
-                "tokens", "cost $", "s", "question"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(*(Text(cell) for cell in (
-            r.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), r.workflow_id, r.task_id,
-            r.dataset or "", f"{r.policy.name}@{r.policy.version}", r.status,
-            "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
-            f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", shorten(r.question, 60),
-        )))
-    return table
+TRACE_HEADERS = ("finished", "workflow", "task", "dataset", "policy", "status", "reward",
+                 "tokens", "cost $", "s", "question")
+TRACES_DROP = ("cost $", "s", "dataset", "tokens", "policy", "task", "finished")
+"""What `traces list` leaves out first on a narrow terminal: the workflow id (what to show
+next), status, reward and question stay."""
+
+
+def traces_table(rows: list[TraceSummary]) -> Fitted:
+    """`traces list`'s table: every cell plain text (ids, datasets and questions are user
+    text), fitted to the terminal (render.Fitted)."""
+    cells = [[
+        r.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"), r.workflow_id, r.task_id,
+        r.dataset or "", f"{r.policy.name}@{r.policy.version}", r.status,
+        "" if r.reward is None else f"{r.reward:g}", str(r.input_tokens + r.output_tokens),
+        f"{r.cost_usd:.4f}", f"{r.seconds:.1f}", shorten(r.question, 60),
+    ] for r in rows]
+    return Fitted(f"{len(rows)} trace(s)", TRACE_HEADERS, cells, drop=TRACES_DROP,
+                  text=("question",))
 
 
 @traces_app.command("show")

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
@@ -37,6 +36,7 @@ from conductor_engine.engine.runtime.cli.app import (
     out,
     run_async,
 )
+from conductor_engine.engine.runtime.cli.render import Fitted
 from conductor_engine.engine.runtime.client import (
     ConductorClient,
     TrainingOptions,
@@ -263,18 +263,22 @@ def train_status(
     _png_curve(name, curve, plot or Path(f"train-{name}.png"))
 
 
-def history_table(title: str, history: list[Any]) -> Table:
+HISTORY_HEADERS = ("it", "version", "rollouts", "left out", "reward", "valid", "loss", "clip",
+                   "kl", "grad norm", "tokens", "published")
+HISTORY_DROP = ("tokens", "clip", "kl", "grad norm", "published", "loss", "version")
+"""What a narrow terminal leaves out of the iteration table first: the reward, the valid-plan
+rate and the runs left out of their groups stay."""
+
+
+def history_table(title: str, history: list[Any]) -> Fitted:
     """One row per iteration (IterationStats): its rollouts and the runs left out of their
-    groups, by reason, then how the policy did and what the update did."""
-    table = Table("it", "version", "rollouts", "left out", "reward", "valid", "loss", "clip",
-                  "kl", "grad norm", "tokens", "published", title=Text(title))
-    for s in history:
-        table.add_row(*(Text(cell) for cell in (
-            str(s.iteration), s.version, str(s.rollouts), describe_counts(s.left_out),
-            _fmt(s.mean_reward), _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4),
-            _fmt(s.clip_fraction), _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}",
-            s.published or "—")))
-    return table
+    groups, by reason, then how the policy did and what the update did; fitted to the
+    terminal (render.Fitted)."""
+    rows = [[str(s.iteration), s.version, str(s.rollouts), describe_counts(s.left_out),
+             _fmt(s.mean_reward), _fmt(s.valid_plan_rate, 2), _fmt(s.loss, 4),
+             _fmt(s.clip_fraction), _fmt(s.kl, 4), _fmt(s.grad_norm), f"{s.tokens:,}",
+             s.published or "—"] for s in history]
+    return Fitted(title, HISTORY_HEADERS, rows, drop=HISTORY_DROP, text=("left out",))
 
 
 def _terminal_curve(name: str, curve: list[tuple[int, float]]) -> None:
