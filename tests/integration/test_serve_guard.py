@@ -1,0 +1,366 @@
+"""`conductor serve` against slow and hostile clients (engine/runtime/serve/guard.py): each attack
+runs on loopback against the real command while a keyed client keeps asking GET /v1/models on
+fresh connections, and every one of its answers must come within a second.
+
+The server runs under an open-file limit of 1,024 (a common default), so its connection cap is
+fitted under that: 1,100 half-sent requests are more connections than it may hold, as they were
+more than it could open before the cap existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from temporalio.client import Client
+
+from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV
+from conductor_engine.engine.runtime.serve.app import create_app
+from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
+from conductor_engine.engine.runtime.serve.guard import (
+    ACCEPT_FAILED,
+    FD_RESERVE,
+    RETRY_AFTER_S,
+    ServeLimits,
+    uvicorn_config,
+)
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.policies import PolicyRegistry
+from conductor_engine.engine.storage.trace_store import TraceStore
+from tests.cli import CONDUCTOR, stack_env
+from tests.conftest import free_port, make_pool, write_pool
+
+KEY = "sk-guard-test-key"
+SERVER_FILES = 1024
+"""The open-file limit the server runs under."""
+HEADER_TIMEOUT_S = 4.0
+ANSWER_WITHIN_S = 1.0
+"""The net every keyed answer must land in while an attack runs (they take milliseconds)."""
+
+
+@dataclass
+class Served:
+    port: int
+    pid: int
+    stderr: list[str]
+
+
+def _limit_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (SERVER_FILES, SERVER_FILES))
+
+
+@pytest.fixture(scope="module")
+async def served(agent_server: Any, base_settings: Settings,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    """`conductor serve` with a key, a 4 s head timeout and a 3 s body timeout, under 1,024
+    open files."""
+    tmp = tmp_path_factory.mktemp("guard")
+    settings = base_settings.model_copy(update={"task_queue": f"test-{uuid.uuid4().hex[:8]}"})
+    port = free_port()
+    env = {**stack_env(settings, write_pool(make_pool(agent_server), tmp / "pool.toml")),
+           API_KEYS_ENV: KEY, "CONDUCTOR_SERVE_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S),
+           "CONDUCTOR_SERVE_BODY_TIMEOUT": "3"}
+    proc = await asyncio.create_subprocess_exec(
+        *CONDUCTOR, "serve", "--port", str(port), "--no-worker", env=env, cwd=tmp,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=_limit_files)
+    assert proc.stderr is not None
+    lines: list[str] = []
+
+    async def read_stderr() -> None:
+        assert proc.stderr is not None
+        async for line in proc.stderr:
+            lines.append(line.decode())
+
+    reading = asyncio.create_task(read_stderr())
+    try:
+        deadline = time.monotonic() + 60
+        while not any("serving model" in ln for ln in lines):
+            assert proc.returncode is None and time.monotonic() < deadline, "".join(lines)
+            await asyncio.sleep(0.1)
+        status, _ = await _get_models(port)
+        assert status == 200
+        yield Served(port, proc.pid, lines)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+        await reading
+
+
+async def _get_models(port: int) -> tuple[int, float]:
+    """A keyed GET /v1/models on a fresh connection: its status and how long it took."""
+    start = time.monotonic()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+    try:
+        writer.write(f"GET /v1/models HTTP/1.1\r\nHost: serve\r\nAuthorization: Bearer {KEY}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    return int(answer.split(b" ", 2)[1]), time.monotonic() - start
+
+
+async def _answers_while(attack: Awaitable[Any], port: int) -> tuple[Any, list[float]]:
+    """Keyed requests, one after another, for as long as `attack` runs (at least three): what
+    the attack returned and how long each answer took (every one must be a 200)."""
+    running = asyncio.ensure_future(attack)
+    took: list[float] = []
+    while not running.done() or len(took) < 3:
+        status, seconds = await _get_models(port)
+        assert status == 200
+        took.append(seconds)
+        await asyncio.sleep(0.05)
+    return await running, took
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def _endless_header(port: int, most: int) -> tuple[int, bytes]:
+    """One header that never ends, 64 KiB at a time, up to `most` bytes: how much was sent
+    before the server stopped it, and what it answered (b"" for a closed connection)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent = 0
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nX-Pad: ")
+    try:
+        while sent < most:
+            writer.write(b"a" * 65536)
+            await asyncio.wait_for(writer.drain(), 10)
+            sent += 65536
+    except (ConnectionError, TimeoutError):
+        pass
+    try:
+        answer = await asyncio.wait_for(reader.read(1024), 10)
+    except ConnectionError:
+        answer = b""
+    writer.close()
+    return sent, answer
+
+
+async def test_an_endless_header_is_cut_off_and_costs_bounded_memory(served: Served) -> None:
+    before = _rss_kib(served.pid)
+    (sent, answer), took = await _answers_while(_endless_header(served.port, 64 << 20),
+                                                served.port)
+    assert sent < 64 << 20, "the server read 64 MiB of one header"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert _rss_kib(served.pid) - before < 32 * 1024
+    assert max(took) < ANSWER_WITHIN_S, took
+
+
+async def _head(port: int, head: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+async def test_a_head_over_the_size_or_field_count_is_a_431(served: Served) -> None:
+    long = await _head(served.port, b"GET /v1/models HTTP/1.1\r\nHost: serve\r\nX-Pad: "
+                       + b"a" * 20_000 + b"\r\n\r\n")
+    assert long.startswith(b"HTTP/1.1 431 "), long[:200]
+    assert json.loads(long.partition(b"\r\n\r\n")[2])["error"]["code"] == "head_too_large"
+    unfinished = await _head(served.port, b"GET /v1/models HTTP/1.1\r\nHost: serve\r\nX-Pad: "
+                             + b"a" * 20_000)  # h11 stops buffering it
+    assert unfinished.startswith(b"HTTP/1.1 431 "), unfinished[:200]
+    for answer in (long, unfinished):
+        assert b"over 16,384 bytes (16.0 KiB): send fewer or shorter headers" in answer
+    fields = "".join(f"X-{i}: {i}\r\n" for i in range(150))
+    many = await _head(served.port, f"GET /v1/models HTTP/1.1\r\nHost: serve\r\n{fields}\r\n"
+                       .encode())
+    assert many.startswith(b"HTTP/1.1 431 "), many[:200]
+    error = json.loads(many.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "too_many_headers" and "151 header fields" in error["message"]
+
+
+async def test_a_half_sent_request_is_closed_after_the_head_timeout(served: Served) -> None:
+    async def trickle() -> float:
+        """Half a head, then a byte every half second until the server closes."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        start = time.monotonic()
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: serve\r\nX-Slow: ")
+        try:
+            while not reader.at_eof() and time.monotonic() - start < 30:
+                writer.write(b"a")
+                await writer.drain()
+                with_data = asyncio.ensure_future(reader.read(1))
+                await asyncio.wait({with_data}, timeout=0.5)
+                if with_data.done():
+                    assert with_data.result() == b""
+                    break
+                with_data.cancel()
+        except ConnectionError:
+            pass
+        writer.close()
+        return time.monotonic() - start
+
+    async def silent() -> float:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        start = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        writer.close()
+        return time.monotonic() - start
+
+    closed_after, _ = await _answers_while(asyncio.gather(trickle(), silent()), served.port)
+    for seconds in closed_after:
+        assert HEADER_TIMEOUT_S - 0.5 < seconds < HEADER_TIMEOUT_S + 10, closed_after
+
+
+def _enough_files(wanted: int) -> None:
+    """Raise this process's open-file soft limit to `wanted` (skip when the hard one is lower)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"needs {wanted} open files; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+async def test_a_thousand_half_sent_requests_do_not_starve_keyed_clients(
+    served: Served,
+) -> None:
+    attackers = 1100
+    _enough_files(attackers + 1024)
+    cap = SERVER_FILES - FD_RESERVE
+    assert any(f"holding at most {cap} connections" in ln for ln in served.stderr), served.stderr
+    writers: list[asyncio.StreamWriter] = []
+
+    async def half_sent() -> None:
+        _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nX-Slow: ")
+        writers.append(writer)
+
+    async def attack() -> None:
+        for _ in range(0, attackers, 100):
+            await asyncio.gather(*(half_sent() for _ in range(100)))
+        await asyncio.sleep(1.5)  # all held (as many as the cap lets stay)
+
+    try:
+        _, took = await _answers_while(attack(), served.port)
+        assert len(writers) == attackers
+        assert max(took) < ANSWER_WITHIN_S, took
+        assert not any("Too many open files" in ln for ln in served.stderr), served.stderr
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+async def test_a_body_of_many_tiny_messages_does_not_stall_other_clients(
+    served: Served,
+) -> None:
+    """Two at once: 270,000 messages, and one message of 300,000 content parts."""
+    messages = b'{"model":"conductor","messages":[' + b'{"role":"user","content":"a"},' * 270_000
+    parts = (b'{"model":"conductor","messages":[{"role":"user","content":['
+             + b'{"type":"text","text":"a"},' * 300_000)
+
+    async def post(body: bytes) -> bytes:
+        assert 8_000_000 < len(body) <= 8 << 20
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nAuthorization: "
+                     f"Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: "
+                     f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        answer = await asyncio.wait_for(reader.read(), 60)
+        writer.close()
+        return answer
+
+    answers, took = await _answers_while(asyncio.gather(
+        post(messages[:-1] + b"]}"), post(parts[:-1] + b"]}]}")), served.port)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+        assert b"over 10,000 messages and content parts" in answer
+    assert max(took) < ANSWER_WITHIN_S, took
+
+
+async def test_a_full_server_answers_503_with_retry_after_and_a_slow_body_408(
+    client: Client, settings: Settings, trace_store: TraceStore,
+) -> None:
+    """The same app under real uvicorn in this process, capped at two connections: two keyed
+    requests whose bodies trickle in hold both, a third is told to come back; the slow bodies
+    end in 408s at the body timeout."""
+    settings = settings.model_copy(update={"serve_body_timeout": 2.0})
+    conductor = ConductorClient(client, settings)
+    catalog = ModelCatalog("conductor", PolicyRegistry(trace_store.pool).latest_version)
+    limits = ServeLimits.of(settings).model_copy(update={"max_connections": 2})
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(create_app(conductor, catalog, [KEY]), limits,
+                                           host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            assert not serving.done()
+            await asyncio.sleep(0.02)
+        slow = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nAuthorization: "
+                         f"Bearer {KEY}\r\nContent-Length: 100\r\n\r\n{{".encode())
+            slow.append((reader, writer))
+        await asyncio.sleep(0.3)  # both heads are in: two requests in flight
+        full = await _head(port, f"GET /v1/models HTTP/1.1\r\nHost: serve\r\nAuthorization: "
+                           f"Bearer {KEY}\r\n\r\n".encode())
+        assert full.startswith(b"HTTP/1.1 503 "), full[:300]
+        assert f"retry-after: {RETRY_AFTER_S}\r\n".encode() in full.lower()
+        assert json.loads(full.partition(b"\r\n\r\n")[2])["error"]["code"] == "server_busy"
+        for reader, writer in slow:
+            answer = await asyncio.wait_for(reader.read(), 10)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+            assert b"did not arrive whole within 2s" in answer
+            writer.close()
+        status, _ = await _get_models(port)  # the slots are free again
+        assert status == 200
+    finally:
+        server.should_exit = True
+        await serving
+
+
+_ACCEPTING = """
+import asyncio, logging, resource, sys
+from conductor_engine.engine.runtime.serve.guard import quiet_noisy_logs
+logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
+if sys.argv[2] == "quiet":
+    quiet_noisy_logs()
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+async def main():
+    held = []
+    server = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(float(sys.argv[1]))
+asyncio.run(main())
+"""
+
+
+async def test_failed_accepts_are_logged_once_a_minute_at_most() -> None:
+    """A server out of open files fails every accept (asyncio logs it, with a traceback, each
+    time it retries, once a second): quieted, the log has one such line for the whole time."""
+    async def accept_failures(mode: str) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _ACCEPTING, "4.5", mode, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        port = int(await asyncio.wait_for(proc.stdout.readline(), 30))
+        writers = []
+        for _ in range(80):  # more than it may hold open
+            writers.append((await asyncio.open_connection("127.0.0.1", port))[1])
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        for writer in writers:
+            writer.close()
+        return sum(ln.startswith(f"asyncio: {ACCEPT_FAILED}") for ln in err.decode().splitlines())
+
+    loud, quiet = await asyncio.gather(accept_failures("loud"), accept_failures("quiet"))
+    assert loud >= 2, "asyncio no longer logs each failed accept: nothing to quiet"
+    assert quiet == 1
