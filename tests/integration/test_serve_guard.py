@@ -3,19 +3,18 @@ runs on loopback against the real command while a keyed client keeps asking GET 
 fresh connections, and every one of its answers must come within a second.
 
 The server runs under an open-file limit of 1,024 (a common default), so its connection cap is
-fitted under that: 1,100 half-sent requests are more connections than it may hold, as they were
-more than it could open before the cap existed.
+fitted under that: 1,100 half-sent requests are more connections than it may hold; without the
+cap they would take every descriptor it has, and keyed clients would be refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,19 @@ from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import free_port, make_pool, write_pool
+from tests.serve_attacks import (
+    SERVER_FILES,
+    answers_while,
+    endless_header,
+    get_models,
+    half_sent_requests,
+    limit_server_files,
+    post_chat,
+    raise_own_files,
+    tiny_objects_bodies,
+)
 
 KEY = "sk-guard-test-key"
-SERVER_FILES = 1024
-"""The open-file limit the server runs under."""
 HEADER_TIMEOUT_S = 4.0
 ANSWER_WITHIN_S = 1.0
 """The net every keyed answer must land in while an attack runs (they take milliseconds)."""
@@ -54,10 +62,6 @@ class Served:
     port: int
     pid: int
     stderr: list[str]
-
-
-def _limit_files() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (SERVER_FILES, SERVER_FILES))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,7 @@ async def served(agent_server: Any, base_settings: Settings,
     proc = await asyncio.create_subprocess_exec(
         *CONDUCTOR, "serve", "--port", str(port), "--no-worker", env=env, cwd=tmp,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        preexec_fn=_limit_files)
+        preexec_fn=limit_server_files)
     assert proc.stderr is not None
     lines: list[str] = []
 
@@ -89,39 +93,13 @@ async def served(agent_server: Any, base_settings: Settings,
         while not any("serving model" in ln for ln in lines):
             assert proc.returncode is None and time.monotonic() < deadline, "".join(lines)
             await asyncio.sleep(0.1)
-        status, _ = await _get_models(port)
+        status, _ = await get_models(port, KEY)
         assert status == 200
         yield Served(port, proc.pid, lines)
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
         await reading
-
-
-async def _get_models(port: int) -> tuple[int, float]:
-    """A keyed GET /v1/models on a fresh connection: its status and how long it took."""
-    start = time.monotonic()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-    try:
-        writer.write(f"GET /v1/models HTTP/1.1\r\nHost: serve\r\nAuthorization: Bearer {KEY}\r\n"
-                     "Connection: close\r\n\r\n".encode())
-        answer = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    return int(answer.split(b" ", 2)[1]), time.monotonic() - start
-
-
-async def _answers_while(attack: Awaitable[Any], port: int) -> tuple[Any, list[float]]:
-    """Keyed requests, one after another, for as long as `attack` runs (at least three): what
-    the attack returned and how long each answer took (every one must be a 200)."""
-    running = asyncio.ensure_future(attack)
-    took: list[float] = []
-    while not running.done() or len(took) < 3:
-        status, seconds = await _get_models(port)
-        assert status == 200
-        took.append(seconds)
-        await asyncio.sleep(0.05)
-    return await running, took
 
 
 def _rss_kib(pid: int) -> int:
@@ -131,31 +109,10 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-async def _endless_header(port: int, most: int) -> tuple[int, bytes]:
-    """One header that never ends, 64 KiB at a time, up to `most` bytes: how much was sent
-    before the server stopped it, and what it answered (b"" for a closed connection)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    sent = 0
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nX-Pad: ")
-    try:
-        while sent < most:
-            writer.write(b"a" * 65536)
-            await asyncio.wait_for(writer.drain(), 10)
-            sent += 65536
-    except (ConnectionError, TimeoutError):
-        pass
-    try:
-        answer = await asyncio.wait_for(reader.read(1024), 10)
-    except ConnectionError:
-        answer = b""
-    writer.close()
-    return sent, answer
-
-
 async def test_an_endless_header_is_cut_off_and_costs_bounded_memory(served: Served) -> None:
     before = _rss_kib(served.pid)
-    (sent, answer), took = await _answers_while(_endless_header(served.port, 64 << 20),
-                                                served.port)
+    (sent, answer), took = await answers_while(endless_header(served.port, 64 << 20),
+                                               served.port, KEY)
     assert sent < 64 << 20, "the server read 64 MiB of one header"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert _rss_kib(served.pid) - before < 32 * 1024
@@ -216,69 +173,34 @@ async def test_a_half_sent_request_is_closed_after_the_head_timeout(served: Serv
         writer.close()
         return time.monotonic() - start
 
-    closed_after, _ = await _answers_while(asyncio.gather(trickle(), silent()), served.port)
+    closed_after, _ = await answers_while(asyncio.gather(trickle(), silent()), served.port, KEY)
     for seconds in closed_after:
         assert HEADER_TIMEOUT_S - 0.5 < seconds < HEADER_TIMEOUT_S + 10, closed_after
-
-
-def _enough_files(wanted: int) -> None:
-    """Raise this process's open-file soft limit to `wanted` (skip when the hard one is lower)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        if hard != resource.RLIM_INFINITY and hard < wanted:
-            pytest.skip(f"needs {wanted} open files; the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 async def test_a_thousand_half_sent_requests_do_not_starve_keyed_clients(
     served: Served,
 ) -> None:
     attackers = 1100
-    _enough_files(attackers + 1024)
+    if not raise_own_files(attackers + 1024):
+        pytest.skip(f"needs {attackers + 1024} open files in this process")
     cap = SERVER_FILES - FD_RESERVE
     assert any(f"holding at most {cap} connections" in ln for ln in served.stderr), served.stderr
-    writers: list[asyncio.StreamWriter] = []
-
-    async def half_sent() -> None:
-        _, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nX-Slow: ")
-        writers.append(writer)
-
-    async def attack() -> None:
-        for _ in range(0, attackers, 100):
-            await asyncio.gather(*(half_sent() for _ in range(100)))
-        await asyncio.sleep(1.5)  # all held (as many as the cap lets stay)
-
-    try:
-        _, took = await _answers_while(attack(), served.port)
-        assert len(writers) == attackers
-        assert max(took) < ANSWER_WITHIN_S, took
-        assert not any("Too many open files" in ln for ln in served.stderr), served.stderr
-    finally:
-        for writer in writers:
-            writer.close()
+    opened, took = await answers_while(half_sent_requests(served.port, attackers), served.port,
+                                       KEY)
+    assert opened == attackers
+    assert max(took) < ANSWER_WITHIN_S, took
+    assert not any("Too many open files" in ln for ln in served.stderr), served.stderr
 
 
 async def test_a_body_of_many_tiny_messages_does_not_stall_other_clients(
     served: Served,
 ) -> None:
     """Two at once: 270,000 messages, and one message of 300,000 content parts."""
-    messages = b'{"model":"conductor","messages":[' + b'{"role":"user","content":"a"},' * 270_000
-    parts = (b'{"model":"conductor","messages":[{"role":"user","content":['
-             + b'{"type":"text","text":"a"},' * 300_000)
-
-    async def post(body: bytes) -> bytes:
-        assert 8_000_000 < len(body) <= 8 << 20
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\nAuthorization: "
-                     f"Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: "
-                     f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        answer = await asyncio.wait_for(reader.read(), 60)
-        writer.close()
-        return answer
-
-    answers, took = await _answers_while(asyncio.gather(
-        post(messages[:-1] + b"]}"), post(parts[:-1] + b"]}]}")), served.port)
+    bodies = tiny_objects_bodies()
+    assert all(8_000_000 < len(body) <= 8 << 20 for body in bodies)
+    answers, took = await answers_while(
+        asyncio.gather(*(post_chat(served.port, KEY, body) for body in bodies)), served.port, KEY)
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
         assert b"over 10,000 messages and content parts" in answer
@@ -321,7 +243,7 @@ async def test_a_full_server_answers_503_with_retry_after_and_a_slow_body_408(
             assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
             assert b"did not arrive whole within 2s" in answer
             writer.close()
-        status, _ = await _get_models(port)  # the slots are free again
+        status, _ = await get_models(port, KEY)  # the slots are free again
         assert status == 200
     finally:
         server.should_exit = True
