@@ -69,7 +69,7 @@ log = structlog.get_logger("conductor.serve")
 
 WORKFLOW_ID_HEADER = "x-conductor-workflow-id"
 UI_URL_HEADER = "x-conductor-ui-url"
-PARSE_THREADS = 2
+PARSE_THREADS = 1
 """Request bodies parsed, and tasks built from them, at once, each in a thread. Both are bounded
 (MAX_REQUEST_OBJECTS, MAX_TASK_BYTES) but still CPU work, up to a few tenths of a second for
 thousands of messages; in a thread the event loop keeps serving the other clients."""
