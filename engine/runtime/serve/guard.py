@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from conductor_engine.engine.contracts.limits import size_label
-from conductor_engine.engine.runtime.serve.wire import error_body
+from conductor_engine.engine.runtime.serve.wire import ErrorType, error_body
 from conductor_engine.engine.settings import Settings
 
 RETRY_AFTER_S = 5
@@ -90,7 +90,7 @@ def connection_cap(wanted: int) -> tuple[int, str | None]:
 
 def _answer(status: int, message: str, code: str, headers: dict[str, str] | None = None,
             ) -> JSONResponse:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
+    kind: ErrorType = "server_error" if status >= 500 else "invalid_request_error"
     return JSONResponse(error_body(message, kind, code), status_code=status,
                         headers={"connection": "close", **(headers or {})})
 
