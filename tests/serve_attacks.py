@@ -117,3 +117,28 @@ async def post_chat(port: int, key: str, body: bytes) -> bytes:
     answer = await asyncio.wait_for(reader.read(), 60)
     writer.close()
     return answer
+
+
+async def tiny_chunks(port: int, key: str | None = None, most: int = 1_400_000
+                      ) -> tuple[int, bytes]:
+    """A chunked request body of up to `most` one-byte chunks (8 MiB of framing), keyed or
+    not, sent as fast as the server takes them: how many went out before the server stopped
+    taking them, and what it answered (b"" for a connection closed or reset)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\n{auth}Content-Type: "
+                 "application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    sent = 0
+    try:
+        while sent < most:
+            writer.write(b"1\r\n \r\n" * 10_000)
+            await asyncio.wait_for(writer.drain(), 10)
+            sent += 10_000
+    except (ConnectionError, TimeoutError):
+        pass
+    try:
+        answer = await asyncio.wait_for(reader.read(1024), 10)
+    except ConnectionError:
+        answer = b""
+    writer.close()
+    return sent, answer

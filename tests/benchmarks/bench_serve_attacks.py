@@ -7,8 +7,8 @@ The real `conductor serve` (a subprocess, under an open-file limit of 1,024, as 
 shell has it) on the benchmark stack's Temporal and PostgreSQL. A keyed client asks GET
 /v1/models on a fresh connection, one request after another, first with nothing else going on
 (the baseline), then during each attack of tests/serve_attacks.py: one endless header (up to
-64 MiB), 1,100 half-sent requests held for 1.5 s, and two keyed 8 MiB bodies of tiny messages
-and content parts. Printed for each: the answers, their median and slowest latency, and the
+64 MiB), 1,100 half-sent requests held for 1.5 s, a keyed body of one-byte chunks, and two
+keyed 8 MiB bodies of tiny messages and content parts. Printed for each: the answers, their median and slowest latency, and the
 median over the baseline's (goal: every answer within a second).
 """
 
@@ -40,6 +40,7 @@ from tests.serve_attacks import (  # noqa: E402
     limit_server_files,
     post_chat,
     raise_own_files,
+    tiny_chunks,
     tiny_objects_bodies,
 )
 
@@ -56,6 +57,7 @@ async def main(args: argparse.Namespace) -> int:
         ("none (baseline)", lambda port: asyncio.sleep(args.quiet_s)),
         ("one endless header", lambda port: endless_header(port)),
         ("1,100 half-sent requests", lambda port: half_sent_requests(port)),
+        ("a body of one-byte chunks", lambda port: tiny_chunks(port, KEY)),
         ("two 8 MiB bodies of tiny objects",
          lambda port: asyncio.gather(*(post_chat(port, KEY, b) for b in bodies))),
     ]

@@ -49,6 +49,7 @@ from tests.serve_attacks import (
     limit_server_files,
     post_chat,
     raise_own_files,
+    tiny_chunks,
     tiny_objects_bodies,
 )
 
@@ -152,6 +153,20 @@ async def test_a_head_over_the_size_or_field_count_is_a_431(served: Served) -> N
     assert many.startswith(b"HTTP/1.1 431 "), many[:200]
     error = json.loads(many.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "too_many_headers" and "151 header fields" in error["message"]
+
+
+async def test_a_body_in_more_than_4096_chunks_is_a_413(served: Served) -> None:
+    chunks = b"1\r\n \r\n" * 4097
+    answer = await _head(served.port, f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\n"
+                         f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         .encode() + chunks + b"0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert answer.endswith(b"the request body came in over 4,096 chunks: send it in fewer, "
+                           b"larger ones, or whole with a Content-Length")
+    fewer = await _head(served.port, f"POST /v1/chat/completions HTTP/1.1\r\nHost: serve\r\n"
+                        f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n"
+                        "Connection: close\r\n\r\n".encode() + b"1\r\n{\r\n" * 2 + b"0\r\n\r\n")
+    assert fewer.startswith(b"HTTP/1.1 400 "), fewer[:300]  # read whole, and parsed: "{{"
 
 
 async def test_a_half_sent_request_is_closed_after_the_head_timeout(served: Served) -> None:
@@ -295,3 +310,18 @@ async def test_failed_accepts_are_logged_once_a_minute_at_most() -> None:
     loud, quiet = await asyncio.gather(accept_failures("loud"), accept_failures("quiet"))
     assert loud >= 2, "asyncio no longer logs each failed accept: nothing to quiet"
     assert quiet == 1
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "keyed"])
+async def test_a_body_of_one_byte_chunks_is_cut_off_and_does_not_stall_other_clients(
+    served: Served, keyed: bool,
+) -> None:
+    """Answered 401 (no key) or 413 (past 4,096 chunks), or reset as the server closes with
+    the attacker's bytes unread; either way it stops parsing them."""
+    (_, answer), took = await answers_while(tiny_chunks(served.port, KEY if keyed else None),
+                                            served.port, KEY)
+    status = b"HTTP/1.1 413 " if keyed else b"HTTP/1.1 401 "
+    assert answer == b"" or answer.startswith(status), answer[:300]
+    if keyed and answer:
+        assert b"the request body came in over 4,096 chunks" in answer
+    assert not held_up(took), took

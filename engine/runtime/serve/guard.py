@@ -6,6 +6,8 @@ protocol with its own bound on a request's head, and a small subclass for what u
   closes, so one endless header costs at most that much memory. The protocol is pinned to h11
   (uvicorn would pick httptools where installed, which has no such bound). A head with more than
   `max_headers` fields is a 431 too.
+- **Body chunks.** A chunked request body may come in at most MAX_BODY_CHUNKS chunks (413, and
+  closed): h11 hands each chunk to Python, so one-byte chunks cost the event loop seconds.
 - **Head timeout.** A connection has `header_timeout_s` to send a whole request head, from when
   it opens or its previous answer ends; then it is closed. uvicorn only times out a connection
   that sends nothing after an answer (`timeout_keep_alive`); one byte restarts its wait.
@@ -42,6 +44,11 @@ from conductor_engine.engine.settings import Settings
 
 RETRY_AFTER_S = 5
 """What a 503 for a full server says to wait (`Retry-After`, seconds)."""
+
+MAX_BODY_CHUNKS = 4096
+"""The most pieces a chunked request body may come in (8 MiB at most in all, so 2 KiB a piece
+on average). Each piece is a Python event on the event loop; a body of one-byte chunks, keyed
+or not (one nobody reads is still parsed to be thrown away), took seconds of it."""
 
 FD_RESERVE = 256
 """Open files kept for the server's own use (Temporal, PostgreSQL, the in-process worker's
@@ -107,6 +114,24 @@ def _head_bytes(scope: Any) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
+class _CountingConnection(h11.Connection):
+    """h11's connection, which refuses a request body in more than MAX_BODY_CHUNKS chunks."""
+
+    def __init__(self, max_incomplete_event_size: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size)
+        self.chunks = 0
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Data) and event.chunk_start:
+            self.chunks += 1
+            if self.chunks > MAX_BODY_CHUNKS:
+                raise h11.RemoteProtocolError("too many body chunks", error_status_hint=413)
+        elif isinstance(event, h11.Request):
+            self.chunks = 0
+        return event
+
+
 class _Guard:
     """One server's shared state: its connections without a request in flight, oldest first."""
 
@@ -124,6 +149,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = _CountingConnection(self.guard.limits.max_header_bytes)
         self._inner = self.app
         self.app = self._guarded
         self._timer: asyncio.TimerHandle | None = None
@@ -188,15 +214,25 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
-        """h11 refused the request: a 431 when it was for the head's size, else uvicorn's 400."""
+        """h11 refused the request: a 431 for the head's size, a 413 for a body in too many
+        chunks (just closed if the answer has begun), else uvicorn's 400."""
         limit = self.guard.limits.max_header_bytes
-        if len(self.conn.trailing_data[0]) <= limit:
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+            return
+        if len(self.conn.trailing_data[0]) > limit:
+            status, reason, text = 431, b"Request Header Fields Too Large", _head_too_large(limit)
+        elif isinstance(self.conn, _CountingConnection) and self.conn.chunks > MAX_BODY_CHUNKS:
+            status, reason = 413, b"Content Too Large"
+            text = (f"the request body came in over {MAX_BODY_CHUNKS:,} chunks: send it in "
+                    "fewer, larger ones, or whole with a Content-Length")
+        else:
             super().send_400_response(msg)
             return
-        body = _head_too_large(limit).encode()
-        head = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
-        for event in (h11.Response(status_code=431, headers=head,
-                                   reason=b"Request Header Fields Too Large"),
+        body = text.encode()
+        head = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                (b"content-length", str(len(body)).encode())]
+        for event in (h11.Response(status_code=status, headers=head, reason=reason),
                       h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))  # type: ignore[arg-type]
         self.transport.close()
