@@ -8,8 +8,9 @@ shell has it) on the benchmark stack's Temporal and PostgreSQL. A keyed client a
 /v1/models on a fresh connection, one request after another, first with nothing else going on
 (the baseline), then during each attack of tests/serve_attacks.py: one endless header (up to
 64 MiB), 1,100 half-sent requests held for 1.5 s, a keyed body of one-byte chunks, and two
-keyed 8 MiB bodies of tiny messages and content parts. Printed for each: the answers, their median and slowest latency, and the
-median over the baseline's (goal: every answer within a second).
+keyed 8 MiB bodies of tiny messages and content parts. Printed for each: the answers, their
+median and slowest latency, and the median over the baseline's (goal: every answer within a
+second).
 """
 
 from __future__ import annotations
