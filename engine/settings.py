@@ -311,6 +311,38 @@ class Settings(BaseSettings):
         default=256 * 1024, ge=0,
         description="Temporal payloads above this many bytes go to external storage",
     )
+    # --- `conductor serve`'s bounds on clients (engine/runtime/serve/guard.py) ----------------
+    serve_max_connections: int = Field(
+        default=1000, ge=1,
+        description="connections `conductor serve` holds at once; past it a new one displaces "
+        "the longest-waiting connection with no request in flight, or gets a 503 with "
+        "Retry-After when all are busy (kept under the open-file limit)",
+    )
+    """A half-sent request costs its client nothing, so such connections are displaced rather
+    than allowed to hold the slots; the cap bounds open files and memory for the rest."""
+    serve_header_timeout: float = Field(
+        default=10.0, gt=0,
+        description="seconds a connection to `conductor serve` has to send a request's line and "
+        "headers, from when it opens or its last answer ends; then it is closed",
+    )
+    """Without it a client that sends half a request, or a byte now and then, holds its
+    connection (and an open file) forever."""
+    serve_max_header_bytes: int = Field(
+        default=16 * 1024, ge=1024,
+        description="most bytes of a request's line and headers `conductor serve` reads; past "
+        "it the answer is 431 and the connection closes",
+    )
+    """What one endless header can make the server buffer."""
+    serve_max_headers: int = Field(
+        default=100, ge=8,
+        description="most header fields in a request to `conductor serve`; past it: 431",
+    )
+    serve_body_timeout: float = Field(
+        default=60.0, gt=0,
+        description="seconds a request body to `conductor serve` has to arrive whole; past "
+        "it: 408",
+    )
+    """Bounds how long a keyed client sending its body slowly holds a connection."""
     # --- serving trained policy versions ------------------------------------------------------
     lora_dir: Path | None = Field(
         default=None,

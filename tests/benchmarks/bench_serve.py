@@ -8,10 +8,11 @@ Both sides run the same tasks (built by the server's own chat_task from the same
 the same worker: an immediate 3-step chain plan, each agent answering after `--latency` seconds
 over the OpenAI SDK from a process of its own, then the score and record activities. Served: the
 official `openai` client, `--concurrency` requests at a time, against the app on uvicorn in this
-process (as `conductor serve` runs it, with an API key). Direct: `ConductorClient.run` of the
-same tasks, as many at a time. The two alternate for `--rounds` rounds (after one warm-up round
-each) so a slow patch of the shared machine hits both; printed: each side's median requests/s
-and the ratio served / direct (goal >= 0.9: the HTTP layer adds little to a run's cost).
+process (as `conductor serve` runs it: its guarded protocol, an API key). Direct:
+`ConductorClient.run` of the same tasks, as many at a time. The two alternate for `--rounds`
+rounds (after one warm-up round each) so a slow patch of the shared machine hits both; printed:
+each side's median requests/s and the ratio served / direct (goal >= 0.9: the HTTP layer adds
+little to a run's cost).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
 from conductor_engine.engine.runtime.serve.app import create_app  # noqa: E402
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog  # noqa: E402
 from conductor_engine.engine.runtime.serve.conversation import chat_task  # noqa: E402
+from conductor_engine.engine.runtime.serve.guard import ServeLimits, uvicorn_config  # noqa: E402
 from conductor_engine.engine.runtime.serve.wire import ChatRequest  # noqa: E402
 from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.policies import PolicyRegistry  # noqa: E402
@@ -94,9 +96,9 @@ async def _bench(args: argparse.Namespace, agents_url: str) -> int:
             store = await shared_store(settings)  # connect and migrate before the clock starts
             catalog = ModelCatalog(pool.conductor.id, PolicyRegistry(store.pool).latest_version)
             port = free_port()
-            server = uvicorn.Server(uvicorn.Config(
-                create_app(conductor, catalog, [KEY]), host="127.0.0.1", port=port,
-                log_level="warning", lifespan="off"))
+            server = uvicorn.Server(uvicorn_config(
+                create_app(conductor, catalog, [KEY]), ServeLimits.of(settings),
+                host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
             serving = asyncio.create_task(server.serve())
             while not server.started:
                 await asyncio.sleep(0.02)

@@ -22,6 +22,7 @@ from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV, bind_error, key_matches
 from conductor_engine.engine.runtime.serve.app import UI_URL_HEADER, WORKFLOW_ID_HEADER, create_app
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
+from conductor_engine.engine.runtime.serve.guard import ServeLimits, uvicorn_config
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
@@ -36,10 +37,12 @@ KEY = "sk-serve-test-key"
 @asynccontextmanager
 async def serving(conductor: ConductorClient, trace_store: TraceStore,
                   keys: list[str]) -> AsyncIterator[str]:
-    """The app on uvicorn, in this event loop, on a free port; yields its /v1 base URL."""
+    """The app on uvicorn as `conductor serve` runs it (engine/runtime/serve/guard.py), in this
+    event loop, on a free port; yields its /v1 base URL."""
     catalog = ModelCatalog("conductor", PolicyRegistry(trace_store.pool).latest_version)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(conductor, catalog, keys), host="127.0.0.1",
+    server = uvicorn.Server(uvicorn_config(create_app(conductor, catalog, keys),
+                                           ServeLimits.of(conductor.settings), host="127.0.0.1",
                                            port=port, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
     deadline = time.monotonic() + 30

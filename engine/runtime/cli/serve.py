@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import socket
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.cli.app import (
@@ -75,10 +77,14 @@ def _server_class() -> type[Any]:
 
 async def _serve(settings: Settings, pool: Pool, sock: socket.socket, keys: list[str],
                  in_process: bool, run_timeout_s: float) -> None:
-    import uvicorn
-
     from conductor_engine.engine.runtime.serve.app import create_app
     from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
+    from conductor_engine.engine.runtime.serve.guard import (
+        ServeLimits,
+        connection_cap,
+        quiet_noisy_logs,
+        uvicorn_config,
+    )
     from conductor_engine.engine.storage.policies import PolicyRegistry
 
     conductor = await ConductorClient.connect(settings)
@@ -91,11 +97,20 @@ async def _serve(settings: Settings, pool: Pool, sock: socket.socket, keys: list
         access = f"{len(keys)} key(s) from {API_KEYS_ENV}" if keys else "no key (loopback only)"
         err.print(f"serving model [bold]{escape(pool.conductor.id)}[/] at "
                   f"http://{escape(where)}:{port}/v1 · {access} · Ctrl-C stops", soft_wrap=True)
-        server = _server_class()(uvicorn.Config(web, log_level="warning", lifespan="off",
-                                        timeout_graceful_shutdown=10))
+        limits = ServeLimits.of(settings)
+        cap, note = connection_cap(limits.max_connections)
+        if note:
+            err.print(Text(f"warning: {note}"), highlight=False, soft_wrap=True)
+        quiet_noisy_logs()
+        server = _server_class()(uvicorn_config(
+            web, limits.model_copy(update={"max_connections": cap}), log_level="warning",
+            lifespan="off", timeout_graceful_shutdown=10))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.stop)
+        # Everything loaded so far lives as long as the server: out of the collector's sight, a
+        # full collection (which holds every client up) walks only what requests made.
+        gc.freeze()
         await server.serve(sockets=[sock])
     err.print("server stopped")
 

@@ -46,7 +46,9 @@ from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, T
 from conductor_engine.engine.runtime.serve.access import bearer_token, key_matches
 from conductor_engine.engine.runtime.serve.catalog import ModelCatalog, UnknownModel
 from conductor_engine.engine.runtime.serve.conversation import BadRequest, chat_task
+from conductor_engine.engine.runtime.serve.guard import ServeLimits
 from conductor_engine.engine.runtime.serve.wire import (
+    MAX_REQUEST_OBJECTS,
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
@@ -58,13 +60,21 @@ from conductor_engine.engine.runtime.serve.wire import (
     Model,
     ModelList,
     ResponseMessage,
+    TooManyObjects,
     error_body,
+    read_chat_request,
 )
 
 log = structlog.get_logger("conductor.serve")
 
 WORKFLOW_ID_HEADER = "x-conductor-workflow-id"
 UI_URL_HEADER = "x-conductor-ui-url"
+PARSE_THREADS = 1
+"""Request bodies parsed, and tasks built from them, at once, in a thread: both are bounded
+(MAX_REQUEST_OBJECTS, MAX_TASK_BYTES) but still CPU work, and in a thread the event loop keeps
+serving other clients between its steps. One: pydantic-core's JSON parse holds the interpreter
+lock throughout (about 0.15 s for 8 MiB of tiny objects), and two run back to back held the
+loop for both."""
 KEEP_ALIVE_S = 15.0
 """A streamed answer sends an SSE comment this often while the run works, so proxies keep the
 connection open and a client that left is noticed."""
@@ -112,9 +122,11 @@ def _too_large(limit: int) -> ApiError:
                     "invalid_request_error", "request_too_large")
 
 
-async def read_body(request: Request, limit: int = MAX_JSON_REQUEST_BYTES) -> bytes:
+async def read_body(request: Request, limit: int = MAX_JSON_REQUEST_BYTES,
+                    timeout_s: float | None = None) -> bytes:
     """The body, at most `limit` bytes: 413 from a Content-Length over it before reading
-    anything, or as soon as a body sent without one (chunked) passes it."""
+    anything, or as soon as a body sent without one (chunked) passes it; 408 when it has not
+    all arrived within `timeout_s`."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and (len(declared) > 15
                                                        or int(declared) > limit):
@@ -122,15 +134,43 @@ async def read_body(request: Request, limit: int = MAX_JSON_REQUEST_BYTES) -> by
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
     except ClientDisconnect:  # nobody reads the answer; no traceback for a client that left
         raise ApiError(400, "the client hung up before the whole body arrived",
                        "invalid_request_error") from None
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive whole within {timeout_s:g}s: "
+                       "send it at once", "invalid_request_error", "request_timeout",
+                       headers={"connection": "close"}) from None
     return b"".join(chunks)
+
+
+def parse_chat(body: bytes) -> ChatRequest:
+    """The chat request in `body`, or a 400 saying what is wrong with it. CPU-bound (a body
+    may hold thousands of objects): the app runs it off the event loop."""
+    try:
+        return read_chat_request(body)
+    except TooManyObjects:
+        raise ApiError(413, f"the request holds over {MAX_REQUEST_OBJECTS:,} messages and "
+                       "content parts, more than any conversation the conductor takes: send "
+                       "fewer", "invalid_request_error", "request_too_large") from None
+    except ValidationError as e:
+        first = e.errors(include_input=False)[0]
+        if first["type"] == "json_invalid":
+            why = str(first["msg"]).removeprefix("Invalid JSON: ")
+            raise ApiError(400, f"the request body is not JSON this server reads: {why} "
+                           "(here JSON nests about 200 levels deep at most, and an integer has "
+                           "at most 4,300 digits)", "invalid_request_error") from None
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
+        why = str(first["msg"]).removeprefix("Value error, ")
+        raise ApiError(400, f"{where or 'body'}: {why}{more}",
+                       "invalid_request_error", param=where or None) from None
 
 
 def _usage(result: RunResult) -> CompletionUsage:
@@ -144,6 +184,8 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
                run_timeout_s: float = 1800.0, keep_alive_s: float = KEEP_ALIVE_S) -> Starlette:
     """The app: `keys` empty means no key is asked for (the CLI then binds loopback only)."""
     settings = conductor.settings
+    limits = ServeLimits.of(settings)
+    parsing = asyncio.Semaphore(PARSE_THREADS)
 
     def authorize(request: Request) -> None:
         if not keys:
@@ -174,20 +216,9 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
         return JSONResponse(Model(id=name, created=int(time.time())).model_dump())
 
     async def read_request(request: Request) -> ChatRequest:
-        body = await read_body(request)
-        try:
-            return ChatRequest.model_validate_json(body)
-        except ValidationError as e:
-            first = e.errors()[0]
-            if first["type"] == "json_invalid":
-                why = str(first["msg"]).removeprefix("Invalid JSON: ")
-                raise ApiError(400, f"the request body is not JSON this server reads: {why} "
-                               "(here JSON nests about 200 levels deep at most, and an integer has "
-                               "at most 4,300 digits)", "invalid_request_error") from None
-            where = ".".join(str(p) for p in first["loc"])
-            more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
-            raise ApiError(400, f"{where or 'body'}: {first['msg']}{more}",
-                           "invalid_request_error", param=where or None) from None
+        body = await read_body(request, timeout_s=limits.body_timeout_s)
+        async with parsing:
+            return await asyncio.to_thread(parse_chat, body)
 
     async def start(chat: ChatRequest) -> tuple[str, dict[str, str]]:
         try:
@@ -195,7 +226,8 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
         except UnknownModel as e:
             raise ApiError(404, str(e), "not_found_error", "model_not_found", "model") from None
         try:
-            task = chat_task(chat, version)
+            async with parsing:
+                task = await asyncio.to_thread(chat_task, chat, version)
         except BadRequest as e:
             raise ApiError(400, str(e), "invalid_request_error", param=e.param) from None
         except TaskTooLarge as e:  # refused before any workflow starts

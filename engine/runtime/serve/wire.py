@@ -10,14 +10,46 @@ arbitrary JSON), so what a body nests inside fields the server ignores is parsed
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from conductor_engine.engine.runtime.serve.catalog import MAX_MODEL_NAME_CHARS
 
+MAX_REQUEST_OBJECTS = 10_000
+"""The most JSON objects a request may hold where the server reads them (messages, content
+parts, `stream_options`). Each is a Python object built under the interpreter lock, and a
+quarter of a million tiny messages in an 8 MiB body took seconds of CPU and garbage collection
+(every other client waiting), for a task refused for its size anyway. Objects inside fields the
+server ignores are never built, so they do not count."""
 
-class ContentPart(BaseModel):
+
+class TooManyObjects(Exception):
+    """A request over MAX_REQUEST_OBJECTS. Not a ValueError, so that pydantic stops at once
+    rather than validating (and rendering as an error's input) the rest."""
+
+
+class _Counted(BaseModel):
+    """A request object that counts itself against MAX_REQUEST_OBJECTS while a body is read
+    by `read_chat_request` (the validation context holds the count). Counted once built: a
+    validator run before would be handed its input as Python objects, all of them."""
+
+    @model_validator(mode="after")
+    def _count(self, info: ValidationInfo) -> Self:
+        budget = info.context
+        if isinstance(budget, _Budget):
+            budget.objects += 1
+            if budget.objects > MAX_REQUEST_OBJECTS:
+                raise TooManyObjects
+        return self
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.objects = 0
+
+
+class ContentPart(_Counted):
     """One part of a message's content; only text parts are read (`_text_only`)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -26,16 +58,18 @@ class ContentPart(BaseModel):
     text: str = ""
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Counted):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: list[ContentPart] | str | None = Field(default=None, union_mode="left_to_right")
+    """The list is tried first: tried as a string first, a list of a million parts would be
+    built whole as that failure's input before its count stopped it."""
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[ContentPart] | None
-                   ) -> str | list[ContentPart] | None:
+    def _text_only(cls, content: list[ContentPart] | str | None
+                   ) -> list[ContentPart] | str | None:
         if isinstance(content, list):
             kinds = sorted({str(p.type) for p in content if p.type != "text"})
             if kinds:
@@ -50,7 +84,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Counted):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
@@ -68,6 +102,12 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     user: str | None = None
+
+
+def read_chat_request(body: bytes) -> ChatRequest:
+    """The chat request in a JSON body: ValidationError for one that is not, TooManyObjects
+    as soon as it passes MAX_REQUEST_OBJECTS."""
+    return ChatRequest.model_validate_json(body, context=_Budget())
 
 
 class ResponseMessage(BaseModel):

@@ -1,0 +1,38 @@
+"""The rate limit on `conductor serve`'s noisy log lines (engine/runtime/serve/guard.py); the
+guard's bounds on clients are tested against the real server in
+tests/integration/test_serve_guard.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from conductor_engine.engine.runtime.serve.guard import OncePerPeriod
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_noisy_line_passes_once_a_period_then_says_how_many_were_left_out() -> None:
+    logger = logging.getLogger("tests.serve.noisy")
+    logger.propagate = False
+    kept = _Kept()
+    logger.addHandler(kept)
+    logger.addFilter(OncePerPeriod(lambda r: r.levelno == logging.WARNING, period_s=1.0))
+    for _ in range(50):
+        logger.warning("Invalid HTTP request received.")
+    logger.warning("Exceeded concurrency limit.")  # another line has its own period
+    logger.error("Exception in ASGI application")  # not noisy: every one passes
+    logger.error("Exception in ASGI application")
+    time.sleep(1.05)
+    logger.warning("Invalid HTTP request received.")
+    assert kept.lines == [
+        "Invalid HTTP request received.", "Exceeded concurrency limit.",
+        "Exception in ASGI application", "Exception in ASGI application",
+        "Invalid HTTP request received. (49 more like it in the last 1s not logged)"]
