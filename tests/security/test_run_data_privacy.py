@@ -1,0 +1,238 @@
+"""A run's data is its owner's alone on the embedded stack: another local user (uid 65534) who
+asks the real Temporal dev server for a run's history with the `temporal` CLI finds ciphertext
+where the task, its reference, the agents' answers and failure messages were, and the codec
+endpoint refuses them; the owner's `conductor history`, `conductor resume` and a decode through
+the codec endpoint (as the UI makes it) show plaintext. Histories written before encryption
+still read."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.engine.runtime.connection import connect_temporal
+from conductor_engine.engine.runtime.embedded import EmbeddedTemporal, temporal_binary
+from conductor_engine.engine.runtime.history import step_trail
+from conductor_engine.engine.settings import Settings
+from tests.agent_server import Reply
+from tests.cli import run_conductor
+from tests.conftest import free_port, make_pool, running_worker
+from tests.plans import plan_json
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+MARK = uuid.uuid4().hex[:10]
+QUESTION = f"Which is larger, 2^10 or 10^3? question-{MARK}"
+REFERENCE = f"reference-{MARK}"
+SUBTASK = f"Compute 10^3 subtask-{MARK}"
+OUTPUT = f"2^10 = 1024 output-{MARK}"
+REFUSAL = f"refused failure-{MARK}"
+SECRETS = (QUESTION, REFERENCE, SUBTASK, OUTPUT, REFUSAL)
+CHAIN = plan_json(("gpt", "Compute 2^10.", []), ("claude", SUBTASK, [0]),
+                  ("gemini", "Give the final answer.", "all"))
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="running the temporal CLI as uid 65534 needs root (setpriv)")
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    server: EmbeddedTemporal
+    client: Client
+
+    @property
+    def env(self) -> dict[str, str]:
+        """A `conductor` command's environment for this embedded stack (no Temporal address:
+        the embedded default, so encryption is on as a user gets it)."""
+        s = self.settings
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TEMPORAL_", "CONDUCTOR_"))}
+        return {**env, "CONDUCTOR_DATA_DIR": str(s.data_dir),
+                "CONDUCTOR_EMBEDDED_PORT": str(s.embedded_port),
+                "CONDUCTOR_EMBEDDED_UI_PORT": str(s.embedded_ui_port),
+                "CONDUCTOR_EMBEDDED_CODEC_PORT": str(s.embedded_codec_port),
+                "CONDUCTOR_DATABASE_URL": s.database_url or ""}
+
+
+@pytest.fixture(scope="module")
+async def stack(postgres_url: str) -> AsyncIterator[Stack]:
+    """The embedded stack as `conductor run` starts it: dev server, codec endpoint, a key
+    created in the private data directory."""
+    data = Path(tempfile.mkdtemp(prefix="conductor-private-"))
+    settings = Settings(data_dir=data, embedded_port=free_port(), embedded_ui_port=free_port(),
+                        embedded_codec_port=free_port(), database_url=postgres_url)
+    assert settings.embedded and settings.encrypts_payloads
+    server = EmbeddedTemporal.from_settings(settings)
+    server.start(detached=False)
+    try:
+        yield Stack(settings, server, await connect_temporal(settings, start_embedded=False))
+    finally:
+        server.stop()
+
+
+def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`argv` run as uid 65534 with no capabilities, in a mount namespace where the binary is
+    reachable by that uid (tests/security/unprivileged.py's `expose`) and a home of its own."""
+    home = Path(tempfile.mkdtemp(prefix="nobody-home-"))
+    home.chmod(0o777)
+    script = ("import os, sys; from pathlib import Path; "
+              "from tests.security.unprivileged import expose; "
+              "expose([Path(sys.argv[1]).parent]); "
+              f"os.execv('/usr/bin/setpriv', ['setpriv', '--reuid={NOBODY}', "
+              f"'--regid={NOBODY}', '--clear-groups', '--inh-caps=-all', "
+              "'--bounding-set=-all', '--', *sys.argv[1:]])")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                           "-c", script, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def readable(output: str) -> str:
+    """All the text in a `temporal ... --output json` answer: every string as printed and, where
+    it is base64 (how the CLI prints a payload's bytes), as decoded."""
+    texts = [output]
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str):
+            with contextlib.suppress(binascii.Error, ValueError):
+                texts.append(base64.b64decode(value, validate=True).decode("latin-1"))
+
+    with contextlib.suppress(ValueError):
+        walk(json.loads(output))
+    return "\n".join(texts)
+
+
+def show(stack: Stack, wid: str, *extra: str) -> list[str]:
+    return [temporal_binary(), "workflow", "show", "--workflow-id", wid, "--address",
+            stack.settings.address, "--output", "json", *extra]
+
+
+def _script(agent_server, claude: Reply) -> None:
+    agent_server.script("conductor", [Reply.ok(CHAIN)])
+    agent_server.script("gpt", [Reply.ok(OUTPUT)])
+    agent_server.script("claude", [claude])
+    agent_server.script("gemini", [Reply.ok("Answer: 1024")])
+
+
+async def test_other_users_see_only_ciphertext_and_the_owner_audits_in_plaintext(
+    agent_server, stack: Stack,
+) -> None:
+    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    conductor = ConductorClient(stack.client, settings)
+    _script(agent_server, Reply.error(401, REFUSAL))
+    async with running_worker(stack.client, settings, make_pool(agent_server)):
+        with pytest.raises(RunFailed) as info:
+            await conductor.run(Task(question=QUESTION, reference=REFERENCE))
+        wid = info.value.workflow_id
+
+        # another local user, with Temporal's own CLI, straight at the server
+        for command in (show(stack, wid), [temporal_binary(), "workflow", "describe",
+                                           "--workflow-id", wid, "--address",
+                                           settings.address, "--output", "json"]):
+            theirs = await asyncio.to_thread(as_nobody, *command)
+            assert theirs.returncode == 0, theirs.stderr  # the server answers them...
+            seen = readable(theirs.stdout) + theirs.stderr
+            assert not [s for s in SECRETS if s in seen], seen[:2000]  # ...with ciphertext
+        assert "binary/encrypted" in readable(theirs.stdout)
+        # ...and through the codec endpoint, which does not answer them at all
+        theirs = await asyncio.to_thread(
+            as_nobody, *show(stack, wid, "--codec-endpoint", stack.server.codec_endpoint or ""))
+        assert not [s for s in SECRETS if s in readable(theirs.stdout) + theirs.stderr]
+
+        # the owner: the same CLI through the codec endpoint shows everything
+        mine = await asyncio.to_thread(subprocess.run, show(
+            stack, wid, "--codec-endpoint", stack.server.codec_endpoint or ""),
+            capture_output=True, text=True, timeout=120)
+        assert mine.returncode == 0, mine.stderr
+        assert all(s in readable(mine.stdout) for s in SECRETS), mine.stdout[:2000]
+
+        # the owner's `conductor history`: steps, answers and the failure in plaintext
+        table = await asyncio.to_thread(run_conductor, "history", wid, env=stack.env)
+        assert table.returncode == 0, table.stderr
+        assert all(s in table.stdout for s in (QUESTION[:30], "subtask-", "output-",
+                                               "failure-")), table.stdout
+        # ...and `conductor resume`, which reads the history to reset it, then runs on
+        agent_server.script("claude", [Reply.ok("1000")])
+        proc = await asyncio.to_thread(run_conductor, "resume", wid, "--yes", env=stack.env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        res = await conductor.result(wid)
+    assert res.status == "completed" and res.answer == "Answer: 1024"
+    theirs = await asyncio.to_thread(as_nobody, *show(stack, wid))
+    assert theirs.returncode == 0 and "Answer: 1024" not in readable(theirs.stdout)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+async def test_the_codec_endpoint_decodes_for_the_ui_origin_only(stack: Stack) -> None:
+    [encrypted] = await stack.client.data_converter.encode([f"secret {MARK}"])
+    from google.protobuf import json_format
+    from temporalio.api.common.v1 import Payloads
+
+    body = json_format.MessageToJson(Payloads(payloads=[encrypted])).encode()
+    url = f"{stack.server.codec_endpoint}/decode"
+    ui = f"http://localhost:{stack.settings.embedded_ui_port}"
+    status, headers, out = await asyncio.to_thread(
+        _post, url, body, {"Content-Type": "application/json", "Origin": ui,
+                           "X-Namespace": "default"})
+    assert status == 200 and headers.get("Access-Control-Allow-Origin") == ui
+    decoded = json_format.Parse(out, Payloads()).payloads[0]
+    assert json.loads(decoded.data) == f"secret {MARK}"
+    # another page in the owner's browser may not read it; a rebound host name is refused
+    status, headers, out = await asyncio.to_thread(
+        _post, url, body, {"Content-Type": "application/json", "Origin": "http://evil.test"})
+    assert status == 403 and "Access-Control-Allow-Origin" not in headers and MARK.encode() \
+        not in out
+    status, _, out = await asyncio.to_thread(
+        _post, url, body, {"Content-Type": "application/json",
+                           "Host": f"evil.test:{stack.settings.embedded_codec_port}"})
+    assert status == 403 and MARK.encode() not in out
+
+
+async def test_histories_written_before_encryption_still_read(
+    agent_server, stack: Stack,
+) -> None:
+    """A run started by a client that did not encrypt (an older engine): its plain payloads
+    pass through the codec, so the owner's trail reads them."""
+    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    plain = await connect_temporal(settings.model_copy(update={"payload_encryption": False}),
+                                   start_embedded=False)
+    _script(agent_server, Reply.ok("1000"))
+    async with running_worker(stack.client, settings, make_pool(agent_server)):
+        wid = await ConductorClient(plain, settings).submit(Task(question=QUESTION))
+        res = await ConductorClient(stack.client, settings).result(wid)
+    assert res.status == "completed"
+    trail = await step_trail(stack.client, res.workflow_id)
+    assert trail.task is not None and trail.task.question == QUESTION
+    assert trail.steps[0].output == OUTPUT
