@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
+from temporalio.api.common.v1 import Payloads
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import Task
@@ -89,21 +91,35 @@ async def stack(postgres_url: str) -> AsyncIterator[Stack]:
         server.stop()
 
 
-def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`argv` run as uid 65534 with no capabilities, in a mount namespace where the binary is
-    reachable by that uid (tests/security/unprivileged.py's `expose`) and a home of its own."""
+def as_nobody(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`argv` run as uid 65534 with no capabilities, in a mount namespace where the program and
+    this interpreter are reachable by that uid (tests/security/unprivileged.py's `expose`), with
+    a home of its own."""
     home = Path(tempfile.mkdtemp(prefix="nobody-home-"))
     home.chmod(0o777)
+    reach = [Path(argv[0]).parent, Path(os.path.realpath(sys.base_prefix)), Path(sys.prefix)]
     script = ("import os, sys; from pathlib import Path; "
               "from tests.security.unprivileged import expose; "
-              "expose([Path(sys.argv[1]).parent]); "
+              f"expose([Path(p) for p in {[str(p) for p in reach]!r}]); "
               f"os.execv('/usr/bin/setpriv', ['setpriv', '--reuid={NOBODY}', "
               f"'--regid={NOBODY}', '--clear-groups', '--inh-caps=-all', "
               "'--bounding-set=-all', '--', *sys.argv[1:]])")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
     return subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
                            "-c", script, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, input=stdin)
+
+
+# What another user's own client sends the codec endpoint: the UI's decode request, by hand.
+_DECODE = """
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+try:
+    c.request("POST", "/decode", sys.stdin.read(), {"Content-Type": "application/json"})
+    print(c.getresponse().read().decode())
+except (ConnectionError, http.client.HTTPException) as e:
+    print("refused:", type(e).__name__)
+"""
 
 
 def readable(output: str) -> str:
@@ -149,27 +165,7 @@ async def test_other_users_see_only_ciphertext_and_the_owner_audits_in_plaintext
         with pytest.raises(RunFailed) as info:
             await conductor.run(Task(question=QUESTION, reference=REFERENCE))
         wid = info.value.workflow_id
-
-        # another local user, with Temporal's own CLI, straight at the server
-        for command in (show(stack, wid), [temporal_binary(), "workflow", "describe",
-                                           "--workflow-id", wid, "--address",
-                                           settings.address, "--output", "json"]):
-            theirs = await asyncio.to_thread(as_nobody, *command)
-            assert theirs.returncode == 0, theirs.stderr  # the server answers them...
-            seen = readable(theirs.stdout) + theirs.stderr
-            assert not [s for s in SECRETS if s in seen], seen[:2000]  # ...with ciphertext
-        assert "binary/encrypted" in readable(theirs.stdout)
-        # ...and through the codec endpoint, which does not answer them at all
-        theirs = await asyncio.to_thread(
-            as_nobody, *show(stack, wid, "--codec-endpoint", stack.server.codec_endpoint or ""))
-        assert not [s for s in SECRETS if s in readable(theirs.stdout) + theirs.stderr]
-
-        # the owner: the same CLI through the codec endpoint shows everything
-        mine = await asyncio.to_thread(subprocess.run, show(
-            stack, wid, "--codec-endpoint", stack.server.codec_endpoint or ""),
-            capture_output=True, text=True, timeout=120)
-        assert mine.returncode == 0, mine.stderr
-        assert all(s in readable(mine.stdout) for s in SECRETS), mine.stdout[:2000]
+        failed_run = (await step_trail(stack.client, wid)).run_id
 
         # the owner's `conductor history`: steps, answers and the failure in plaintext
         table = await asyncio.to_thread(run_conductor, "history", wid, env=stack.env)
@@ -182,8 +178,35 @@ async def test_other_users_see_only_ciphertext_and_the_owner_audits_in_plaintext
         assert proc.returncode == 0, proc.stdout + proc.stderr
         res = await conductor.result(wid)
     assert res.status == "completed" and res.answer == "Answer: 1024"
-    theirs = await asyncio.to_thread(as_nobody, *show(stack, wid))
-    assert theirs.returncode == 0 and "Answer: 1024" not in readable(theirs.stdout)
+
+    codec = ("--codec-endpoint", stack.server.codec_endpoint or "")
+    codec_port = str(stack.settings.embedded_codec_port)
+    history = await stack.client.get_workflow_handle(wid, run_id=failed_run).fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    body = json_format.MessageToJson(started.input)  # the task, encrypted
+    assert QUESTION.encode() not in started.input.SerializeToString()
+    describe = [temporal_binary(), "workflow", "describe", "--workflow-id", wid, "--address",
+                settings.address, "--output", "json"]
+    failed, latest, described, through_codec, mine = await asyncio.gather(
+        # another local user, with Temporal's own CLI, straight at the server...
+        asyncio.to_thread(as_nobody, *show(stack, wid, "--run-id", failed_run)),
+        asyncio.to_thread(as_nobody, *show(stack, wid)),
+        asyncio.to_thread(as_nobody, *describe),
+        # ...and through the codec endpoint, which does not answer them at all
+        asyncio.to_thread(as_nobody, sys.executable, "-c", _DECODE, codec_port, stdin=body),
+        # the owner: the same CLI through the codec endpoint shows everything
+        asyncio.to_thread(subprocess.run, show(stack, wid, "--run-id", failed_run, *codec),
+                          capture_output=True, text=True, timeout=120))
+    for theirs in (failed, latest, described):
+        assert theirs.returncode == 0, theirs.stderr  # the server answers them...
+        seen = readable(theirs.stdout) + theirs.stderr
+        assert not [s for s in (*SECRETS, "Answer: 1024") if s in seen], seen[:3000]
+        assert "binary/encrypted" in seen  # ...with ciphertext
+    assert through_codec.stdout.startswith("refused:"), through_codec.stdout + \
+        through_codec.stderr
+    assert not [s for s in SECRETS if s in through_codec.stdout + through_codec.stderr]
+    assert mine.returncode == 0, mine.stderr
+    assert all(s in readable(mine.stdout) for s in SECRETS), mine.stdout[:3000]
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -195,14 +218,34 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str
         return e.code, dict(e.headers), e.read()
 
 
-async def test_the_codec_endpoint_decodes_for_the_ui_origin_only(stack: Stack) -> None:
-    [encrypted] = await stack.client.data_converter.encode([f"secret {MARK}"])
-    from google.protobuf import json_format
-    from temporalio.api.common.v1 import Payloads
+def _preflight(url: str, origin: str) -> tuple[int, dict[str, str]]:
+    req = urllib.request.Request(url, method="OPTIONS", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,x-namespace"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
 
+
+async def test_the_ui_decodes_through_the_codec_endpoint_for_its_own_origin_only(
+    stack: Stack,
+) -> None:
+    """The dev server's UI is told the endpoint (its settings API, which its pages read), the
+    browser's preflight and decode from the UI's origin are granted, another origin's and a
+    rebound host name's are not."""
+    ui = f"http://localhost:{stack.settings.embedded_ui_port}"
+    with urllib.request.urlopen(f"{ui}/api/v1/settings", timeout=30) as r:
+        assert json.load(r)["Codec"]["Endpoint"] == stack.server.codec_endpoint
+    [encrypted] = await stack.client.data_converter.encode([f"secret {MARK}"])
     body = json_format.MessageToJson(Payloads(payloads=[encrypted])).encode()
     url = f"{stack.server.codec_endpoint}/decode"
-    ui = f"http://localhost:{stack.settings.embedded_ui_port}"
+    status, headers = await asyncio.to_thread(_preflight, url, ui)
+    assert status == 204 and headers.get("Access-Control-Allow-Origin") == ui
+    assert "x-namespace" in headers.get("Access-Control-Allow-Headers", "")
+    status, headers = await asyncio.to_thread(_preflight, url, "http://evil.test")
+    assert status == 403 and "Access-Control-Allow-Origin" not in headers
     status, headers, out = await asyncio.to_thread(
         _post, url, body, {"Content-Type": "application/json", "Origin": ui,
                            "X-Namespace": "default"})
