@@ -131,8 +131,9 @@ class EncryptionCodec(PayloadCodec):
                 raise CodecError(
                     f"a payload was encrypted with key {kid!r}, this process has key "
                     f"{self.key_id!r}: give it the payload_key_file the run was written with")
+            data = memoryview(p.data)  # no copy of a large payload's ciphertext
             try:
-                plain = self._aead.decrypt(p.data[:NONCE_BYTES], p.data[NONCE_BYTES:], None)
+                plain = self._aead.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], None)
             except InvalidTag:
                 raise CodecError(f"a payload under key {kid!r} failed its integrity check: it "
                                  "was altered after it was written") from None
