@@ -258,9 +258,10 @@ class Settings(BaseSettings):
     pool_file: Path | None = Field(default=None, description="the pool; unset: the shipped one")
     embedded_port: int = Field(default=7233, ge=1, le=65535, description="the dev server's port")
     embedded_ui_port: int = Field(default=8233, ge=1, le=65535, description="its UI's port")
-    embedded_codec_port: int = Field(
-        default=8234, ge=1, le=65535,
-        description="the loopback codec endpoint its UI decrypts payloads through (owner only)")
+    embedded_codec_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="the loopback codec endpoint its UI decrypts payloads through (owner "
+        "only); unset = the UI's port + 1 (8234)")
     # --- run data only its owner reads (docs/security.md) ----------------------------------------
     payload_encryption: bool | None = Field(
         default=None,

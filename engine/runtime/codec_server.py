@@ -209,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("codec endpoint: this system has no /proc/net/tcp, so the uid of a caller cannot "
               "be checked: every local user can decrypt through this endpoint",
               file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # `conductor up`'s Ctrl-C reaches it too
+        signal.signal(sig, lambda *_: sys.exit(0))
     try:
         server.serve_forever()
     finally:
