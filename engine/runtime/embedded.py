@@ -152,13 +152,18 @@ class EmbeddedTemporal:
         if self.running():
             self.start_codec(detached=True)
             return False
+        command = self.command()  # before the codec starts: no binary, nothing left behind
         self.start_codec(detached=detached)
         private_dir(self.data_dir)
-        with os.fdopen(open_private(self.log_file), "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=detached, umask=PRIVATE_UMASK,
-            )
+        try:
+            with os.fdopen(open_private(self.log_file), "ab") as log:
+                self.process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=detached, umask=PRIVATE_UMASK,
+                )
+        except OSError:
+            self._stop_codec()
+            raise
         if detached:
             with os.fdopen(open_private(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                            "w") as pid:
