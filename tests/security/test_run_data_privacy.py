@@ -27,7 +27,10 @@ import pytest
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 from temporalio.client import Client
+from temporalio.common import RawValue
 
+from conductor_engine.engine.contracts.names import BATCH_WORKFLOW
+from conductor_engine.engine.contracts.records import AgentReply
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.runtime.connection import connect_temporal
@@ -279,3 +282,27 @@ async def test_histories_written_before_encryption_still_read(
     trail = await step_trail(stack.client, res.workflow_id)
     assert trail.task is not None and trail.task.question == QUESTION
     assert trail.steps[0].output == OUTPUT
+
+
+async def test_the_owners_worker_is_no_decryption_oracle(agent_server, stack: Stack) -> None:
+    """Another user replays an agent's encrypted answer into a workflow that cannot take it:
+    the owner's worker decrypts it to validate it, and the validation error (which quotes the
+    start of its input) reaches history encrypted, not as text."""
+    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    [stolen] = await stack.client.data_converter.encode([AgentReply(output=f"{MARK} {OUTPUT}")])
+    theirs = await Client.connect(settings.address)  # no codec, no key
+    async with running_worker(stack.client, settings, make_pool(agent_server)):
+        handle = await theirs.start_workflow(
+            BATCH_WORKFLOW, RawValue(stolen), id=f"oracle-{uuid.uuid4().hex[:8]}",
+            task_queue=settings.task_queue)
+        for _ in range(100):  # until the worker has tried it (a failed workflow task)
+            events = [e async for e in handle.fetch_history_events()]
+            if any(e.HasField("workflow_task_failed_event_attributes")
+                   or e.HasField("workflow_execution_failed_event_attributes") for e in events):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the worker never tried the workflow")
+        await handle.terminate()
+    written = b"".join(e.SerializeToString() for e in events)
+    assert MARK.encode() not in written
