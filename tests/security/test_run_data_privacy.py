@@ -79,17 +79,20 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-async def stack(postgres_url: str) -> AsyncIterator[Stack]:
+async def stack(postgres_url: str, agent_server) -> AsyncIterator[Stack]:
     """The embedded stack as `conductor run` starts it: dev server, codec endpoint, a key
-    created in the private data directory."""
+    created in the private data directory; and one worker for the module's runs."""
     data = Path(tempfile.mkdtemp(prefix="conductor-private-"))
     settings = Settings(data_dir=data, embedded_port=free_port(), embedded_ui_port=free_port(),
-                        embedded_codec_port=free_port(), database_url=postgres_url)
+                        embedded_codec_port=free_port(), database_url=postgres_url,
+                        task_queue=f"t-{uuid.uuid4().hex[:8]}")
     assert settings.embedded and settings.encrypts_payloads
     server = EmbeddedTemporal.from_settings(settings)
     server.start(detached=False)
     try:
-        yield Stack(settings, server, await connect_temporal(settings, start_embedded=False))
+        client = await connect_temporal(settings, start_embedded=False)
+        async with running_worker(client, settings, make_pool(agent_server)):
+            yield Stack(settings, server, client)
     finally:
         server.stop()
 
@@ -161,25 +164,24 @@ def _script(agent_server, claude: Reply) -> None:
 async def test_other_users_see_only_ciphertext_and_the_owner_audits_in_plaintext(
     agent_server, stack: Stack,
 ) -> None:
-    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    settings = stack.settings
     conductor = ConductorClient(stack.client, settings)
     _script(agent_server, Reply.error(401, REFUSAL))
-    async with running_worker(stack.client, settings, make_pool(agent_server)):
-        with pytest.raises(RunFailed) as info:
-            await conductor.run(Task(question=QUESTION, reference=REFERENCE))
-        wid = info.value.workflow_id
-        failed_run = (await step_trail(stack.client, wid)).run_id
+    with pytest.raises(RunFailed) as info:
+        await conductor.run(Task(question=QUESTION, reference=REFERENCE))
+    wid = info.value.workflow_id
+    failed_run = (await step_trail(stack.client, wid)).run_id
 
-        # the owner's `conductor history`: steps, answers and the failure in plaintext
-        table = await asyncio.to_thread(run_conductor, "history", wid, env=stack.env)
-        assert table.returncode == 0, table.stderr
-        assert all(s in table.stdout for s in (QUESTION[:30], "subtask-", "output-",
-                                               "failure-")), table.stdout
-        # ...and `conductor resume`, which reads the history to reset it, then runs on
-        agent_server.script("claude", [Reply.ok("1000")])
-        proc = await asyncio.to_thread(run_conductor, "resume", wid, "--yes", env=stack.env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        res = await conductor.result(wid)
+    # the owner's `conductor history`: steps, answers and the failure in plaintext
+    table = await asyncio.to_thread(run_conductor, "history", wid, env=stack.env)
+    assert table.returncode == 0, table.stderr
+    assert all(s in table.stdout for s in (QUESTION[:30], "subtask-", "output-",
+                                           "failure-")), table.stdout
+    # ...and `conductor resume`, which reads the history to reset it, then runs on
+    agent_server.script("claude", [Reply.ok("1000")])
+    proc = await asyncio.to_thread(run_conductor, "resume", wid, "--yes", env=stack.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = await conductor.result(wid)
     assert res.status == "completed" and res.answer == "Answer: 1024"
 
     codec = ("--codec-endpoint", stack.server.codec_endpoint or "")
@@ -271,13 +273,12 @@ async def test_histories_written_before_encryption_still_read(
 ) -> None:
     """A run started by a client that did not encrypt (an older engine): its plain payloads
     pass through the codec, so the owner's trail reads them."""
-    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    settings = stack.settings
     plain = await connect_temporal(settings.model_copy(update={"payload_encryption": False}),
                                    start_embedded=False)
     _script(agent_server, Reply.ok("1000"))
-    async with running_worker(stack.client, settings, make_pool(agent_server)):
-        wid = await ConductorClient(plain, settings).submit(Task(question=QUESTION))
-        res = await ConductorClient(stack.client, settings).result(wid)
+    wid = await ConductorClient(plain, settings).submit(Task(question=QUESTION))
+    res = await ConductorClient(stack.client, settings).result(wid)
     assert res.status == "completed"
     trail = await step_trail(stack.client, res.workflow_id)
     assert trail.task is not None and trail.task.question == QUESTION
@@ -288,21 +289,20 @@ async def test_the_owners_worker_is_no_decryption_oracle(agent_server, stack: St
     """Another user replays an agent's encrypted answer into a workflow that cannot take it:
     the owner's worker decrypts it to validate it, and the validation error (which quotes the
     start of its input) reaches history encrypted, not as text."""
-    settings = stack.settings.model_copy(update={"task_queue": f"t-{uuid.uuid4().hex[:8]}"})
+    settings = stack.settings
     [stolen] = await stack.client.data_converter.encode([AgentReply(output=f"{MARK} {OUTPUT}")])
     theirs = await Client.connect(settings.address)  # no codec, no key
-    async with running_worker(stack.client, settings, make_pool(agent_server)):
-        handle = await theirs.start_workflow(
-            BATCH_WORKFLOW, RawValue(stolen), id=f"oracle-{uuid.uuid4().hex[:8]}",
-            task_queue=settings.task_queue)
-        for _ in range(100):  # until the worker has tried it (a failed workflow task)
-            events = [e async for e in handle.fetch_history_events()]
-            if any(e.HasField("workflow_task_failed_event_attributes")
-                   or e.HasField("workflow_execution_failed_event_attributes") for e in events):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the worker never tried the workflow")
-        await handle.terminate()
+    handle = await theirs.start_workflow(
+        BATCH_WORKFLOW, RawValue(stolen), id=f"oracle-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.task_queue)
+    for _ in range(300):  # until the worker has tried it (a failed workflow task)
+        events = [e async for e in handle.fetch_history_events()]
+        if any(e.HasField("workflow_task_failed_event_attributes")
+               or e.HasField("workflow_execution_failed_event_attributes") for e in events):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("the worker never tried the workflow")
+    await handle.terminate()
     written = b"".join(e.SerializeToString() for e in events)
     assert MARK.encode() not in written
