@@ -79,6 +79,22 @@ def peer_uid(conn: socket.socket) -> int | None:
     return None
 
 
+def listener_uid(port: int) -> int | None:
+    """The uid owning the socket listening on `port` (any local address), from the kernel's
+    socket tables; None when none is listed or the tables cannot be read."""
+    for family, table in _TCP_TABLES.items():
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and _proc_address(fields[1], family)[1] == port:
+                        return int(fields[7])
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return None
+
+
 def peer_check_works() -> bool:
     return os.path.exists(_TCP_TABLES[socket.AF_INET])
 

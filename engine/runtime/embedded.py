@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from conductor_engine.engine.contracts.search_attributes import dev_server_flags
+from conductor_engine.engine.runtime.codec_server import listener_uid
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.codec import load_or_create_key
 from conductor_engine.engine.storage.private import PRIVATE_UMASK, open_private, private_dir
@@ -53,6 +54,16 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
+
+
+def _ours(port: int, what: str, setting: str) -> None:
+    """Refuse a port another user listens on: a server they started there (before ours) would
+    receive our runs, or, as the codec endpoint, the UI's plaintext and our audit's trust."""
+    uid = listener_uid(port)
+    if uid is not None and uid != os.geteuid():
+        raise EmbeddedError(
+            f"port {port}, where the embedded {what} should listen, is held by another user "
+            f"(uid {uid}), not by a server this user started; set {setting} to a free port")
 
 
 class EmbeddedTemporal:
@@ -122,9 +133,12 @@ class EmbeddedTemporal:
                 "--ui-port", str(self.ui_port)]
 
     def start_codec(self, *, detached: bool, timeout_s: float = 30.0) -> bool:
-        """Start the codec endpoint unless it is off or something listens on its port; True if
-        this call started it. It logs to codec.log and dies with `stop`."""
-        if self.codec_key is None or port_open(self.codec_port):
+        """Start the codec endpoint unless it is off or already listens; True if this call
+        started it. It logs to codec.log and dies with `stop`."""
+        if self.codec_key is None:
+            return False
+        if port_open(self.codec_port):
+            _ours(self.codec_port, "codec endpoint", "CONDUCTOR_EMBEDDED_CODEC_PORT")
             return False
         private_dir(self.data_dir)
         with os.fdopen(open_private(self.data_dir / "codec.log"), "ab") as log:
@@ -150,6 +164,7 @@ class EmbeddedTemporal:
         """Start the server (and its codec endpoint) unless one already listens; True if this
         call started the server."""
         if self.running():
+            _ours(self.port, "Temporal server", "CONDUCTOR_EMBEDDED_PORT")
             self.start_codec(detached=True)
             return False
         command = self.command()  # before the codec starts: no binary, nothing left behind

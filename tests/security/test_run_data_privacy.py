@@ -34,9 +34,14 @@ from conductor_engine.engine.contracts.records import AgentReply
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.runtime.connection import connect_temporal
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal, temporal_binary
+from conductor_engine.engine.runtime.embedded import (
+    EmbeddedError,
+    EmbeddedTemporal,
+    temporal_binary,
+)
 from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.codec import load_or_create_key
 from tests.agent_server import Reply
 from tests.cli import run_conductor
 from tests.conftest import free_port, make_pool, running_worker
@@ -97,10 +102,10 @@ async def stack(postgres_url: str, agent_server) -> AsyncIterator[Stack]:
         server.stop()
 
 
-def as_nobody(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """`argv` run as uid 65534 with no capabilities, in a mount namespace where the program and
-    this interpreter are reachable by that uid (tests/security/unprivileged.py's `expose`), with
-    a home of its own."""
+def nobody_command(*argv: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run `argv` as uid 65534 with no capabilities, in
+    a mount namespace where the program and this interpreter are reachable by that uid
+    (tests/security/unprivileged.py's `expose`), with a home of its own."""
     home = Path(tempfile.mkdtemp(prefix="nobody-home-"))
     home.chmod(0o777)
     reach = [Path(argv[0]).parent, Path(os.path.realpath(sys.base_prefix)), Path(sys.prefix)]
@@ -110,10 +115,15 @@ def as_nobody(*argv: str, stdin: str | None = None) -> subprocess.CompletedProce
               f"os.execv('/usr/bin/setpriv', ['setpriv', '--reuid={NOBODY}', "
               f"'--regid={NOBODY}', '--clear-groups', '--inh-caps=-all', "
               "'--bounding-set=-all', '--', *sys.argv[1:]])")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
-                           "-c", script, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, input=stdin)
+    return (["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script,
+             *argv], {"PATH": "/usr/bin:/bin", "HOME": str(home)})
+
+
+def as_nobody(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`argv` run to completion as uid 65534 (`nobody_command`), output captured."""
+    command, env = nobody_command(*argv)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, input=stdin)
 
 
 # What another user's own client sends the codec endpoint: the UI's decode request, by hand.
@@ -306,3 +316,27 @@ async def test_the_owners_worker_is_no_decryption_oracle(agent_server, stack: St
     await handle.terminate()
     written = b"".join(e.SerializeToString() for e in events)
     assert MARK.encode() not in written
+
+
+def test_a_codec_port_another_user_holds_is_refused(tmp_path: Path) -> None:
+    """Another user who listens on the codec endpoint's port first would get the UI's
+    plaintext (its /encode calls) and could feed the owner's audit made-up values: the stack
+    refuses to start its UI against it."""
+    port = free_port()
+    command, env = nobody_command(sys.executable, "-c", (
+        "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[1]))); "
+        "print('listening', flush=True); time.sleep(120)"), str(port))
+    squatter = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "listening\n"
+        key = tmp_path / "payload.key"
+        load_or_create_key(key)
+        server = EmbeddedTemporal(tmp_path / "data", free_port(), free_port(), codec_key=key,
+                                  codec_port=port)
+        with pytest.raises(EmbeddedError, match=rf"port {port}, .* held by another user "
+                                                 rf"\(uid {NOBODY}\)"):
+            server.start(detached=False)
+        assert not server.running(), "nothing started"
+    finally:
+        squatter.kill()
+        squatter.wait()
