@@ -259,6 +259,22 @@ class Settings(BaseSettings):
     pool_file: Path | None = Field(default=None, description="the pool; unset: the shipped one")
     embedded_port: int = Field(default=7233, ge=1, le=65535, description="the dev server's port")
     embedded_ui_port: int = Field(default=8233, ge=1, le=65535, description="its UI's port")
+    embedded_codec_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="the loopback codec endpoint its UI decrypts payloads through (owner "
+        "only); unset = the UI's port + 1 (8234)")
+    # --- run data only its owner reads (docs/security.md) ----------------------------------------
+    payload_encryption: bool | None = Field(
+        default=None,
+        description="encrypt every Temporal payload (inputs, results, failure messages, "
+        "summaries) with AES-256-GCM before it reaches the server; unset = on for the embedded "
+        "stack, on for a cluster when payload_key_file is set",
+    )
+    payload_key_file: Path | None = Field(
+        default=None,
+        description="the 32-byte payload key; unset = data_dir/payload.key, created 0600 by "
+        "the embedded stack. On a cluster every worker and client reads the same file",
+    )
     ui_url: str | None = Field(default=None, description="Temporal UI base URL for links")
     log_format: str = Field(default="auto", description="auto or console: human lines (a "
                             "terminal or a pipe); json: one JSON object a line")
@@ -377,6 +393,18 @@ class Settings(BaseSettings):
     @property
     def lora_root(self) -> Path:
         return self.lora_dir or self.data_dir / "policies"
+
+    @property
+    def payload_key_path(self) -> Path:
+        return self.payload_key_file or self.data_dir / "payload.key"
+
+    @property
+    def encrypts_payloads(self) -> bool:
+        """Whether payloads are encrypted: on by default for the embedded stack, whose server
+        any local user can reach; on a cluster (mTLS guards the server) when a key is given."""
+        if self.payload_encryption is not None:
+            return self.payload_encryption
+        return self.embedded or self.payload_key_file is not None
 
     @property
     def embedded(self) -> bool:

@@ -98,9 +98,7 @@ async def connect_temporal(
     beside a server that is still creating its schema joins it once it is up. Commands pass 0:
     a person waiting at a terminal is told at once."""
     if settings.embedded and start_embedded:
-        EmbeddedTemporal(
-            settings.data_dir, settings.embedded_port, settings.embedded_ui_port
-        ).start(detached=True)
+        EmbeddedTemporal.from_settings(settings).start(detached=True)
     options = connect_options(settings)
     started = time.monotonic()
     # a server that has just opened its port may still answer "not healthy yet" for a few

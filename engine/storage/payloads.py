@@ -45,6 +45,7 @@ from temporalio.converter import (
 from conductor_engine.engine.redaction import redact_text
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
+from conductor_engine.engine.storage.codec import EncryptionCodec, load_or_create_key, read_key
 
 DRIVER_NAME = "conductor.blobs"
 LOCAL_BUCKET = "local"
@@ -100,6 +101,8 @@ class RedactingFailureConverter(DefaultFailureConverter):
     password in it) reaches history only through here, so this is the one place that cannot be
     bypassed by a call site that forgot."""
 
+    encrypted = False
+
     def to_failure(self, exception: BaseException, payload_converter: PayloadConverter,
                    failure: Failure) -> None:
         super().to_failure(exception, payload_converter, failure)
@@ -109,13 +112,45 @@ class RedactingFailureConverter(DefaultFailureConverter):
             if current.stack_trace:
                 current.stack_trace = redact_text(current.stack_trace)
             current = current.cause if current.HasField("cause") else None
+        if self.encrypted and not failure.HasField("encoded_attributes"):
+            # As DefaultFailureConverter(encode_common_attributes=True) does, but after the
+            # redaction: the message and stack trace move into a payload the codec encrypts
+            # (each cause is converted through here too). A message can quote run data (a
+            # provider's error quoting the prompt, a validation error quoting its input).
+            failure.encoded_attributes.CopyFrom(payload_converter.to_payloads(
+                [{"message": failure.message, "stack_trace": failure.stack_trace}])[0])
+            failure.message, failure.stack_trace = "Encoded failure", ""
+
+
+class EncryptedFailureConverter(RedactingFailureConverter):
+    """Redacted, and its message and stack trace encrypted with the payloads."""
+
+    encrypted = True
+
+
+def payload_codec(settings: Settings) -> EncryptionCodec | None:
+    """The codec that encrypts payloads (engine/storage/codec.py), or None when
+    `settings.encrypts_payloads` is off. The embedded stack creates its key on first use; on a
+    cluster the key must already exist: a key made on one host would make every other host's
+    payloads unreadable."""
+    if not settings.encrypts_payloads:
+        return None
+    path = settings.payload_key_path
+    return EncryptionCodec(load_or_create_key(path) if settings.embedded else read_key(path))
 
 
 def data_converter(settings: Settings, store: BlobStore | None = None) -> DataConverter:
-    """The pydantic data converter with payloads of `payload_threshold` bytes or more kept in
-    the blob store, and failures redacted of secrets. Give the same settings to every client,
-    worker and Replayer."""
+    """The pydantic data converter with payloads encrypted (when `encrypts_payloads`), those of
+    `payload_threshold` bytes or more then kept in the blob store, and failures redacted of
+    secrets (and encrypted). Give the same settings to every client, worker and Replayer.
+
+    The SDK orders the two: the codec runs first on every payload, then external storage takes
+    the large ones, so a blob holds ciphertext and history holds only its reference; reading
+    back fetches the blob, then decrypts."""
     storage = ExternalStorage(drivers=[storage_driver(settings, store)],
                               payload_size_threshold=settings.payload_threshold)
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage,
-                               failure_converter_class=RedactingFailureConverter)
+    codec = payload_codec(settings)
+    return dataclasses.replace(
+        pydantic_data_converter, external_storage=storage, payload_codec=codec,
+        failure_converter_class=(EncryptedFailureConverter if codec is not None
+                                 else RedactingFailureConverter))

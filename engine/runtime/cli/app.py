@@ -35,6 +35,7 @@ from conductor_engine.engine.runtime.embedded import EmbeddedError
 from conductor_engine.engine.runtime.logging import configure_logging
 from conductor_engine.engine.runtime.telemetry import TelemetryError, flush_traces
 from conductor_engine.engine.settings import Settings, SettingsError
+from conductor_engine.engine.storage.codec import CodecError
 from conductor_engine.engine.storage.database import DatabaseError, database_url
 from conductor_engine.engine.storage.trace_store import TraceStore
 
@@ -130,7 +131,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except (ConnectError, EmbeddedError, DatabaseError, PoolError, RunFailed, LookupError,
-            SearchAttributesMissing, TelemetryError, TaskTooLarge) as e:
+            SearchAttributesMissing, TelemetryError, TaskTooLarge, CodecError) as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None

@@ -27,6 +27,7 @@ from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.runtime.embedded import EmbeddedError, EmbeddedTemporal
 from conductor_engine.engine.runtime.logging import announce_json
 from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.codec import CodecError
 from conductor_engine.engine.storage.database import DatabaseError, EmbeddedPostgres
 
 
@@ -76,13 +77,14 @@ def up(pool: PoolOpt = None) -> None:
     """Run the embedded Temporal server and a worker in the foreground; Ctrl-C stops both."""
     settings = load_settings(pool)
     agents = load_pool(settings)
-    server = EmbeddedTemporal(settings.data_dir, settings.embedded_port, settings.embedded_ui_port)
     try:
+        server = EmbeddedTemporal.from_settings(settings)
         started = server.start(detached=False)
-    except EmbeddedError as e:
+    except (EmbeddedError, CodecError) as e:
         raise fail(str(e)) from None
+    codec = f" · codec {server.codec_endpoint}" if server.codec_endpoint else ""
     err.print(Text(f"Temporal {'started' if started else 'already running'} on "
-                   f"{settings.address} · UI {settings.ui_base()}"))
+                   f"{settings.address} · UI {settings.ui_base()}{codec}"))
     postgres = EmbeddedPostgres(settings.data_dir) if settings.database_url is None else None
     pg_started = False
     try:

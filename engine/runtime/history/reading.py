@@ -75,6 +75,15 @@ async def _failure(dc: DataConverter, failure: Failure, attempt: int | None) -> 
     return AttemptError(attempt=attempt, message=message, type=type(exc).__name__)
 
 
+async def _message(dc: DataConverter, failure: Failure) -> str:
+    """A failure's message, decrypted where the failure converter encrypted it (its message
+    then reads "Encoded failure" in history)."""
+    if not failure.HasField("encoded_attributes"):
+        return failure.message
+    exc = await dc.decode_failure(failure)
+    return getattr(exc, "message", None) or str(exc)
+
+
 def _seconds(start: HistoryEvent, end: HistoryEvent | None) -> float:
     if end is None:
         return 0.0
@@ -273,8 +282,8 @@ class _Builder:
         for attr in CHILD_CLOSE_ATTRS:
             if closed.HasField(attr):  # type: ignore[arg-type]
                 failure = getattr(getattr(closed, attr), "failure", None)
-                message = failure.message if failure is not None and failure.message else (
-                    attr.removesuffix("_event_attributes").replace("_", " "))
+                told = await _message(self.dc, failure) if failure is not None else ""
+                message = told or attr.removesuffix("_event_attributes").replace("_", " ")
                 step.errors.append(AttemptError(attempt=1, message=message, type="child workflow"))
                 step.status = "failed"
 
@@ -296,7 +305,8 @@ class _Builder:
                 self.reward = res.reward or self.reward
         elif ev.HasField("workflow_execution_failed_event_attributes"):
             trail.run_status = trail.run_status or "failed"
-            trail.error = ev.workflow_execution_failed_event_attributes.failure.message
+            trail.error = await _message(
+                self.dc, ev.workflow_execution_failed_event_attributes.failure)
         elif ev.HasField("workflow_execution_terminated_event_attributes"):
             reason = ev.workflow_execution_terminated_event_attributes.reason
             trail.error = f"terminated: {reason or 'no reason given'}"
