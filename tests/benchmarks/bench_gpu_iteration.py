@@ -26,10 +26,10 @@ linear layer). Each iteration:
    log-probs, forced tokens, choice sets);
 5. **publish**: `save_checkpoint` writes the adapter to a version directory.
 
-Printed per iteration: seconds per phase and in all; then, from the same run, peak memory of the
-provider (while generating) and of the trainer (while updating) on the one device, both holding
-their own weights as on one GPU; the ratio of our generation to a bare `model.generate` of the
-first group's prompts for as many steps (bench_rollouts.py's `bare`: no grammar, no log-probs,
+Printed per iteration: seconds per phase and in all; then, from the same run, the device's peak
+memory while generating and while updating (provider and trainer both resident, as on one GPU),
+and what each holds between phases; the ratio of our generation to a bare `model.generate` of
+the last group's prompts for as many steps (bench_rollouts.py's `bare`: no grammar, no log-probs,
 the same model object); and the ratio of the decode bandwidth bound to our generation: each
 decode step reads every weight once, so a batch of N steps needs at least N x weight bytes /
 memory bandwidth, the bandwidth measured in the same run (a device-to-device copy of 1 GiB,
@@ -64,7 +64,8 @@ from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_js
 from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
 from conductor_engine.engine.providers import local, sim  # noqa: E402
 from conductor_engine.engine.providers.base import Completion, CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local import batching  # noqa: E402
+from conductor_engine.engine.providers.local import batching, decode  # noqa: E402
+from conductor_engine.engine.providers.local import model as local_model  # noqa: E402
 from conductor_engine.engine.providers.local.chat import prompt_ids  # noqa: E402
 from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
 from conductor_engine.engine.rewards.scoring import score_run  # noqa: E402
@@ -123,6 +124,22 @@ def bandwidth_bytes_per_s(gib: float = 1.0, runs: int = 5) -> float:
 
 def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def provider_resident_bytes() -> int:
+    """What the provider holds between batches: the weights of every model (version) it has
+    loaded, and its static KV cache (on a GPU)."""
+    held = sum(weight_bytes(loaded.model) for loaded in local_model.loaded_models.values())
+    if decode.kept is not None:
+        held += sum(t.numel() * t.element_size() for layer in decode.kept[1].layers
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                    if isinstance(t, torch.Tensor))
+    return held
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if isinstance(t, torch.Tensor))
 
 
 def rollout_requests(pool: Pool, tasks: list[Task], group_size: int, max_tokens: int,
@@ -264,14 +281,16 @@ async def iterate(args: argparse.Namespace) -> dict[str, Any]:
         iterations.append(row)
         print(phase_line(row), flush=True)
 
-    # the baseline and the bound, on the model that generated last, in the same run
-    group = groups[0]
-    steps = row["group_steps"][0]
+    # the baseline and the bound, on the model that generated last, in the same run: against
+    # the last group (the first of an iteration may compile or capture for a new version)
+    group = groups[-1]
+    steps = row["group_steps"][-1]
+    resident = provider_resident_bytes()
     rollout_bench.bare(loaded, group, 8)  # warm
     reset_peak()
     bare_s = rollout_bench.bare(loaded, group, steps)
     bare_peak = peak_bytes()
-    ours_s = row["group_s"][0]
+    ours_s = row["group_s"][-1]
     bandwidth = bandwidth_bytes_per_s(0.25 if args.small else 1.0)
     weights = weight_bytes(loaded.model)
     bound_s = steps * weights / bandwidth
@@ -281,6 +300,8 @@ async def iterate(args: argparse.Namespace) -> dict[str, Any]:
         "group_size": group_size, "max_tokens": max_tokens, "iterations": iterations,
         "trainer_load_s": trainer_load_s,
         "provider_peak_bytes": provider_peak or None, "trainer_peak_bytes": trainer_peak or None,
+        "provider_resident_bytes": resident,
+        "trainer_resident_bytes": weight_bytes(policy.model) + optimizer_bytes(optimizer),
         "peak_memory_is": trainer_bench.memory_kind(device()),
         "bare_group_s": bare_s, "bare_peak_bytes": bare_peak, "ours_group_s": ours_s,
         "group_steps": steps, "ratio_to_bare": bare_s / ours_s,
@@ -312,10 +333,12 @@ def report(r: dict[str, Any]) -> str:
         *(f"  {phase_line(row)}" for row in r["iterations"]),
         f"  steady state (iteration {last['iteration']}): {last['iteration_s']:.2f} s per "
         f"iteration (goal <= {GOAL_ITERATION_S:.0f} s on one H100/H200, 7B)",
-        f"  peak memory: provider {gib(r['provider_peak_bytes'])} while generating, trainer "
-        f"{gib(r['trainer_peak_bytes'])} while updating, both in this process "
-        f"({r['peak_memory_is']})",
-        f"  generation, first group of the last iteration: ours {r['ours_group_s']:.2f} s, "
+        f"  peak memory of the one device (provider and trainer both resident): "
+        f"{gib(r['provider_peak_bytes'])} while generating, {gib(r['trainer_peak_bytes'])} "
+        f"while updating ({r['peak_memory_is']}); held between phases: provider "
+        f"{gib(r['provider_resident_bytes'])} (the versions' weights it keeps, its KV cache), "
+        f"trainer {gib(r['trainer_resident_bytes'])} (weights, AdamW state)",
+        f"  generation, last group of the last iteration: ours {r['ours_group_s']:.2f} s, "
         f"bare generate {r['bare_group_s']:.2f} s for the same {r['group_steps']} steps: "
         f"ours/bare {r['ratio_to_bare']:.2f}x the speed (goal >= {GOAL_RATIO:.0f}x, 7B)",
         f"  decode bandwidth bound: {r['group_steps']} steps x {r['weight_bytes'] / 1e6:,.1f} MB "

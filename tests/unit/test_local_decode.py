@@ -66,7 +66,7 @@ async def test_one_prefill_per_group_into_a_static_cache_generates_what_generate
     assert plain_shapes[0] == (5, width), "the CPU way prefills every row"
     assert prompts[0] == (2, width - 1), "one prefill per distinct prompt, less its last token"
     assert prompts[1] == (5, 1), "then generate's first step: every row's last prompt token"
-    assert loaded.decode_cache is not None and loaded.decode_cache[0][0] == 5
+    assert decode.kept is not None and decode.kept[0][:2] == (loaded.name, 5)
     for p, s in zip(plain, static, strict=True):
         assert s.token_ids == p.token_ids
         assert s.logprobs == pytest.approx(p.logprobs, abs=1e-4)

@@ -12,8 +12,8 @@ GPU (`LoadedModel.on_gpu`), with transformers' own mechanisms:
   the batch's cache (`Cache.update`, the call an attention layer makes), so a group of 64 costs
   one prompt's prefill, not 64. Everything but the prompt's last token is prefilled this way;
   `generate` runs that token itself, as it does when it is handed a cache that holds a prompt.
-- **a static KV cache** (transformers' `StaticCache`), kept on the `LoadedModel` and reset for
-  the next batch of the same shape (rows, cache length rounded up to `CACHE_BUCKET`), so its
+- **a static KV cache** (transformers' `StaticCache`), one in the process, reset for the next
+  batch of the same model and shape (rows, cache length rounded up to `CACHE_BUCKET`), so its
   tensors keep their addresses. Handed a compileable cache on CUDA, `generate` compiles its
   decode step by itself (`GenerationMixin._valid_auto_compile_criteria`, default `CompileConfig`:
   `torch.compile` in mode "reduce-overhead", i.e. CUDA graphs): a step is a graph replay, not
@@ -39,7 +39,8 @@ static_on_cpu = False
 """Tests set this to run the GPU way on the CPU (where `generate` compiles nothing): the same
 cache, prefill and expansion, checked against the CPU way's outputs."""
 
-_holder: LoadedModel | None = None  # the model whose decode_cache is the process's one
+kept: tuple[tuple[str, int, int], Any] | None = None
+"""The process's static cache and its (model name, rows, length), for the next batch that fits."""
 
 
 def generate(loaded: LoadedModel, input_ids: Any, attention: Any, *,
@@ -94,23 +95,20 @@ def prefilled_cache(loaded: LoadedModel, input_ids: Any, attention: Any,
 
 
 def static_cache(loaded: LoadedModel, batch: int, tokens: int) -> Any:
-    """The model's static cache for `batch` rows of at least `tokens`, emptied: the one kept
-    from the last batch when its shape fits (same addresses: the captured decode step
-    replays), else a new one in its place (the old one freed)."""
+    """A static cache for `batch` rows of at least `tokens` of the model, emptied: the process
+    keeps one (one thread generates) and hands it out again when the next batch's shape fits,
+    whichever version of the model asks (a cache holds no weights), so its tensors keep their
+    addresses and the captured decode step replays; else a new one replaces it (the old one
+    freed first)."""
     from transformers import StaticCache
 
-    global _holder
+    global kept
     length = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET
-    kept = loaded.decode_cache
-    if kept is not None and kept[0] == (batch, length):
+    key = (loaded.name, batch, length)
+    if kept is not None and kept[0] == key:
         kept[1].reset()
         return kept[1]
-    # free the old one before the new one is allocated: one cache in the process (one thread
-    # generates), whichever model (policy version) held it
-    loaded.decode_cache = None
-    if _holder is not None:
-        _holder.decode_cache = None
+    kept = None
     cache = StaticCache(config=loaded.model.config, max_cache_len=length)
-    loaded.decode_cache = ((batch, length), cache)
-    _holder = loaded
+    kept = (key, cache)
     return cache

@@ -44,8 +44,6 @@ class LoadedModel:
     load_seconds: float
     xgrammar_compiler: Any = field(default=None, repr=False)  # see grammar.grammar_compiler
     device: Any = None  # torch.device the weights are on (device.choose_device); None: the CPU
-    # on a GPU: ((rows, length), StaticCache) of the last batch, reused by the next of its shape
-    decode_cache: Any = field(default=None, repr=False)  # see decode.static_cache
 
     @property
     def on_gpu(self) -> bool:
