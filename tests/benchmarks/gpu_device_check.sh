@@ -137,6 +137,8 @@ def read(name):
         return None
 for trainer, roll in (("lora7b", "roll7b"), ("full1.5b", "roll1.5b")):
     t, r = read(f"{trainer}.json"), read(f"{roll}.json")
+    if t is None and r is None:  # neither ran (ONLY named others)
+        continue
     shape = ((t or {}).get("shapes") or {}).get(trainer) or {}
     peak = shape.get("update_peak_bytes")
     if r and r.get("ours_peak_gib") and peak:

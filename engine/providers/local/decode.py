@@ -80,7 +80,7 @@ def prefilled_cache(loaded: LoadedModel, input_ids: Any, attention: Any,
     ids, mask = input_ids[distinct, : width - 1], attention[distinct, : width - 1]
     # positions as `generate` gives a left-padded row: counted from its first real token
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    prefix = DynamicCache()
+    prefix: Any = DynamicCache()  # its layers: keys and values, batch x heads x tokens x dim
     with torch.inference_mode():
         model(input_ids=ids, attention_mask=mask, position_ids=positions,
               **{cache_argument(model): prefix}, use_cache=True, logits_to_keep=1)
