@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (bench_gpu_trainer.py: the trainer's update; bench_rollouts.py: the local
-# provider's rollouts) as ONE command on a lent GPU machine, and the wheels they need there. See
-# docs/gpu-training.md ("Running the benchmark", "Rollouts on the GPU").
+# provider's rollouts; bench_gpu_iteration.py: a whole training iteration, rollouts to pick-up)
+# as ONE command on a lent GPU machine, and the wheels they need there. See docs/gpu-training.md
+# ("Running the benchmark", "Rollouts on the GPU", "One iteration on one GPU").
 #
 #   1. here, in the repository root, once (needs pip and PyPI; writes .whl/, ignored by git):
 #        bash tests/benchmarks/gpu_device_check.sh wheels
@@ -10,7 +11,10 @@
 #        carry:     [".whl"]
 #        timeout_s: 480
 #      It brings back $OUT/log.txt and $OUT/lora7b.json, $OUT/roll7b.json, $OUT/full1.5b.json,
-#      $OUT/roll1.5b.json (the figures).
+#      $OUT/roll1.5b.json (the figures). The whole iteration is a call of its own (it needs
+#      about four minutes: two iterations, the first compiling the decode step):
+#        command:   ONLY=iter7b bash tests/benchmarks/gpu_device_check.sh      (timeout_s 480)
+#      which brings back $OUT/iter7b.json.
 #
 # Why wheels: the device machine has torch, transformers, peft, accelerate, safetensors and
 # tokenizers, and no network. The trainer bench imports the trainer (trainer/grpo.py,
@@ -25,8 +29,8 @@
 # namespace under /tmp/site (what setup.py's package_dir does), which PYTHONPATH then holds.
 #
 # Time (device minutes are scarce): each run is its own process under `timeout` (LORA7B_S,
-# ROLL7B_S, FULL15B_S, ROLL15B_S seconds), so one that runs out of memory or time leaves the
-# others' figures. The random models are kept in /tmp/bench-gpu-models: the rollout runs reuse the
+# ROLL7B_S, FULL15B_S, ROLL15B_S, ITER7B_S seconds), so one that runs out of memory or time
+# leaves the others' figures. The random models are kept in /tmp/bench-gpu-models: the rollout runs reuse the
 # trainer runs' model directories (lora7b builds the 7B one, roll7b runs next on it), and a rerun
 # on the same warm machine skips building them.
 #
@@ -63,6 +67,7 @@ LORA7B_S=${LORA7B_S:-190}
 ROLL7B_S=${ROLL7B_S:-100}
 FULL15B_S=${FULL15B_S:-100}
 ROLL15B_S=${ROLL15B_S:-60}
+ITER7B_S=${ITER7B_S:-420}
 started=$(date +%s)
 say() { echo "== $*" | tee -a "$LOG"; }
 
@@ -106,7 +111,8 @@ run() {  # run NAME LIMIT COMMAND...: one benchmark process under its own time l
 }
 CACHE=/tmp/bench-gpu-models
 # shellcheck disable=SC2086  # BENCH_ARGS: flags for every bench (--small: a dry run on a CPU);
-# TRAIN_ARGS: the trainer bench only (--gradient-checkpointing off); ROLL_ARGS: the rollout bench
+# TRAIN_ARGS: the trainer bench only (--gradient-checkpointing off); ROLL_ARGS: the rollout bench;
+# ITER_ARGS: the iteration bench. iter7b runs only when ONLY names it (see the top).
 {
 run lora7b "$LORA7B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape lora7b \
   --cache-dir $CACHE --json "$OUT/lora7b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
@@ -116,6 +122,9 @@ run full1.5b "$FULL15B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape 
   --cache-dir $CACHE --json "$OUT/full1.5b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
 run roll1.5b "$ROLL15B_S" python3 tests/benchmarks/bench_rollouts.py --shape 1.5b \
   --cache-dir $CACHE --json "$OUT/roll1.5b.json" ${BENCH_ARGS:-} ${ROLL_ARGS:-}
+[[ " ${ONLY:-} " == *" iter7b "* ]] && run iter7b "$ITER7B_S" python3 \
+  tests/benchmarks/bench_gpu_iteration.py --cache-dir $CACHE --json "$OUT/iter7b.json" \
+  ${BENCH_ARGS:-} ${ITER_ARGS:-}
 }
 # One GPU for both (docs/gpu-training.md): the trainer's peak and the provider's bf16 copy's
 python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
@@ -128,6 +137,8 @@ def read(name):
         return None
 for trainer, roll in (("lora7b", "roll7b"), ("full1.5b", "roll1.5b")):
     t, r = read(f"{trainer}.json"), read(f"{roll}.json")
+    if t is None and r is None:  # neither ran (ONLY named others)
+        continue
     shape = ((t or {}).get("shapes") or {}).get(trainer) or {}
     peak = shape.get("update_peak_bytes")
     if r and r.get("ours_peak_gib") and peak:

@@ -10,6 +10,7 @@ The parts, one module each:
     model     loading once per process, checkpoints and LoRA adapters applied on top
     chat      the chat template: what the model reads
     batching  the queue that generates the requests that wait together as one batch
+    decode    one batch's `generate`; on a GPU one prefill per group and a static, compiled cache
     sampling  the sampler and the log-probabilities recorded for the trainer
     grammar   JSON-schema constrained output with xgrammar
     errors    the error kinds and the install command they point to

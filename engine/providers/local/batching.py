@@ -21,7 +21,7 @@ from typing import Any
 
 from conductor_engine.engine.contracts.agent_calls import Usage
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
-from conductor_engine.engine.providers.local import sampling
+from conductor_engine.engine.providers.local import decode, sampling
 from conductor_engine.engine.providers.local.chat import prompt_ids
 from conductor_engine.engine.providers.local.errors import BAD_REQUEST, GENERATION_FAILED
 from conductor_engine.engine.providers.local.grammar import (
@@ -181,19 +181,18 @@ def _run_batch(jobs: list[Job]) -> None:
                        [j.request.seed for j in jobs], token_decoder(loaded)
                        ) if any(grammars) else None
     options, sampler = sampling.sampling_options(first.request, [j.request.seed for j in jobs])
+    recorder = sampling.StepLogprobs(first.request.temperature, mask, [
+        e if j.request.explore_importance else 0.0 for e, j in zip(explore, jobs, strict=True)])
     try:
         with torch.inference_mode():
-            out = loaded.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
+            out = decode.generate(  # on a GPU: one prefill per group, a static cache, compiled
+                loaded, input_ids, attention,
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,
                 use_cache=True,  # a trainer-saved config may say False (checkpointing)
-                logits_processor=([mask] if mask else []) + sampler,
+                logits_processor=[recorder.first, *([mask] if mask else []), *sampler, recorder],
                 stopping_criteria=[rows],
-                return_dict_in_generate=True,
-                output_logits=True,
                 **options,
             )
     except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
@@ -204,12 +203,8 @@ def _run_batch(jobs: list[Job]) -> None:
                 kind=GENERATION_FAILED,
             ))
         return
-    logprobs = sampling.sampled_logprobs(
-        out.logits, out.sequences[:, width:], first.request.temperature,
-        mask.choices if mask else None,
-        [e if j.request.explore_importance else 0.0 for e, j in zip(explore, jobs, strict=True)],
-        mask.decisions if mask else None).cpu()
-    sequences = out.sequences[:, width:].cpu()  # one copy from the GPU, not one per row
+    sequences = out[:, width:].cpu()  # one copy from the GPU, not one per row
+    logprobs = recorder.logprobs(sequences.shape[1]).cpu()
     for r, j in enumerate(jobs):
         try:
             if j.cancelled.is_set():
@@ -231,7 +226,7 @@ def _completion(
     its end of turn or its own limit;
     `forced`, the steps at which the row was given the next token of its grammar's forced text
     (the only token it was allowed); `choices`, the steps at which its grammar allowed only a
-    few tokens, and those tokens; `logprobs`, the row of `sampling.sampled_logprobs`."""
+    few tokens, and those tokens; `logprobs`, the row of `sampling.StepLogprobs`."""
     eos = job.loaded.eos_ids
     token_ids: list[int] = []
     for t in generated.tolist()[: job.max_new_tokens]:

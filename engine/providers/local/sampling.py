@@ -3,8 +3,9 @@
 transformers samples with `torch.multinomial`, which on a CPU costs more per step for a batch of
 plans than the forward pass of a small model. `Sampler` draws from the same distribution by
 inverse CDF and leaves `generate` running greedy (bench_local_sampling.py measures the gain).
-`sampled_logprobs` are computed from the raw logits (renormalised over a grammar's few allowed
-tokens at a choice), as the trainer recomputes them.
+The behaviour log-probabilities are computed from each step's raw logits (renormalised over a
+grammar's few allowed tokens at a choice), as the trainer recomputes them, while the step runs:
+`StepLogprobs` keeps one number per row and step, never a step's logits.
 """
 
 from __future__ import annotations
@@ -111,7 +112,26 @@ def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | 
                      explore: list[float] | None = None,
                      decisions: list[dict[int, dict[int, float]]] | None = None) -> Any:
     """Log-probability of each sampled token (`tokens`, batch × steps) under the model at the
-    sampling temperature, batch × steps: one log-softmax over the batch per step.
+    sampling temperature, batch × steps, from every step's raw logits (`logits`, one batch ×
+    vocabulary tensor per step): `step_logprobs` step after step. The provider itself keeps no
+    step's logits (`StepLogprobs` records each step as it is sampled); this is the same
+    arithmetic over logits kept by someone else (a test, a benchmark)."""
+    import torch
+
+    scale = temperature if temperature and temperature > 0 else 1.0
+    return torch.stack([
+        step_logprobs(step, tokens[:, k], scale, k, choices, explore, decisions)
+        for k, step in enumerate(logits)
+    ], dim=1)
+
+
+def step_logprobs(raw: Any, tokens: Any, scale: float, k: int,
+                  choices: list[dict[int, list[int]]] | None = None,
+                  explore: list[float] | None = None,
+                  decisions: list[dict[int, dict[int, float]]] | None = None) -> Any:
+    """Log-probability of each row's token at step `k` (`tokens`, one per row) under the
+    model at temperature `scale`, from the step's raw logits (`raw`, batch × vocabulary): one
+    log-softmax over the batch.
 
     From the raw logits, before the grammar mask and top-p, except at a row's choices (row ->
     step -> the few tokens its grammar allowed, grammar.GrammarMask): there the softmax runs
@@ -131,20 +151,66 @@ def sampled_logprobs(logits: tuple[Any, ...], tokens: Any, temperature: float | 
     """
     import torch
 
-    scale = temperature if temperature and temperature > 0 else 1.0
-    out = torch.stack([
-        torch.log_softmax(step.float() / scale, dim=-1).gather(1, tokens[:, k, None])[:, 0]
-        for k, step in enumerate(logits)
-    ], dim=1)
+    out = torch.log_softmax(raw.float() / scale, dim=-1).gather(1, tokens[:, None])[:, 0]
     for r, steps in enumerate(choices or []):
-        for k, allowed in steps.items():
-            if k < len(logits):
-                z = logits[k][r].float() / scale
-                out[r, k] = z[tokens[r, k]] - torch.logsumexp(z[allowed], dim=0)
+        allowed = steps.get(k)
+        if allowed is not None:
+            z = raw[r].float() / scale
+            out[r] = z[tokens[r]] - torch.logsumexp(z[allowed], dim=0)
     for r, steps_ in enumerate(decisions or []):
         eps = explore[r] if explore else 0.0
-        for k, q in steps_.items():
-            if eps and k < len(logits) and choices is not None and k in choices[r]:
-                explored = torch.tensor(eps * q.get(int(tokens[r, k]), 0.0))
-                out[r, k] = torch.log((1 - eps) * out[r, k].exp() + explored)
+        q = steps_.get(k)
+        if q is not None and eps and choices is not None and k in choices[r]:
+            explored = torch.tensor(eps * q.get(int(tokens[r]), 0.0))
+            out[r] = torch.log((1 - eps) * out[r].exp() + explored)
     return out
+
+
+class StepLogprobs:
+    """The behaviour log-probabilities recorded while a batch generates, one small vector per
+    step: never a step's whole logits past the step that used them.
+
+    Two logits processors around the others: `first` (put first) holds the step's raw logits,
+    and the recorder itself (put last) reads the token the step took (the only one the sampler
+    left standing, or the greedy argmax: what `generate` takes, by the same `argmax`) and
+    keeps that token's log-probability (`step_logprobs`, with the grammar's records of this
+    step: `mask.choices`, `mask.decisions`). Kept per step: one float per row; the raw logits
+    are dropped as soon as the step is recorded. `kept` counts what it keeps, so a test can
+    measure that memory grows with tokens, not tokens times vocabulary.
+    """
+
+    def __init__(self, temperature: float | None, mask: Any = None,
+                 explore: list[float] | None = None) -> None:
+        self.scale = temperature if temperature and temperature > 0 else 1.0
+        self.mask, self.explore = mask, explore
+        self.steps: list[Any] = []
+        self._raw: Any = None
+
+    def first(self, input_ids: Any, scores: Any) -> Any:
+        """The first logits processor: hold the raw logits (the processors after it copy
+        before they write: grammar.GrammarMask clones, Sampler builds a new tensor)."""
+        self._raw = scores
+        return scores
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        tokens = scores.argmax(dim=-1)
+        mask = self.mask
+        self.steps.append(step_logprobs(
+            self._raw, tokens, self.scale, len(self.steps),
+            mask.choices if mask is not None else None, self.explore,
+            mask.decisions if mask is not None else None))
+        self._raw = None
+        return scores
+
+    @property
+    def kept(self) -> int:
+        """Elements of the tensors kept so far (the log-probs: one per row and step)."""
+        return sum(int(s.numel()) for s in self.steps) + (
+            0 if self._raw is None else int(self._raw.numel()))
+
+    def logprobs(self, steps: int) -> Any:
+        """batch × `steps`: the first `steps` recorded steps (a `generate` that ran a step past
+        its end and undid it recorded one more)."""
+        import torch
+
+        return torch.stack(self.steps[:steps], dim=1)
