@@ -127,7 +127,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines = [
         f"# Batch {s['batch']}", "",
         f"- tasks: {s['tasks']} ({', '.join(f'{k} {v}' for k, v in s['by_status'].items())})",
-        f"- accuracy: {num(s['accuracy'])} over {s['judged']} of {s['with_reference']} "
+        f"- accuracy: {num(s['accuracy'])} over {s.get('judged', s['with_reference'])} of "
+        f"{s['with_reference']} "
         "task(s) with a reference"
         + (f"; {s['failed']} run(s) failed ({reasons}): no result, not counted as wrong"
            if s.get("failed") else "")
