@@ -164,18 +164,27 @@ def cells(r: SystemRow) -> tuple[str, ...]:
 
 NARROW_HEADER = ("system", "accuracy", "reward", "tokens / task", "$ / task", "p50 s",
                  "Δ vs best")
-"""The columns a narrow terminal shows (table.md and --json keep every one); the failed and
-untrusted counts go in the accuracy cell, "0.520* (2 failed, 3 untrusted)", when there are
-any."""
+"""The columns a narrow terminal shows (table.md and --json keep every one); the untrusted
+count goes in the accuracy cell, "0.520 (3 untrusted)", when there are any."""
+
+NARROW_FAILED_HEADER = ("system", "accuracy", "failed", "reward", "tokens / task", "$ / task",
+                        "p50 s")
+"""The narrow columns when some runs failed: the failed count beside accuracy, in the place of
+the delta to the best single agent (table.md keeps it)."""
 
 
-def narrow_cells(r: SystemRow) -> tuple[str, ...]:
+def narrow_header(rows: list[SystemRow]) -> tuple[str, ...]:
+    return NARROW_FAILED_HEADER if any(r.failed for r in rows) else NARROW_HEADER
+
+
+def narrow_cells(r: SystemRow, failed_column: bool = False) -> tuple[str, ...]:
+    """One row of the narrow table; `failed_column`: of NARROW_FAILED_HEADER."""
     delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
-    counts = [f"{n} {what}" for n, what in ((r.failed, "failed"), (r.untrusted, "untrusted"))
-              if n]
-    accuracy = _figure(r.accuracy, r) + (f" ({', '.join(counts)})" if counts else "")
-    return (r.system, accuracy, _figure(r.mean_reward, r), f"{r.tokens_per_task:,.0f}",
-            f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", delta)
+    accuracy = _figure(r.accuracy, r) + (f" ({r.untrusted} untrusted)" if r.untrusted else "")
+    figures = (f"{r.tokens_per_task:,.0f}", f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}")
+    if failed_column:
+        return (r.system, accuracy, str(r.failed), _figure(r.mean_reward, r), *figures)
+    return (r.system, accuracy, _figure(r.mean_reward, r), *figures, delta)
 
 
 def failure_note(rows: list[SystemRow]) -> str | None:

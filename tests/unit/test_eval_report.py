@@ -13,6 +13,7 @@ from conductor_engine.engine.eval.report import (
     failure_note,
     markdown,
     narrow_cells,
+    narrow_header,
     system_rows,
 )
 from conductor_engine.engine.storage.batch_report import no_result, summarize, summary_markdown
@@ -60,7 +61,8 @@ def test_failed_runs_are_counted_beside_accuracy_never_as_wrong_answers() -> Non
     assert (row.tasks, row.failed, row.accuracy, row.mean_reward) == (4, 2, 0.5, 0.75)
     shown = dict(zip(HEADER, cells(row), strict=True))
     assert (shown["accuracy"], shown["failed"], shown["mean reward"]) == ("0.500*", "2", "0.750*")
-    assert "0.500* (2 failed)" in narrow_cells(row)
+    assert narrow_cells(row, True)[1:4] == ("0.500*", "2", "0.750*")
+    assert narrow_header([row])[1:3] == ("accuracy", "failed")
     note = failure_note([row])
     assert note is not None and "2 run(s) failed" in note and "not counted as wrong" in note
     assert note in markdown("e1", [row])
@@ -71,7 +73,7 @@ def test_a_system_none_of_whose_runs_completed_shows_n_a_not_zero() -> None:
                                                          for t in "ab"])
     claude = next(r for r in rows if r.system == "single-claude")
     assert (claude.failed, claude.accuracy, claude.mean_reward) == (2, None, None)
-    assert cells(claude)[1:3] == ("n/a", "2") and narrow_cells(claude)[1] == "n/a (2 failed)"
+    assert cells(claude)[1:3] == ("n/a", "2") and narrow_cells(claude, True)[1:3] == ("n/a", "2")
     assert claude.delta_to_best_single is None
     assert "0.000" not in "".join(cells(claude)[:5])
 

@@ -20,6 +20,7 @@ from conductor_engine.engine.eval.report import (
     cells,
     failure_note,
     narrow_cells,
+    narrow_header,
     rows_json,
 )
 from conductor_engine.engine.eval.suite_report import cells as suite_cells
@@ -166,13 +167,13 @@ def evaluate(
         table = [cells(r) for r in rows]
         if column_widths(header, table, out.width) is None:  # narrow: the main columns
             title += f" (the main columns; {target / 'table.md'} has all)"
-            header, table = NARROW_HEADER, [narrow_cells(r) for r in rows]
+            header = narrow_header(rows)
+            table = [narrow_cells(r, header is not NARROW_HEADER) for r in rows]
         for part in fitted_table(title, header, table, out.width):
             out.print(part, soft_wrap=True)
         note = failure_note(rows)
         if note:
-            out.print(Text(f"{note}; `conductor batch report {name}` says why each failed"),
-                      soft_wrap=True)
+            out.print(Text(f"{note}; `conductor batch report {name}` says why each failed"))
         written = write_report(name, rows, target)
         if chosen_suite is not None:
             written += _suite_table(name, chosen_suite, traces, target)
@@ -244,7 +245,7 @@ def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> li
         out.print(part, soft_wrap=True)
     note = suite_failure_note(rows)
     if note:
-        out.print(Text(note), soft_wrap=True)
+        out.print(Text(note))
     if any(r.published for r in rows):
         out.print(f"last row published, not measured: {suite.citation}", markup=False,
                   highlight=False, soft_wrap=True)
