@@ -144,8 +144,10 @@ async def running_worker(client: Client, settings: Settings, pool: Pool
     (written beside the data, as a user keeps a pool file), so a ConductorClient made from them
     starts its runs where this worker polls, as `conductor up --pool F` and `conductor run
     --pool F` meet."""
-    settings.pool_file = write_pool(pool, Path(settings.data_dir) /
-                                    f"pool-{task_queue_of(settings, pool)}.toml")
+    queue = task_queue_of(settings, pool)
+    settings.pool_file = write_pool(pool, Path(settings.data_dir) / f"pool-{queue}.toml")
+    assert task_queue_of(settings, Pool.load(settings.pool_file)) == queue, \
+        "the pool reads back from its file as another pool: a client would start runs elsewhere"
     async with build_worker(client, settings, pool) as worker:
         yield worker
 
