@@ -112,10 +112,10 @@ async def test_eval_leaves_out_agents_that_cannot_run_and_never_shows_failures_a
     saying which and why; with --include-unusable their runs fail, and their rows count the
     failures and show n/a, never an accuracy of 0.000."""
     pool, _, _ = sim_setup(agent_server, tmp_path)
-    monkeypatch.delenv("CONDUCTOR_TEST_UNSET_KEY", raising=False)
+    monkeypatch.delenv("EVAL_TEST_UNSET_KEY", raising=False)
     gone = f"http://127.0.0.1:{free_port()}/v1"
     pool = pool.model_copy(update={"agents": [*pool.agents, AgentSpec(
-        id="keyless", provider="openai", model="gpt", api_key_env="CONDUCTOR_TEST_UNSET_KEY",
+        id="keyless", provider="openai", model="gpt", api_key_env="EVAL_TEST_UNSET_KEY",
         base_url=agent_server.openai_base_url), AgentSpec(
         id="gone", provider="openai-compatible", model="m", base_url=gone)]})
     tasks = tmp_path / "two.jsonl"  # one attempt per step: a refused connection fails at once
@@ -130,7 +130,7 @@ async def test_eval_leaves_out_agents_that_cannot_run_and_never_shows_failures_a
                                "single", "--json", str(tmp_path / "rows.json"))
         [line] = [ln for ln in err.splitlines() if ln.startswith("left out")]
         assert line.startswith("left out 2 agent(s) that cannot run here: keyless "
-                               "(CONDUCTOR_TEST_UNSET_KEY not set), gone (127.0.0.1:"), line
+                               "(EVAL_TEST_UNSET_KEY not set), gone (127.0.0.1:"), line
         assert "--include-unusable" in line
         rows = {r["system"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
         assert "single keyless" not in rows and "single gone" not in rows, rows
