@@ -250,7 +250,9 @@ class Settings(BaseSettings):
         default=60.0, ge=0, description="seconds `conductor worker` and `trainer` wait for a "
         "Temporal that refuses connections (still starting) before they give up"
     )
-    task_queue: str = Field(default=TASK_QUEUE, description="where runs' tasks go")
+    task_queue: str = Field(
+        default=TASK_QUEUE, description="the stem of the task queues: a pool's runs and "
+        "workers use STEM-FINGERPRINT, its own queue (engine/contracts/names.py)")
     trainer_task_queue: str = Field(
         default=TRAINER_TASK_QUEUE, description="where `conductor trainer` takes GRPO updates from"
     )

@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 
 from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
-from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
+from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal, task_queue_of
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.runtime.worker import build_worker
 from conductor_engine.engine.settings import Settings
@@ -140,6 +140,14 @@ def agent_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 @asynccontextmanager
 async def running_worker(client: Client, settings: Settings, pool: Pool
                          ) -> AsyncIterator[Worker]:
+    """A worker serving `pool` on its own queue. The test's `settings` are pointed at that pool
+    (written beside the data, as a user keeps a pool file), so a ConductorClient made from them
+    starts its runs where this worker polls, as `conductor up --pool F` and `conductor run
+    --pool F` meet."""
+    queue = task_queue_of(settings, pool)
+    settings.pool_file = write_pool(pool, Path(settings.data_dir) / f"pool-{queue}.toml")
+    assert task_queue_of(settings, Pool.load(settings.pool_file)) == queue, \
+        "the pool reads back from its file as another pool: a client would start runs elsewhere"
     async with build_worker(client, settings, pool) as worker:
         yield worker
 

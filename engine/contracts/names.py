@@ -8,7 +8,11 @@ child's id), parsed here too, next to the builder that fixes their format.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 
 # --- activities (the `name=` of each @activity.defn) -------------------------------------------
 
@@ -46,9 +50,35 @@ STOP_SIGNAL = "stop"
 # --- task queues (the defaults; Settings may name others) ---------------------------------------
 
 TASK_QUEUE = "conductor"
-"""Where engine workers run workflows and the conductor's activities."""
+"""The stem of the queues engine workers run workflows and activities on: a pool's queue is
+`pool_task_queue(TASK_QUEUE, pool)`, never this name alone."""
 TRAINER_TASK_QUEUE = "trainer"
-"""Where the trainer service takes GRPO updates."""
+"""Where the trainer service takes GRPO updates (no agents: the same for every pool)."""
+
+POOL_FINGERPRINT_CHARS = 12
+"""Hex digits of the pool's SHA-256 in its queue's name (48 bits: two different pools on one
+Temporal share a queue by accident with odds of about 1 in 10^14)."""
+
+
+def pool_fingerprint(pool: Mapping[str, Any]) -> str:
+    """The first POOL_FINGERPRINT_CHARS hex digits of the SHA-256 of a pool's specification
+    (`Pool.model_dump(mode="json")`: the conductor, every agent with its model, endpoint,
+    parameters and description, whether the conductor is offered) as canonical JSON. Equal
+    pools give equal fingerprints wherever they were read; keys are never part of a pool."""
+    canonical = json.dumps(pool, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:POOL_FINGERPRINT_CHARS]
+
+
+def pool_task_queue(stem: str, pool: Mapping[str, Any]) -> str:
+    """The task queue of one pool, `STEM-FINGERPRINT` (STEM: Settings.task_queue, `conductor`
+    by default). Temporal requires every worker polling a queue to register the same workflows
+    and activities with the same meaning; an agent activity means "call agent X of this pool",
+    so each pool gets its own queue: a worker serves only its own pool's queue, a client starts
+    runs on the queue of the pool it names, and the workflows schedule their activities and
+    children on the queue they run on (the SDK's default). A worker with another pool can then
+    never take a run's activities, and equal pools (`conductor up` and `conductor run`, both
+    on the same pool file) find each other."""
+    return f"{stem}-{pool_fingerprint(pool)}"
 
 # --- workflow ids ---------------------------------------------------------------------------------
 

@@ -1,8 +1,15 @@
 """The comparison `conductor eval` prints: one row per system, from the traces of its runs.
 
 Read from the trace store, not from workflow state, so an eval resumed after a crash, or
-submitted again, reports every run. A task whose run has no verdict (no reference, a failed
-run) counts as wrong, as in the batch report.
+submitted again, reports every run. A run that completed without a verdict (no reference)
+counts as wrong, as in the batch report.
+
+A run that failed has no result (`no_result`, engine/storage/batch_report.py: an agent's call
+failed after its retries, a key not set, a server unreachable, the verifier failed, the run was
+cancelled): it is counted in `failed`, never as a wrong answer, since it says nothing of what
+the system answers. Accuracy is over the runs that completed; a row with failed runs is marked
+(`*`) with the count beside it, and a system none of whose runs completed shows `n/a`, never
+0.000 (a real zero and an outage must not look alike).
 
 An untrusted verdict (assert-style code tests, which run inside the candidate's process and
 which it can forge: `code_tests.UNTRUSTED`) is counted apart, never as correct: `accuracy` and
@@ -23,6 +30,7 @@ from pydantic import BaseModel, Field
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
+from conductor_engine.engine.storage.batch_report import no_result
 
 SINGLE = "single "
 BEST = "best single"
@@ -33,8 +41,11 @@ class SystemRow(BaseModel):
 
     system: str
     tasks: int
-    accuracy: float = Field(description="correct / (tasks - untrusted); 0 when all are untrusted")
-    mean_reward: float = Field(description="over the tasks whose verdict is trusted")
+    accuracy: float | None = Field(description="correct / (tasks - failed - untrusted); None "
+                                   "when no run completed with a trusted verdict")
+    mean_reward: float | None = Field(description="over the same runs as accuracy")
+    failed: int = Field(default=0, description="runs with no result (an agent's call or the "
+                        "verifier failed, the run was cancelled), kept out of accuracy")
     input_tokens_per_task: float
     output_tokens_per_task: float
     tokens_per_task: float
@@ -70,18 +81,20 @@ def untrusted(t: Trace) -> bool:
 
 def system_row(system: str, traces: list[Trace]) -> SystemRow:
     n = len(traces)
-    judged = [t for t in traces if not untrusted(t)]
+    completed = [t for t in traces if no_result(t) is None]
+    judged = [t for t in completed if not untrusted(t)]
     correct = sum(bool(t.reward and t.reward.verdict and t.reward.verdict.correct)
                   for t in judged)
     rewards = [t.reward.value if t.reward and t.reward.value is not None else 0.0
                for t in judged]
-    scored = max(1, len(judged))
+    scored = len(judged)
     seconds = sorted(t.totals.seconds for t in traces)
     tokens_in = sum(t.totals.usage.input_tokens for t in traces)
     tokens_out = sum(t.totals.usage.output_tokens for t in traces)
     return SystemRow(
-        system=system, tasks=n, accuracy=correct / scored, mean_reward=sum(rewards) / scored,
-        untrusted=n - len(judged),
+        system=system, tasks=n, accuracy=correct / scored if scored else None,
+        mean_reward=sum(rewards) / scored if scored else None,
+        failed=n - len(completed), untrusted=len(completed) - len(judged),
         input_tokens_per_task=tokens_in / n, output_tokens_per_task=tokens_out / n,
         tokens_per_task=(tokens_in + tokens_out) / n,
         cost_per_task=sum(t.totals.cost_usd for t in traces) / n,
@@ -98,12 +111,15 @@ def system_rows(traces: list[Trace]) -> list[SystemRow]:
         by_system[system_of(t.task.id)].append(t)
     rows = sorted((system_row(s, ts) for s, ts in by_system.items()), key=_order)
     singles = [r for r in rows if r.system.startswith(SINGLE)]
-    if singles:
-        best = max(singles, key=lambda r: (r.accuracy, r.mean_reward))
+    judged = [r for r in singles if r.accuracy is not None]
+    if judged:  # a whole row first: a few lucky runs among failures are not the best agent
+        best = max(judged, key=lambda r: (not r.failed, r.accuracy or 0.0,
+                                          r.mean_reward or 0.0))
         rows.insert(rows.index(singles[-1]) + 1, best.model_copy(update={
             "system": f"{BEST} ({best.system.removeprefix(SINGLE)})"}))
         for r in rows:
-            r.delta_to_best_single = r.accuracy - best.accuracy
+            if r.accuracy is not None and best.accuracy is not None:
+                r.delta_to_best_single = r.accuracy - best.accuracy
     return rows
 
 
@@ -119,15 +135,28 @@ def system_order(system: str) -> tuple[int, str]:
     return _RANK.get(system.split(" ", 1)[0], 6), system
 
 
-HEADER = ("system", "accuracy", "untrusted", "mean reward", "tokens in / task",
+HEADER = ("system", "accuracy", "failed", "untrusted", "mean reward", "tokens in / task",
           "tokens out / task", "cost / task ($)", "p50 s", "p95 s", "calls / task",
           "Δ acc. vs best single")
-"""`accuracy` and `mean reward` are over the trusted verdicts; `untrusted` counts the rest."""
+"""`accuracy` and `mean reward` are over the runs that completed with a trusted verdict;
+`failed` and `untrusted` count the rest."""
+
+NOT_AVAILABLE = "n/a"
+MARK = "*"
+
+
+def _figure(value: float | None, r: SystemRow) -> str:
+    """Accuracy or mean reward as shown: `n/a` when no run completed, marked `*` when some
+    runs failed (over the others only), so neither reads as a plain result."""
+    if value is None:
+        return NOT_AVAILABLE
+    return f"{value:.3f}" + (MARK if r.failed else "")
 
 
 def cells(r: SystemRow) -> tuple[str, ...]:
     delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
-    return (r.system, f"{r.accuracy:.3f}", str(r.untrusted), f"{r.mean_reward:.3f}",
+    return (r.system, _figure(r.accuracy, r), str(r.failed), str(r.untrusted),
+            _figure(r.mean_reward, r),
             f"{r.input_tokens_per_task:,.0f}", f"{r.output_tokens_per_task:,.0f}",
             f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", f"{r.p95_s:.2f}",
             f"{r.calls_per_task:.1f}", delta)
@@ -138,12 +167,34 @@ NARROW_HEADER = ("system", "accuracy", "reward", "tokens / task", "$ / task", "p
 """The columns a narrow terminal shows (table.md and --json keep every one); the untrusted
 count goes in the accuracy cell, "0.520 (3 untrusted)", when there are any."""
 
+NARROW_FAILED_HEADER = ("system", "accuracy", "failed", "reward", "tokens / task", "$ / task",
+                        "p50 s")
+"""The narrow columns when some runs failed: the failed count beside accuracy, in the place of
+the delta to the best single agent (table.md keeps it)."""
 
-def narrow_cells(r: SystemRow) -> tuple[str, ...]:
+
+def narrow_header(rows: list[SystemRow]) -> tuple[str, ...]:
+    return NARROW_FAILED_HEADER if any(r.failed for r in rows) else NARROW_HEADER
+
+
+def narrow_cells(r: SystemRow, failed_column: bool = False) -> tuple[str, ...]:
+    """One row of the narrow table; `failed_column`: of NARROW_FAILED_HEADER."""
     delta = "" if r.delta_to_best_single is None else f"{r.delta_to_best_single:+.3f}"
-    accuracy = f"{r.accuracy:.3f}" + (f" ({r.untrusted} untrusted)" if r.untrusted else "")
-    return (r.system, accuracy, f"{r.mean_reward:.3f}", f"{r.tokens_per_task:,.0f}",
-            f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}", delta)
+    accuracy = _figure(r.accuracy, r) + (f" ({r.untrusted} untrusted)" if r.untrusted else "")
+    figures = (f"{r.tokens_per_task:,.0f}", f"{r.cost_per_task:.5f}", f"{r.p50_s:.2f}")
+    if failed_column:
+        return (r.system, accuracy, str(r.failed), _figure(r.mean_reward, r), *figures)
+    return (r.system, accuracy, _figure(r.mean_reward, r), *figures, delta)
+
+
+def failure_note(rows: list[SystemRow]) -> str | None:
+    """The line under a table with failed runs: what `*` and `n/a` mean. None without any."""
+    failed = sum(r.failed for r in rows if not r.system.startswith(BEST))
+    if not failed:
+        return None
+    return (f"{MARK} over the runs that completed: {failed} run(s) failed (an agent's call "
+            f"or the verifier failed, or the run was cancelled) and are not counted as wrong; "
+            f"{NOT_AVAILABLE}: no run of that system completed")
 
 
 def markdown(name: str, rows: list[SystemRow]) -> str:
@@ -151,6 +202,9 @@ def markdown(name: str, rows: list[SystemRow]) -> str:
     lines = [f"# Eval {name}: {tasks} tasks per system", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    note = failure_note(rows)
+    if note:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -173,8 +227,9 @@ def _bar_chart(name: str, rows: list[SystemRow], path: Path) -> Path | None:
     from matplotlib import pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.0))
-    systems = [r.system for r in rows]
-    ax.bar(systems, [r.accuracy for r in rows], color="#4C72B0")
+    systems = [r.system + (f" ({NOT_AVAILABLE})" if r.accuracy is None else
+                           MARK if r.failed else "") for r in rows]
+    ax.bar(systems, [r.accuracy or 0.0 for r in rows], color="#4C72B0")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.set_title(f"conductor eval {name}")

@@ -4,9 +4,11 @@ last row with the published figures for reference.
 
 The average is the unweighted mean of the benchmark columns, as the paper averages them: AIME's
 30 problems count as much as MATH500's 500. A benchmark's accuracy is `system_row`'s (untrusted
-verdicts set aside, engine/eval/report.py). Tokens and cost are per task over every run of the
-system. A published figure the suite does not give is shown as "—", and the published average
-only when every column has one (an average of some columns is not the paper's average).
+verdicts and failed runs set aside, engine/eval/report.py): a cell over fewer runs because some
+failed is marked `*`, and one with no completed run shows "—". Tokens and cost are per task over
+every run of the system. A published figure the suite does not give is shown as "—", and the
+published average only when every column has one (an average of some columns is not the
+paper's average).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.traces import Trace
-from conductor_engine.engine.eval.report import BEST, SINGLE, system_order, system_row
+from conductor_engine.engine.eval.report import BEST, MARK, SINGLE, system_order, system_row
 from conductor_engine.engine.eval.systems import system_of
 from conductor_engine.engine.tasks.suite import Suite
 
@@ -34,6 +36,8 @@ class SuiteRow(BaseModel):
     average: float | None = Field(description="mean of the benchmark accuracies")
     tasks: int
     untrusted: int = 0
+    failed: dict[str, int] = Field(default_factory=dict, description="benchmark key -> runs "
+                                   "with no result (failed, cancelled), kept out of accuracy")
     tokens_per_task: float | None = None
     cost_per_task: float | None = None
     published: bool = Field(default=False, description="the paper's figures, not a run")
@@ -50,24 +54,28 @@ def suite_rows(suite: Suite, traces: list[Trace]) -> list[SuiteRow]:
     rows = []
     for system, by_key in grouped.items():
         accuracy: dict[str, float | None] = {}
+        failed: dict[str, int] = {}
         untrusted = 0
         for k in present:
             if by_key.get(k):
                 r = system_row(system, by_key[k])
                 accuracy[k] = r.accuracy
                 untrusted += r.untrusted
+                if r.failed:
+                    failed[k] = r.failed
             else:
                 accuracy[k] = None
         runs = [t for ts in by_key.values() for t in ts]
         whole = system_row(system, runs)
         rows.append(SuiteRow(system=system, accuracy=accuracy, average=_mean(accuracy),
-                             tasks=len(runs), untrusted=untrusted,
+                             tasks=len(runs), untrusted=untrusted, failed=failed,
                              tokens_per_task=whole.tokens_per_task,
                              cost_per_task=whole.cost_per_task))
     rows.sort(key=lambda r: system_order(r.system))
     singles = [r for r in rows if r.system.startswith(SINGLE)]
     if singles:
-        best = max(singles, key=lambda r: -1.0 if r.average is None else r.average)
+        best = max(singles, key=lambda r: (not r.failed,
+                                           -1.0 if r.average is None else r.average))
         rows.insert(rows.index(singles[-1]) + 1, best.model_copy(update={
             "system": f"{BEST} ({best.system.removeprefix(SINGLE)})"}))
     published = suite.published()
@@ -96,11 +104,23 @@ def _percent(value: float | None) -> str:
 
 
 def cells(row: SuiteRow) -> tuple[str, ...]:
-    """Accuracies in percent with one decimal, as the paper prints them."""
-    accuracy = [_percent(v) for v in row.accuracy.values()]
+    """Accuracies in percent with one decimal, as the paper prints them; `*` on a cell (and
+    the average) over fewer runs because some failed."""
+    accuracy = [_percent(v) + (MARK if row.failed.get(k) and v is not None else "")
+                for k, v in row.accuracy.items()]
+    average = _percent(row.average) + (MARK if row.failed and row.average is not None else "")
     tokens = MISSING if row.tokens_per_task is None else f"{row.tokens_per_task:,.0f}"
     cost = MISSING if row.cost_per_task is None else f"{row.cost_per_task:.5f}"
-    return (row.system, *accuracy, _percent(row.average), tokens, cost)
+    return (row.system, *accuracy, average, tokens, cost)
+
+
+def failure_note(rows: list[SuiteRow]) -> str | None:
+    """What `*` means under the table, with the number of failed runs; None without any."""
+    failed = sum(sum(r.failed.values()) for r in rows if not r.system.startswith(BEST))
+    if not failed:
+        return None
+    return (f"{MARK} over the runs that completed: {failed} run(s) failed and are not counted "
+            f"as wrong ({MISSING}: none completed); the eval's table counts them per system")
 
 
 def markdown(name: str, suite: Suite, rows: list[SuiteRow]) -> str:
@@ -109,6 +129,9 @@ def markdown(name: str, suite: Suite, rows: list[SuiteRow]) -> str:
              "Accuracy in %; the average is the mean of the benchmark columns.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    note = failure_note(rows)
+    if note:
+        lines += ["", note]
     if any(r.published for r in rows):
         lines += ["", f"The last row is published, not measured here: {suite.citation}"
                   f" ({MISSING}: a figure this suite does not give)."]

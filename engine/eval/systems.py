@@ -64,6 +64,11 @@ class EvalSpec(BaseModel):
     chain_agent: str | None = Field(default=None, description="the chain's agent (default: "
                                     "the aggregator)")
     seed: int = Field(default=0, ge=0, description="seeds the random plans")
+    conductor_agents: list[str] | None = Field(
+        default=None, min_length=1,
+        description="the agents the conductor's runs may delegate to (Task.agents), when some "
+        "of the pool's were left out as unable to run here (engine/eval/usable.py); None = "
+        "the whole pool")
 
     @model_validator(mode="after")
     def _known_agents(self) -> EvalSpec:
@@ -133,13 +138,27 @@ def _fixed(task: Task, system: str, plan: Plan) -> Task:
     return task.model_copy(update={"id": run_id(system, task.id), "options": options})
 
 
+def _conductor_agents(task: Task, spec: EvalSpec) -> list[str] | None:
+    """The agents the conductor's run of `task` may use: the task's own (if it names them)
+    less those left out, else the spec's; the task's own when none of them is left (the run
+    then fails and is counted as failed, not quietly given other agents)."""
+    if spec.conductor_agents is None:
+        return task.agents
+    if task.agents is None:
+        return list(spec.conductor_agents)
+    kept = [a for a in task.agents if a in spec.conductor_agents]
+    return kept or task.agents
+
+
 def eval_tasks(tasks: Sequence[Task], spec: EvalSpec) -> list[Task]:
     """Every run of the eval: each task once per system."""
     out: list[Task] = []
     for task in tasks:
+        agents = _conductor_agents(task, spec)
         for system, rounds in conductor_systems(spec):
             out.append(task.model_copy(update={
-                "id": run_id(system, task.id), "options": task.options.model_copy(update={
+                "id": run_id(system, task.id), "agents": agents,
+                "options": task.options.model_copy(update={
                     "refinement_rounds": rounds, "policy_version": spec.policy_version,
                     "plan": None})}))
         if "single" in spec.baselines:

@@ -36,6 +36,7 @@ from conductor_engine.engine.contracts.names import (
     TRAINING_WORKFLOW,
     batch_workflow_id,
     conduct_workflow_id,
+    pool_task_queue,
     training_workflow_id,
 )
 from conductor_engine.engine.contracts.records import RunResult
@@ -101,6 +102,13 @@ def _check_tasks(tasks: Sequence[Task]) -> None:
     for index, task in enumerate(tasks):
         check_storable(task, f"tasks.{index}")
         check_size(task, f"tasks.{index} ({shorten(task.id, 60)!r})")
+
+
+def task_queue_of(settings: Settings, pool: Pool) -> str:
+    """The task queue of `pool` under the settings' queue stem (`pool_task_queue` in
+    engine/contracts/names.py): the one a worker serving `pool` polls (runtime/worker.py) and
+    a client naming `pool` starts runs on."""
+    return pool_task_queue(settings.task_queue, pool.model_dump(mode="json"))
 
 
 def workflow_id_for(task: Task) -> str:
@@ -197,19 +205,38 @@ def trained_base_model(pool: Pool, given: str | None) -> str:
 
 
 class ConductorClient:
-    def __init__(self, client: Client, settings: Settings) -> None:
-        self.client, self.settings = client, settings
+    """Starts runs on the task queue of one pool: `pool` when given, else the pool file the
+    settings name (`pool_file`; unset: the shipped pool), read when a run is first started. A
+    worker serves only its own pool's queue (`conductor up --pool FILE`), so name the same pool
+    file here as there."""
+
+    def __init__(self, client: Client, settings: Settings, pool: Pool | None = None) -> None:
+        self.client, self.settings, self.pool = client, settings, pool
+        self._queues: dict[tuple[str, str | None], str] = {}
 
     @classmethod
     async def connect(
-        cls, settings: Settings | None = None, *, start_embedded: bool = True,
-        wait_s: float = 0.0,
+        cls, settings: Settings | None = None, *, pool: Pool | None = None,
+        start_embedded: bool = True, wait_s: float = 0.0,
     ) -> ConductorClient:
         """Connect (connection.connect_temporal: `wait_s` is how long a server that is not up
         yet is waited for)."""
         settings = settings or Settings()
         return cls(await connect_temporal(settings, start_embedded=start_embedded,
-                                          wait_s=wait_s), settings)
+                                          wait_s=wait_s), settings, pool)
+
+    @property
+    def task_queue(self) -> str:
+        """Where this client starts runs: its pool's queue (`task_queue_of`). PoolError (one
+        line) when the settings' pool file cannot be read. The settings' pool file is read
+        once per path."""
+        if self.pool is not None:
+            return task_queue_of(self.settings, self.pool)
+        path = self.settings.pool_file
+        key = (self.settings.task_queue, None if path is None else str(path))
+        if key not in self._queues:
+            self._queues[key] = task_queue_of(self.settings, Pool.load(path))
+        return self._queues[key]
 
     async def __aenter__(self) -> ConductorClient:
         return self
@@ -228,7 +255,7 @@ class ConductorClient:
         check_size(task, f"task {shorten(task.id, 60)!r}")
         wid = workflow_id or workflow_id_for(task)
         await self.client.start_workflow(
-            CONDUCT_WORKFLOW, task, id=wid, task_queue=self.settings.task_queue,
+            CONDUCT_WORKFLOW, task, id=wid, task_queue=self.task_queue,
             static_summary=" ".join(task.question.split())[:200],
             search_attributes=task_search_attributes(task),
         )
@@ -342,7 +369,7 @@ class ConductorClient:
                          children_per_run=children_per_run)
         try:
             await self.client.start_workflow(
-                BATCH_WORKFLOW, inp, id=wid, task_queue=self.settings.task_queue,
+                BATCH_WORKFLOW, inp, id=wid, task_queue=self.task_queue,
                 static_summary=f"batch {name}: {len(tasks)} tasks, {concurrency} at a time",
                 search_attributes=TypedSearchAttributes([SearchAttributePair(BATCH, name)]),
             )
@@ -401,7 +428,7 @@ class ConductorClient:
         wid = training_workflow_id(inp.name)
         try:
             await self.client.start_workflow(
-                TRAINING_WORKFLOW, inp, id=wid, task_queue=self.settings.task_queue,
+                TRAINING_WORKFLOW, inp, id=wid, task_queue=self.task_queue,
                 static_summary=f"train {inp.policy}: {inp.iterations} iterations",
             )
         except WorkflowAlreadyStartedError:

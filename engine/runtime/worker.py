@@ -16,6 +16,7 @@ from conductor_engine.activities.score import score
 from conductor_engine.engine.providers import preload
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.rewards import sandbox
+from conductor_engine.engine.runtime.client import task_queue_of
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.workflows.batch import BatchWorkflow
@@ -50,9 +51,11 @@ def build_worker(
     store: TraceStore | None = None,
     max_concurrent_activities: int = 200,
 ) -> Worker:
-    """A worker on the settings' task queue. Agent calls are I/O bound (the local model runs in
-    a thread and serialises itself), so many concurrent activities cost little. Without a
-    `store` the record activity opens the configured trace store on its first trace."""
+    """A worker on `pool`'s task queue (`task_queue_of`), so it never takes a run started for
+    another pool (whose agents this one may lack). Agent calls are I/O bound (the local model
+    runs in a thread and serialises itself), so many concurrent activities cost little.
+    Without a `store` the record activity opens the configured trace store on its first
+    trace."""
     preload([pool.conductor, *pool.agents])
     start_code_sandbox(settings)
     plans, agents = PlanActivities(pool, settings), AgentActivities(pool, settings)
@@ -60,7 +63,7 @@ def build_worker(
     batches = BatchActivities(settings)
     return Worker(
         client,
-        task_queue=settings.task_queue,
+        task_queue=task_queue_of(settings, pool),
         workflows=[ConductWorkflow, BatchWorkflow, TrainingWorkflow],
         activities=[plans.write_plan, agents.call_agent, score, records.record,
                     batches.read_tasks, batches.write_batch_report],

@@ -18,6 +18,22 @@ from typing import Any
 from conductor_engine.engine.contracts.agent_calls import Citation
 from conductor_engine.engine.contracts.plans import saw_label
 from conductor_engine.engine.contracts.traces import Trace
+from conductor_engine.engine.rewards.rollouts import LeftOutReason, left_out_reason
+
+NO_RESULT: frozenset[LeftOutReason] = frozenset(
+    {"step_failed", "plan_failed", "run_failed", "cancelled", "verifier_error"})
+"""Why a run has no result to count (engine/rewards/rollouts.py's reasons): an agent's call
+failed after its retries (a key not set, a server unreachable, a provider outage), the conductor
+could not be called, the run failed otherwise or was cancelled, or the verifier failed. Such a
+run says nothing of the answer a system gives, so reports count it as failed, beside accuracy,
+never as a wrong answer (a plan the conductor could not write is its own doing: invalid_plan
+is a result)."""
+
+
+def no_result(t: Trace) -> LeftOutReason | None:
+    """Why run `t` has no result to count (NO_RESULT), or None when it has one."""
+    reason = left_out_reason(t.status, t.reward, t.failure)
+    return reason if reason in NO_RESULT else None
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -48,16 +64,23 @@ def _untrusted(t: Trace) -> bool:
 
 
 def summarize(name: str, traces: list[Trace]) -> dict[str, Any]:
-    """The batch's figures. Accuracy and mean reward leave out untrusted verdicts (assert-style
-    code tests the candidate could forge), which `untrusted` counts."""
+    """The batch's figures. Accuracy and mean reward are over the runs with a result: runs
+    that failed (`no_result`) are counted in `failed` (by reason in `failed_by_reason`) and
+    verdicts the candidate could forge (assert-style code tests) in `untrusted`, neither as a
+    wrong answer. Accuracy is None when no run with a reference has a result to count."""
     by_status: dict[str, int] = defaultdict(int)
+    failed_by_reason: dict[str, int] = defaultdict(int)
     for t in traces:
         by_status[t.status] += 1
+        reason = no_result(t)
+        if reason is not None:
+            failed_by_reason[reason] += 1
     with_reference = [t for t in traces if t.task.reference is not None]
-    # no answer counts as wrong; a verdict the candidate could forge is counted apart
-    judged = [t for t in with_reference if not _untrusted(t)]
-    rewards = [t.reward.value for t in traces
-               if t.reward and t.reward.value is not None and not _untrusted(t)]
+    # no answer counts as wrong; a failed run and a forgeable verdict are counted apart
+    ran = [t for t in with_reference if no_result(t) is None]
+    judged = [t for t in ran if not _untrusted(t)]
+    rewards = [t.reward.value for t in traces if no_result(t) is None
+               and t.reward and t.reward.value is not None and not _untrusted(t)]
     agents: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
                  "seconds": []})
@@ -77,7 +100,10 @@ def summarize(name: str, traces: list[Trace]) -> dict[str, Any]:
         "accuracy": (sum(1 for t in judged if t.reward and t.reward.verdict
                          and t.reward.verdict.correct) / len(judged)) if judged else None,
         "with_reference": len(with_reference),
-        "untrusted": len(with_reference) - len(judged),
+        "judged": len(judged),
+        "failed": sum(failed_by_reason.values()),
+        "failed_by_reason": dict(failed_by_reason),
+        "untrusted": len(ran) - len(judged),
         "mean_reward": statistics.fmean(rewards) if rewards else None,
         "input_tokens": sum(t.totals.usage.input_tokens for t in traces),
         "output_tokens": sum(t.totals.usage.output_tokens for t in traces),
@@ -95,12 +121,19 @@ def summary_markdown(s: dict[str, Any]) -> str:
     def num(v: float | None, fmt: str = ".3f") -> str:
         return "—" if v is None else format(v, fmt)
 
+    reasons = ", ".join(f"{k.replace('_', ' ')} {v}"
+                        for k, v in s.get("failed_by_reason", {}).items())
+
     lines = [
         f"# Batch {s['batch']}", "",
         f"- tasks: {s['tasks']} ({', '.join(f'{k} {v}' for k, v in s['by_status'].items())})",
-        f"- accuracy: {num(s['accuracy'])} over {s['with_reference']} task(s) with a reference"
-        + (f", less {s['untrusted']} whose verdict is untrusted (assert-style tests the "
-           "candidate could forge; not counted)" if s.get("untrusted") else ""),
+        f"- accuracy: {num(s['accuracy'])} over {s.get('judged', s['with_reference'])} of "
+        f"{s['with_reference']} "
+        "task(s) with a reference"
+        + (f"; {s['failed']} run(s) failed ({reasons}): no result, not counted as wrong"
+           if s.get("failed") else "")
+        + (f"; {s['untrusted']} whose verdict is untrusted (assert-style tests the "
+           "candidate could forge): not counted" if s.get("untrusted") else ""),
         f"- mean reward: {num(s['mean_reward'])}",
         f"- tokens in/out: {s['input_tokens']}/{s['output_tokens']} · cost: "
         f"${s['cost_usd']:.4f}",

@@ -144,11 +144,12 @@ async def _bench(args: argparse.Namespace, agents_url: str) -> int:
     with stack() as s:  # its own agent server stays idle: the agents answer from agents_url
         client = await s.client()
         settings = s.queue("batch")
-        conductor = ConductorClient(client, settings)
+        pool = bench_pool(agents_url, AGENTS)
+        conductor = ConductorClient(client, settings, pool)
         tasks = [Task(id=f"t{i:05d}", question=f"Question {i}?", reference="42")
                  for i in range(args.tasks)]
         server = psutil.Process(s.temporal.process.pid) if s.temporal.process else None
-        async with build_worker(client, settings, bench_pool(agents_url, AGENTS),
+        async with build_worker(client, settings, pool,
                                 max_concurrent_activities=1000):
             await shared_store(settings)  # connect and migrate before the clock starts
             name = f"bench-{uuid.uuid4().hex[:6]}"

@@ -138,7 +138,7 @@ async def children(args: argparse.Namespace) -> list[list[object]]:
         client = await s.client()
         settings = s.queue("history")
         pool = bench_pool(s.agents.openai_base_url, AGENTS)
-        conductor = ConductorClient(client, settings)
+        conductor = ConductorClient(client, settings, pool)
         trainer_queue, parent_queue = f"{settings.task_queue}-trainer", f"{settings.task_queue}-b"
         n, window = args.children, args.concurrency
         async with (build_worker(client, settings, pool),
@@ -154,7 +154,7 @@ async def children(args: argparse.Namespace) -> list[list[object]]:
             whole_id = f"whole-{uuid.uuid4().hex[:6]}"
             whole = await client.execute_workflow(
                 WholeResultsParent.run, args=[tasks_for(whole_id, n), window,
-                                              settings.task_queue],
+                                              conductor.task_queue],
                 id=whole_id, task_queue=parent_queue)
             assert whole == n, "every baseline child returned its whole result"
             baseline = sizes(await history(client, whole_id))

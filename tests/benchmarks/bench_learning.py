@@ -190,7 +190,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     kept: bool | None = None  # the bar, at the first evaluation after the crossing
     started = time.monotonic()
     async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
-        conductor = ConductorClient(client, settings)
+        conductor = ConductorClient(client, settings, pool)
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
         shown = evals = 0

@@ -144,7 +144,8 @@ async def bench(args: argparse.Namespace) -> int:
         answer_after(s.agents, [AGENT], latency, "done")
         client = await s.client()
         engine_settings, bare_settings = s.queue("engine"), s.queue("bare")
-        conductor = ConductorClient(client, engine_settings)
+        pool = bench_pool(s.agents.openai_base_url, [AGENT])
+        conductor = ConductorClient(client, engine_settings, pool)
 
         async def engine(steps: int) -> str:
             question = f"[steps={steps}] Benchmark task." if steps else "Benchmark task."
@@ -168,7 +169,6 @@ async def bench(args: argparse.Namespace) -> int:
             "engine, plan + 1 step": lambda: engine(1),
             "engine, plan only": lambda: engine(0),
         }
-        pool = bench_pool(s.agents.openai_base_url, [AGENT])
         async with build_worker(client, engine_settings, pool), \
                 bare_worker(client, bare_settings.task_queue):
             series = await measure(kinds, args)

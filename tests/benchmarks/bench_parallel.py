@@ -91,7 +91,8 @@ async def bench(args: argparse.Namespace) -> int:
         answer_after(s.agents, [*AGENTS, AGGREGATOR], latency, "finding")
         client = await s.client()
         settings = s.queue("parallel")
-        conductor = ConductorClient(client, settings)
+        pool = bench_pool(s.agents.openai_base_url, [*AGENTS, AGGREGATOR])
+        conductor = ConductorClient(client, settings, pool)
         last: dict[str, RunResult] = {}
 
         async def engine(plan: str | None, steps: int) -> str:
@@ -106,7 +107,6 @@ async def bench(args: argparse.Namespace) -> int:
             "fan-out 4 + aggregator": lambda: engine("fanout", 5),
             "chain of 5": lambda: engine("chain", 5),
         }
-        pool = bench_pool(s.agents.openai_base_url, [*AGENTS, AGGREGATOR])
         async with build_worker(client, settings, pool):
             series = await measure(kinds, args)
         await report(client, series, latency)

@@ -213,7 +213,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                      agents=[a.id for a in pool.available()])
     if args.eval_only:
         async with build_worker(client, settings, pool):
-            await eval_rows(ConductorClient(client, settings), store, pool, held, None, seed,
+            await eval_rows(ConductorClient(client, settings, pool), store, pool, held, None, seed,
                             oracles)
         return {"seed": seed, "crossed": None, "curve": [], "shapes": "", "iterations": 0,
                 "seconds_per_iteration": 0.0}
@@ -222,7 +222,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     crossed: int | None = None
     started = time.monotonic()
     async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
-        conductor = ConductorClient(client, settings)
+        conductor = ConductorClient(client, settings, pool)
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
         shown = evals = 0

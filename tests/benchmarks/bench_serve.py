@@ -90,8 +90,8 @@ async def _bench(args: argparse.Namespace, agents_url: str) -> int:
     with stack() as s:
         client = await s.client()
         settings = s.queue("serve")
-        conductor = ConductorClient(client, settings)
         pool = bench_pool(agents_url, AGENTS)
+        conductor = ConductorClient(client, settings, pool)
         async with build_worker(client, settings, pool, max_concurrent_activities=1000):
             store = await shared_store(settings)  # connect and migrate before the clock starts
             catalog = ModelCatalog(pool.conductor.id, PolicyRegistry(store.pool).latest_version)

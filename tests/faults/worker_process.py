@@ -11,6 +11,9 @@ from tests.cli import CONDUCTOR
 
 
 def start_worker(settings: Settings, pool_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The worker polls the queue of the pool in `pool_file`; `settings` are pointed at it too,
+    so a ConductorClient made from them starts runs on that queue."""
+    settings.pool_file = pool_file
     env = {
         **os.environ,
         "CONDUCTOR_TEMPORAL_ADDRESS": settings.address,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor_engine.engine.contracts.names import pool_task_queue
 from conductor_engine.engine.settings import Settings
 from tests.agent_server import Reply
 from tests.cli import CONDUCTOR, one_line_error, run_conductor
@@ -176,6 +177,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachab
     agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Answer.", [])))])
     agent_server.script("gpt", [Reply.ok("served by up")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    queue = pool_task_queue("conductor", make_pool(agent_server).model_dump(mode="json"))
     port, ui_port = free_port(), free_port()
     env = {**os.environ, "CONDUCTOR_DATA_DIR": str(tmp_path / "data"),
            "CONDUCTOR_EMBEDDED_PORT": str(port), "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port),
@@ -186,6 +188,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachab
         assert up.stderr is not None
         for line in up.stderr:  # wait until the worker polls
             if "worker polling" in line:
+                assert queue in line, "the queue of the pool it serves"
                 break
         proc = run_conductor("run", "q", "--no-worker", "--json", env=env)
         assert json.loads(proc.stdout)["answer"] == "served by up", proc.stderr

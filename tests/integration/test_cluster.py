@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 from conductor_engine.engine.contracts.search_attributes import ensure_registered
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import ConductorClient, task_queue_of
 from conductor_engine.engine.runtime.connection import connect_temporal
 from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
@@ -93,7 +93,8 @@ async def test_worker_and_trainer_processes_run_a_task_with_blobs_in_s3(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bucket = fresh_bucket(moto_url, monkeypatch)
-    pool_file = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    pool = make_pool(agent_server)
+    pool_file = write_pool(pool, tmp_path / "pool.toml")
     trainer_queue = f"trainer-{uuid.uuid4().hex[:8]}"
     env = cluster_env(settings, pool_file, settings.address, **AWS_ENV,
                       CONDUCTOR_S3_BUCKET=bucket, CONDUCTOR_S3_ENDPOINT_URL=moto_url,
@@ -106,8 +107,8 @@ async def test_worker_and_trainer_processes_run_a_task_with_blobs_in_s3(
     worker_log, trainer_log = tmp_path / "worker.log", tmp_path / "trainer.log"
     with process(["worker"], env, worker_log) as worker, \
             process(["trainer"], env, trainer_log) as trainer:
-        await wait_for_poller(client, settings.task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-                              worker, worker_log)
+        await wait_for_poller(client, task_queue_of(settings, pool),
+                              TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, worker, worker_log)
         await wait_for_poller(client, trainer_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
                               trainer, trainer_log)
         task_id = f"cluster-{uuid.uuid4().hex[:6]}"
@@ -128,7 +129,8 @@ async def test_a_worker_started_before_temporal_joins_it_once_it_is_up(
 ) -> None:
     port, ui_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    pool_file = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
+    pool = make_pool(agent_server)
+    pool_file = write_pool(pool, tmp_path / "pool.toml")
     env = cluster_env(settings, pool_file, address, CONDUCTOR_TEMPORAL_CONNECT_TIMEOUT="300")
     log = tmp_path / "worker.log"
     server = EmbeddedTemporal(tmp_path / "temporal", port, ui_port)
@@ -141,7 +143,8 @@ async def test_a_worker_started_before_temporal_joins_it_once_it_is_up(
         server.start(detached=False)
         try:
             late = settings.model_copy(update={"temporal_address": address})
-            conductor = ConductorClient(await connect_temporal(late, start_embedded=False), late)
+            conductor = ConductorClient(await connect_temporal(late, start_embedded=False), late,
+                                        pool)
             agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Answer it.", [])))])
             agent_server.script("gpt", [Reply.ok("42")])
             res = await asyncio.wait_for(conductor.run(

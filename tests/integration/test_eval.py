@@ -13,12 +13,12 @@ from pathlib import Path
 from temporalio.client import Client
 
 from conductor_engine.engine.eval.systems import moa_plan, random_plan
-from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
 from tests.cli import CONDUCTOR, stack_env
-from tests.conftest import running_worker, write_pool
+from tests.conftest import free_port, running_worker, write_pool
 from tests.plans import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +94,63 @@ async def test_conductor_eval_compares_the_conductor_with_every_baseline(
     assert await trace_store.count(TraceFilter(batch=name)) == len(competent) * (
         len(rows) - 1), "one run per task and system (best single is a view, not runs)"
     assert agent_server.calls("conductor") >= 2 * len(competent)
+
+
+async def _eval(env: dict[str, str], cwd: Path, *args: str) -> tuple[str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *CONDUCTOR, "eval", *args, env=env, cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return out.decode(), err.decode()
+
+
+async def test_eval_leaves_out_agents_that_cannot_run_and_never_shows_failures_as_results(
+    agent_server, client: Client, settings: Settings, tmp_path: Path, monkeypatch,
+) -> None:
+    """An agent whose key is not set and one whose server is gone are left out with one line
+    saying which and why; with --include-unusable their runs fail, and their rows count the
+    failures and show n/a, never an accuracy of 0.000."""
+    pool, _, _ = sim_setup(agent_server, tmp_path)
+    monkeypatch.delenv("EVAL_TEST_UNSET_KEY", raising=False)
+    gone = f"http://127.0.0.1:{free_port()}/v1"
+    pool = pool.model_copy(update={"agents": [*pool.agents, AgentSpec(
+        id="keyless", provider="openai", model="gpt", api_key_env="EVAL_TEST_UNSET_KEY",
+        base_url=agent_server.openai_base_url), AgentSpec(
+        id="gone", provider="openai-compatible", model="m", base_url=gone)]})
+    tasks = tmp_path / "two.jsonl"  # one attempt per step: a refused connection fails at once
+    tasks.write_text("".join(json.dumps({**json.loads(line), "options": {
+        "max_steps": 1, "max_step_attempts": 1}}) + "\n" for line in (
+        ROOT / "examples/sim/tasks.jsonl").read_text().splitlines()[:2]))
+    agent_server.set_responder("conductor", lambda prompt: plan_json(("alpha", "Answer.", [])))
+    env = {**stack_env(settings, write_pool(pool, tmp_path / "pool.toml")), "COLUMNS": "200"}
+    name = f"usable-{uuid.uuid4().hex[:6]}"
+    async with running_worker(client, settings, pool):
+        out, err = await _eval(env, tmp_path, str(tasks), "--name", name, "--baselines",
+                               "single", "--json", str(tmp_path / "rows.json"))
+        [line] = [ln for ln in err.splitlines() if ln.startswith("left out")]
+        assert line.startswith("left out 2 agent(s) that cannot run here: keyless "
+                               "(EVAL_TEST_UNSET_KEY not set), gone (127.0.0.1:"), line
+        assert "--include-unusable" in line
+        rows = {r["system"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+        assert "single keyless" not in rows and "single gone" not in rows, rows
+        assert all(r["failed"] == 0 for r in rows.values()) and "n/a" not in out
+
+        out, err = await _eval(env, tmp_path, str(tasks), "--name", f"{name}-all",
+                               "--baselines", "single", "--include-unusable",
+                               "--json", str(tmp_path / "all.json"))
+    assert "left out" not in err
+    rows = {r["system"]: r for r in json.loads((tmp_path / "all.json").read_text())}
+    for agent in ("keyless", "gone"):
+        row = rows[f"single {agent}"]
+        assert (row["failed"], row["accuracy"], row["mean_reward"]) == (2, None, None), row
+        [shown] = [ln for ln in out.splitlines() if f"single {agent}" in ln]
+        accuracy, failed = [c.strip() for c in shown.split("│")[2:4]]
+        assert (accuracy, failed) == ("n/a", "2"), shown
+    assert rows["single alpha"]["failed"] == 0
+    assert not rows[next(s for s in rows if s.startswith("best single"))]["failed"]
+    words = " ".join(out.split())  # the note under the table wraps at the terminal's width
+    assert "4 run(s) failed" in words and f"conductor batch report {name}-all" in words
 
 
 def test_a_random_plan_is_valid_and_the_same_for_the_same_seed() -> None:

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, MAX_TASK_BYTES
 from conductor_engine.engine.contracts.names import CONDUCT_WORKFLOW, conduct_workflow_id
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, TaskTooLarge
+from conductor_engine.engine.runtime.client import ConductorClient, TaskTooLarge, task_queue_of
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.checks import task_bytes
 from tests.agent_server import AgentServer
@@ -31,10 +31,10 @@ from tests.conftest import make_pool, running_worker
 MB = 1024 * 1024
 
 
-async def _open_runs(client: Client, settings: Settings) -> list[str]:
+async def _open_runs(client: Client, queue: str) -> list[str]:
     """Every workflow of this test's task queue that is still running."""
     return [wf.id async for wf in client.list_workflows(
-        f'TaskQueue = "{settings.task_queue}" AND ExecutionStatus = "Running"')]
+        f'TaskQueue = "{queue}" AND ExecutionStatus = "Running"')]
 
 
 def test_a_task_at_the_bound_passes_and_one_byte_over_does_not() -> None:
@@ -65,7 +65,7 @@ async def test_the_client_refuses_an_oversized_task_before_anything_starts(
             Task(id="b-0", question="fine"), Task(id="b-1", question="y" * (2 * MB))])
     with pytest.raises(Exception, match="not found"):
         await client.get_workflow_handle(conduct_workflow_id(task.id)).describe()
-    assert await _open_runs(client, settings) == []
+    assert await _open_runs(client, conductor.task_queue) == []
 
 
 async def test_a_run_started_with_an_oversized_task_fails_at_once_with_the_reason(
@@ -74,10 +74,11 @@ async def test_a_run_started_with_an_oversized_task_fails_at_once_with_the_reaso
     """Started around the client (the `temporal` CLI, an older client): the workflow fails
     non-retryably on its first workflow task, having scheduled nothing."""
     task = Task(id=f"huge-{uuid.uuid4().hex[:8]}", question="x" * (30 * MB))
-    async with running_worker(client, settings, make_pool(agent_server)):
+    pool = make_pool(agent_server)
+    async with running_worker(client, settings, pool):
         handle = await client.start_workflow(
             CONDUCT_WORKFLOW, task, id=conduct_workflow_id(task.id),
-            task_queue=settings.task_queue)
+            task_queue=task_queue_of(settings, pool))
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     cause = failed.value.cause
@@ -87,7 +88,7 @@ async def test_a_run_started_with_an_oversized_task_fails_at_once_with_the_reaso
     events = [e async for e in handle.fetch_history_events()]
     assert not any(e.HasField("activity_task_scheduled_event_attributes") for e in events)
     assert not any(e.HasField("workflow_task_failed_event_attributes") for e in events)
-    assert await _open_runs(client, settings) == []
+    assert await _open_runs(client, task_queue_of(settings, pool)) == []
 
 
 def test_batch_lists_an_oversized_line_and_submits_nothing(tmp_path: Path) -> None:

@@ -175,7 +175,7 @@ async def test_a_client_that_hangs_up_cancels_the_run(
             await asyncio.sleep(0.05)
         runs = []
         while not runs:  # its workflow, by this test's own task queue
-            runs = await conductor.list(query=f'TaskQueue = "{settings.task_queue}"')
+            runs = await conductor.list(query=f'TaskQueue = "{conductor.task_queue}"')
             assert time.monotonic() < deadline
         wid = runs[0].workflow_id
         if stream:

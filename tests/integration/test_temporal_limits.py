@@ -48,7 +48,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateResult,
 )
 from conductor_engine.engine.rewards.rollouts import left_out_reason
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import ConductorClient, task_queue_of
 from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore, LocalBlobStore, blob_store
@@ -468,9 +468,10 @@ async def test_a_batch_reads_its_tasks_a_chunk_at_a_time_across_continue_as_new(
     assert [c.count for c in listed.chunks] == [4, 4, 4, 1]
     inp = BatchInput(name=name, task_list=listed, concurrency=3, children_per_run=5,
                      report=False)
-    async with running_worker(client, settings, make_pool(agent_server)):
+    pool = make_pool(agent_server)
+    async with running_worker(client, settings, pool):
         handle = await client.start_workflow(BATCH_WORKFLOW, inp, id=batch_workflow_id(name),
-                                             task_queue=settings.task_queue,
+                                             task_queue=task_queue_of(settings, pool),
                                              result_type=BatchProgress)
         progress = await asyncio.wait_for(handle.result(), timeout=120)
     assert progress.total == 13 and progress.completed == 13 and progress.continued == 2
@@ -504,9 +505,10 @@ async def test_a_task_list_the_workers_cannot_find_fails_the_batch_saying_what_t
     name = f"elsewhere-{uuid.uuid4().hex[:6]}"
     listed = await put_task_list(LocalBlobStore(tmp_path / "clients-own"), _tasks(name, 3))
     inp = BatchInput(name=name, task_list=listed, report=False)
-    async with running_worker(client, settings, make_pool(agent_server)):
+    pool = make_pool(agent_server)
+    async with running_worker(client, settings, pool):
         handle = await client.start_workflow(BATCH_WORKFLOW, inp, id=batch_workflow_id(name),
-                                             task_queue=settings.task_queue)
+                                             task_queue=task_queue_of(settings, pool))
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), timeout=60)
     message = str(failed.value.cause.cause)  # the activity error inside the activity failure

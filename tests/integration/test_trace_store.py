@@ -23,14 +23,14 @@ from conductor_engine.engine.contracts.rewards import Reward, Verdict
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.rewards.rollouts import as_rollout
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, task_queue_of
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import _migrations, connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from tests.agent_server import Reply
 from tests.cli import run_conductor
-from tests.conftest import make_pool, running_worker
+from tests.conftest import make_pool, running_worker, write_pool
 from tests.plans import plan_json, self_calling_conductor
 from tests.rollout_groups import read_groups
 from tests.traces import make_trace
@@ -172,7 +172,7 @@ async def test_analyst_filters_by_dataset_tag_version_reward_and_date(
 
 async def test_a_retried_record_activity_leaves_one_trace(
     agent_server, conductor: ConductorClient, client: Client, settings: Settings,
-    trace_store: TraceStore,
+    trace_store: TraceStore, tmp_path: Path,
 ) -> None:
     """The first attempt writes the trace and then 'loses' its reply (the worker died after
     the commit); Temporal retries it, and the upsert keeps a single row."""
@@ -194,8 +194,9 @@ async def test_a_retried_record_activity_leaves_one_trace(
     agent_server.script("conductor", [Reply.ok(plan_json(("gpt", "Compute 2^10.", [])))])
     agent_server.script("gpt", [Reply.ok("1024")])
     pool = make_pool(agent_server)
+    settings.pool_file = write_pool(pool, tmp_path / "pool.toml")  # the client's pool
     worker = Worker(
-        client, task_queue=settings.task_queue, workflows=[ConductWorkflow],
+        client, task_queue=task_queue_of(settings, pool), workflows=[ConductWorkflow],
         activities=[PlanActivities(pool).write_plan, AgentActivities(pool).call_agent, score,
                     LossyRecord(settings, pool, trace_store).record],
     )

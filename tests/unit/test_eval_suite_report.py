@@ -58,3 +58,21 @@ def test_the_report_files_hold_the_table_and_its_citation(tmp_path: Path) -> Non
     assert "| conductor | 50.0 | 50.0 |" in text and "| paper: 7B Conductor | 83.9 | 83.9 |" in text
     assert "arXiv:2512.04388" in text and text == markdown("e", suite, rows)
     assert '"livecodebench": 0.5' in js.read_text()
+
+
+def test_a_benchmark_with_failed_runs_is_marked_and_one_with_none_completed_shows_a_dash(
+) -> None:
+    suite = load_suite("paper")
+    broken = [t.model_copy(update={"status": "failed", "failure": "StepFailed", "reward": None})
+              for t in runs("conductor", "aime-2025", [True, True])]
+    traces = runs("conductor", "gpqa-diamond", [True, False]) + broken[:1] + runs(
+        "conductor", "aime-2025", [True]) + [t.model_copy(update={"status": "failed",
+                                                                   "reward": None})
+                                             for t in runs("single a", "gpqa-diamond", [True])]
+    rows = {r.system: r for r in suite_rows(suite, traces)}
+    conductor, single = rows["conductor"], rows["single a"]
+    assert conductor.failed == {"aime-2025": 1} and conductor.accuracy["aime-2025"] == 1.0
+    assert cells(conductor)[1:4] == ("50.0", "100.0*", "75.0*")
+    assert single.accuracy["gpqa-diamond"] is None and cells(single)[1] == "—"
+    text = markdown("e", suite, list(rows.values()))
+    assert "2 run(s) failed and are not counted as wrong" in text

@@ -39,3 +39,25 @@ def test_an_update_id_names_its_training_run_and_iteration() -> None:
     assert names.update_of(made) == ("sim-1.b", 12)
     assert names.update_of("by-hand-1") is None
     assert names.update_of("train-x/rid/itX") is None
+
+
+def test_a_pools_queue_is_the_stem_and_a_fingerprint_of_the_whole_pool() -> None:
+    """Equal pools meet on one queue whatever order their keys were read in; a pool that
+    differs anywhere (an agent's model, a parameter, a description the conductor reads) gets
+    another queue."""
+    from conductor_engine.engine.providers.pool import Pool
+
+    pool = Pool.load()
+    spec = pool.model_dump(mode="json")
+    queue = names.pool_task_queue("conductor", spec)
+    assert queue == f"conductor-{names.pool_fingerprint(spec)}"
+    assert len(queue) == len("conductor-") + names.POOL_FINGERPRINT_CHARS
+    assert names.pool_task_queue("conductor", dict(reversed(spec.items()))) == queue
+    assert names.pool_task_queue("conductor", Pool.load().model_dump(mode="json")) == queue
+    first = pool.agents[0]
+    for change in ({"model": first.model + "-next"}, {"description": "another"},
+                   {"params": first.params.model_copy(update={"max_tokens": 7})}):
+        other = pool.model_copy(update={"agents": [first.model_copy(update=change),
+                                                   *pool.agents[1:]]})
+        assert names.pool_task_queue("conductor", other.model_dump(mode="json")) != queue
+    assert names.pool_task_queue("mine", spec).startswith("mine-")

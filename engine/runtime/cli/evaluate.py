@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.tasks import Task
@@ -17,12 +18,17 @@ from conductor_engine.engine.eval.report import (
     HEADER,
     NARROW_HEADER,
     cells,
+    failure_note,
     narrow_cells,
+    narrow_header,
     rows_json,
 )
 from conductor_engine.engine.eval.suite_report import cells as suite_cells
+from conductor_engine.engine.eval.suite_report import failure_note as suite_failure_note
 from conductor_engine.engine.eval.suite_report import header as suite_header
 from conductor_engine.engine.eval.suite_report import suite_rows, write_suite_report
+from conductor_engine.engine.eval.usable import described, unusable
+from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -92,6 +98,10 @@ def evaluate(
     strict: Annotated[bool, typer.Option(
         help="refuse the eval when any row is bad (default: list bad rows, run the rest)")
     ] = False,
+    include_unusable: Annotated[bool, typer.Option(
+        "--include-unusable", help="also run the agents that cannot run here (a key not set, "
+        "a server that does not answer), which are left out by default; their runs fail and "
+        "are counted as failed")] = False,
 ) -> None:
     """Compare the conductor with every single agent, the best of them, Mixture-of-Agents, a
     random plan and a planner -> executor -> verifier chain on the same tasks: accuracy, mean
@@ -99,7 +109,12 @@ def evaluate(
     batch (NAME): an interrupted eval resumes where it stopped when run again.
 
     `--suite paper` runs the Conductor paper's benchmarks as one eval and adds its table: a
-    column per benchmark, their average, tokens and cost per task, the published figures."""
+    column per benchmark, their average, tokens and cost per task, the published figures.
+
+    Agents that cannot run here (`conductor pool show` says `usable: no`, or their server does
+    not answer) are left out before the eval starts, in one line saying which and why. A run
+    that fails anyway has no result: each row counts its failed runs beside an accuracy over
+    the runs that completed (marked *), or n/a when none did."""
     if (tasks is None) == (suite is None):
         raise fail("give TASKS (a task file or SHAPE:SOURCE) or --suite NAME|FILE, not "
                    f"{'both' if tasks else 'neither'}", 2)
@@ -109,11 +124,12 @@ def evaluate(
         raise fail("--name is required: the eval's name (its batch is NAME)", 2)
     settings = load_settings(pool)
     agents = load_pool(settings)
+    kept, conductor_agents = _usable_agents(agents, include_unusable, aggregator)
     chosen = [b.strip() for b in baselines.split(",") if b.strip() and b.strip() != "none"]
     try:
-        spec = EvalSpec(agents=[a.id for a in agents.agents], policy_version=policy,
+        spec = EvalSpec(agents=kept, policy_version=policy,
                         baselines=chosen, rounds=rounds, moa_layers=moa_layers,  # type: ignore[arg-type]
-                        aggregator=aggregator, seed=seed)
+                        aggregator=aggregator, seed=seed, conductor_agents=conductor_agents)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -134,7 +150,7 @@ def evaluate(
     target = out_dir or Path("evals") / name
 
     async def go() -> None:
-        conductor = await ConductorClient.connect(settings)
+        conductor = await ConductorClient.connect(settings, pool=agents)
         in_process = settings.embedded if worker is None else worker
         async with in_process_worker(conductor, agents, in_process):
             _, started = await conductor.submit_batch(name, runs, concurrency=concurrency,
@@ -151,9 +167,13 @@ def evaluate(
         table = [cells(r) for r in rows]
         if column_widths(header, table, out.width) is None:  # narrow: the main columns
             title += f" (the main columns; {target / 'table.md'} has all)"
-            header, table = NARROW_HEADER, [narrow_cells(r) for r in rows]
+            header = narrow_header(rows)
+            table = [narrow_cells(r, header is not NARROW_HEADER) for r in rows]
         for part in fitted_table(title, header, table, out.width):
             out.print(part, soft_wrap=True)
+        note = failure_note(rows)
+        if note:
+            out.print(Text(f"{note}; `conductor batch report {name}` says why each failed"))
         written = write_report(name, rows, target)
         if chosen_suite is not None:
             written += _suite_table(name, chosen_suite, traces, target)
@@ -163,6 +183,35 @@ def evaluate(
             json_file.write_text(json.dumps(rows_json(rows), indent=2) + "\n")
 
     run_async(go())
+
+
+def _usable_agents(pool: Pool, include: bool, aggregator: str | None
+                  ) -> tuple[list[str], list[str] | None]:
+    """The pool's agents the eval runs, and the agents its conductor runs may use (None: the
+    whole pool). Unless `include`, the agents that cannot run here (engine/eval/usable.py) are
+    left out with one line saying which and why; a conductor or an --aggregator that cannot
+    run, or a pool with no agent that can, is an `error:` line (exit status 2)."""
+    everyone = [a.id for a in pool.agents]
+    if include:
+        return everyone, None
+    left_out = unusable([pool.conductor, *pool.agents])
+    hint = "--include-unusable runs them anyway"
+    if pool.conductor.id in left_out:
+        raise fail(f"the conductor {pool.conductor.id!r} cannot run here "
+                   f"({left_out[pool.conductor.id]}): fix that, or use a pool whose conductor "
+                   f"can (--pool)", 2)
+    if aggregator in left_out:
+        raise fail(f"--aggregator {aggregator} cannot run here ({left_out[aggregator]}): "
+                   f"choose another agent, or {hint}", 2)
+    kept = [a for a in everyone if a not in left_out]
+    if not kept:
+        raise fail(f"no agent of the pool can run here: {described(left_out)}; set their "
+                   f"keys or start their servers (`conductor pool show`), or {hint}", 2)
+    if not left_out:
+        return kept, None
+    err.print(Text(f"left out {len(left_out)} agent(s) that cannot run here: "
+                   f"{described(left_out)}; {hint}"), highlight=False, soft_wrap=True)
+    return kept, kept + ([pool.conductor.id] if pool.offer_conductor_as_agent else [])
 
 
 def _load_suite(suite: str) -> Suite:
@@ -194,6 +243,9 @@ def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> li
     title = f"suite {suite.name}: accuracy (%) per benchmark and their average"
     for part in fitted_table(title, head, table, out.width):
         out.print(part, soft_wrap=True)
+    note = suite_failure_note(rows)
+    if note:
+        out.print(Text(note))
     if any(r.published for r in rows):
         out.print(f"last row published, not measured: {suite.citation}", markup=False,
                   highlight=False, soft_wrap=True)

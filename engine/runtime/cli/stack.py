@@ -23,7 +23,7 @@ from conductor_engine.engine.runtime.cli.app import (
     out,
     run_async,
 )
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.engine.runtime.client import ConductorClient, task_queue_of
 from conductor_engine.engine.runtime.embedded import EmbeddedError, EmbeddedTemporal
 from conductor_engine.engine.runtime.logging import announce_json
 from conductor_engine.engine.settings import Settings
@@ -44,18 +44,19 @@ async def _serve(settings: Settings, pool: Pool, *, start_embedded: bool) -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    queue = task_queue_of(settings, pool)  # the pool's own queue (engine/contracts/names.py)
     async with build_worker(conductor.client, settings, pool):
-        if not announce_json("worker polling", task_queue=settings.task_queue,
+        if not announce_json("worker polling", task_queue=queue,
                              address=settings.address,
                              namespace=settings.temporal_namespace,
                              metrics=settings.metrics_bind):
-            err.print(f"worker polling [bold]{escape(settings.task_queue)}[/] on "
+            err.print(f"worker polling [bold]{escape(queue)}[/] on "
                       f"{escape(settings.address)} "
                       f"(namespace {escape(settings.temporal_namespace)}){_metrics(settings)}; "
                       "Ctrl-C stops")
         await stop.wait()
     await close_shared_stores()
-    if not announce_json("worker stopped", task_queue=settings.task_queue):
+    if not announce_json("worker stopped", task_queue=queue):
         err.print("worker stopped")
 
 
