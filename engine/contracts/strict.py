@@ -11,7 +11,8 @@ them inside Temporal's sandbox.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import functools
+from collections.abc import Collection
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, model_validator
@@ -43,8 +44,9 @@ def revised(model: M, /, **changes: Any) -> M:
     return new
 
 
-def names_of(cls: type[BaseModel]) -> set[str]:
-    """Every name `cls` reads a field under: its own, and its aliases."""
+@functools.cache
+def names_of(cls: type[BaseModel]) -> frozenset[str]:
+    """Every name `cls` reads a field under: its own, and its aliases (once per class)."""
     names = set(cls.model_fields)
     for field in cls.model_fields.values():
         for alias in (field.alias, field.validation_alias):
@@ -52,19 +54,20 @@ def names_of(cls: type[BaseModel]) -> set[str]:
                 names.add(alias)
             elif isinstance(alias, AliasChoices):
                 names.update(c for c in alias.choices if isinstance(c, str))
-    return names
+    return frozenset(names)
 
 
-def known_names(cls: type[BaseModel], data: Any, also: Iterable[str] = ()) -> Any:
+def known_names(cls: type[BaseModel], data: Any, also: Collection[str] = ()) -> Any:
     """`data` unchanged when every key of it is a name of `cls` (or in `also`); else a
     ValueError naming the first unknown key and the closest known name, one line a person can
     act on (pydantic's own `extra="forbid"` says only "Extra inputs are not permitted")."""
     if not isinstance(data, dict):
         return data
-    known = names_of(cls) | set(also)
-    unknown = [k for k in data if k not in known]
+    names = names_of(cls)
+    unknown = [k for k in data if k not in names and k not in also]
     if not unknown:
         return data
+    known = names | set(also)
     name = str(unknown[0])
     close = difflib.get_close_matches(name, sorted(known), n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
@@ -78,7 +81,7 @@ class Strict(BaseModel):
     before-validator moves elsewhere."""
 
     model_config = ConfigDict(extra="forbid")
-    also_known: ClassVar[Iterable[str]] = ()
+    also_known: ClassVar[Collection[str]] = ()
 
     @model_validator(mode="before")
     @classmethod
