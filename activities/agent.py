@@ -24,6 +24,7 @@ from conductor_engine.engine.contracts.agent_calls import TaskInfo
 from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import AGENT_ACTIVITY
 from conductor_engine.engine.contracts.records import AgentReply
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.plan.prompts import agent_messages
 from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
 from conductor_engine.engine.providers.pool import Pool, PoolError
@@ -91,7 +92,7 @@ def _task_info(req: AgentCallInput, provider: str, attempt: int) -> TaskInfo | N
     are in its prompt already."""
     if req.task is None:
         return None
-    update: dict[str, object] = {"attempt": attempt}
     if provider == "sim":
-        update["seen"] = [v.output for v in (*req.background, *req.visible)]
-    return req.task.model_copy(update=update)
+        return revised(req.task, attempt=attempt,
+                       seen=[v.output for v in (*req.background, *req.visible)])
+    return revised(req.task, attempt=attempt)

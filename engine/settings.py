@@ -178,7 +178,7 @@ def _source_of(field: str, given: dict[str, Any]) -> str:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     def __init__(self, **values: Any) -> None:
         """Build the settings; any bad value, or a CONDUCTOR_* variable that is no setting, is
@@ -190,6 +190,10 @@ class Settings(BaseSettings):
             first = e.errors()[0]
             field = str(first["loc"][0]) if first["loc"] else ""
             more = f" ({e.error_count()} problems in all)" if e.error_count() > 1 else ""
+            if first["type"] == "extra_forbidden":  # a misspelt keyword argument
+                raise SettingsError(f"{field}: unknown setting; "
+                                    f"{_did_you_mean(field, type(self).model_fields)}{more}"
+                                    ) from None
             got = f" (got {first['input']!r})" if isinstance(first.get("input"), str | int
                                                               | float) else ""
             raise SettingsError(redact_text(  # a bad value may be (part of) a secret

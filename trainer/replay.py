@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.providers.local.replay import Rejected, Vocabulary
 from conductor_engine.engine.rewards.rollouts import Group, LeftOut
@@ -78,7 +79,7 @@ def replay_groups(groups: list[tuple[Group, int]], model: Any,
                 rejected.append(f"{trace.workflow_id}: {replayed}")
             else:
                 kept.append(replayed)
-        out.append((group.model_copy(update={"traces": kept, "left_out": left}), age))
+        out.append((revised(group, traces=kept, left_out=left), age))
     if rejected:
         runs = f"{len(rejected)} rollout{'s' if len(rejected) > 1 else ''}"
         log.warning(f"{runs} left out: the plan grammar rejects their token "
@@ -100,9 +101,8 @@ def replay_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
         records = vocab.replay(attempt.json_schema, attempt.token_ids)
         if isinstance(records, Rejected):
             return f"round {rnd.index} plan attempt {attempt.attempt}: {records}"
-        done = attempt.model_copy(update={
-            "forced_positions": records.forced_positions,
-            "choice_tokens": records.choice_tokens,
-            "logprobs": None})  # full-vocabulary log-probs: not the trainer's space
-        rounds.append(rnd.model_copy(update={"attempts": [*rnd.attempts[:-1], done]}))
-    return trace.model_copy(update={"rounds": rounds})
+        done = revised(attempt, forced_positions=records.forced_positions,
+                       choice_tokens=records.choice_tokens,
+                       logprobs=None)  # full-vocabulary log-probs: not the trainer's space
+        rounds.append(revised(rnd, attempts=[*rnd.attempts[:-1], done]))
+    return revised(trace, rounds=rounds)

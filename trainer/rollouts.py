@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
@@ -67,7 +68,7 @@ def in_sample_order(group: Group) -> Group:
     which depends on the machine's load, and the order of the samples decides the micro-batches
     and so the last bits of the update."""
     traces = sorted(group.traces, key=lambda t: (t.task.options.sample, t.workflow_id))
-    return group.model_copy(update={"traces": traces})
+    return revised(group, traces=traces)
 
 
 async def _trainable_first(store: TraceStore, policy: PolicyRef, cfg: RolloutConfig,

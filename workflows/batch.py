@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         batch_child_workflow_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.strict import revised
     from conductor_engine.engine.contracts.task_list_refs import TaskList
     from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.workflows.children import (
@@ -129,7 +130,7 @@ class BatchWorkflow:
                 await self._drain(window)
                 p.continued += 1
                 workflow.continue_as_new(
-                    inp.model_copy(update={"next_index": i, "progress": p})
+                    revised(inp, next_index=i, progress=p)
                 )
             if listed is None:
                 task = inp.tasks[i]
@@ -159,8 +160,7 @@ class BatchWorkflow:
 
     async def _child(self, batch: str, task: Task) -> None:
         p = self._progress
-        options = task.options.model_copy(update={"result": "summary"})
-        task = task.model_copy(update={"batch": batch, "options": options})
+        task = revised(task, batch=batch, options=revised(task.options, result="summary"))
         summary = f"{batch} · {' '.join(task.question.split())[:150]}"
         wid = batch_child_workflow_id(batch, task.id)
         # sized without its id, as batches always were: a batch's waves replay as they ran

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
+    from conductor_engine.engine.contracts.strict import revised
     from conductor_engine.engine.contracts.tasks import Task, VisibleStep
     from conductor_engine.engine.tasks.checks import oversize_error
     from conductor_engine.engine.text import shorten
@@ -359,7 +360,7 @@ class ConductWorkflow:
             id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask,
             context=[*self._background(task, rec), *visible],
             depth=task.depth + 1,
-            options=task.options.model_copy(update={"refinement_rounds": 0, "plan": None}),
+            options=revised(task.options, refinement_rounds=0, plan=None),
             outer_question=task.outer_question or task.question, agents=task.agents,
         )
         rec.child_workflow_id = child_id

@@ -17,6 +17,7 @@ from conductor_engine.engine.contracts.agent_calls import Citation, Message, Usa
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
 from conductor_engine.engine.contracts.plans import Access, Plan
 from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.contracts.strict import revised
 
 
 class PlanAttempt(BaseModel):
@@ -181,10 +182,8 @@ def _small_reward(reward: Reward | None, limit: int) -> Reward | None:
     if verdict is not None:
         details = {k: _small_value(v, limit)
                    for k, v in list(verdict.details.items())[:_MAX_DETAILS]}
-        verdict = verdict.model_copy(update={"reason": _cut(verdict.reason, limit) or "",
-                                             "details": details})
-    return reward.model_copy(update={"reason": _cut(reward.reason, limit) or "",
-                                     "verdict": verdict})
+        verdict = revised(verdict, reason=_cut(verdict.reason, limit) or "", details=details)
+    return revised(reward, reason=_cut(reward.reason, limit) or "", verdict=verdict)
 
 
 def _small_value(value: Any, limit: int) -> Any:

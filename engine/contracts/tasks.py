@@ -9,10 +9,13 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from conductor_engine.engine.contracts.plans import DEFAULT_MAX_STEPS, Plan
 from conductor_engine.engine.contracts.rewards import RewardWeights
+from conductor_engine.engine.contracts.strict import Strict
 
 
-class RunOptions(BaseModel):
-    """How one run is conducted. Defaults follow the paper (5 steps, temperature 1.0)."""
+class RunOptions(Strict):
+    """How one run is conducted. Defaults follow the paper (5 steps, temperature 1.0).
+    A name that is no option is an error (a task file's misspelt option is refused, not
+    silently run with the default)."""
 
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=20)
     refinement_rounds: int = Field(default=0, ge=0, le=5)
@@ -89,7 +92,10 @@ class VisibleStep(BaseModel):
     output: str
 
 
-class Task(BaseModel):
+class Task(Strict):
+    """One question to conduct, as a user, a task file or a self-call gives it. A name that is
+    no field is an error."""
+
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     question: str = Field(min_length=1)
     reference: str | None = Field(default=None, description="the answer (or tests) to score by")

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from conductor_engine.engine.contracts.strict import Strict
 from conductor_engine.engine.contracts.tasks import Task
 
 
@@ -27,7 +28,7 @@ def _trl(name: str, trl_name: str) -> AliasChoices:
     return AliasChoices(name, trl_name)
 
 
-class _TrlNames(BaseModel):
+class _TrlNames(Strict):
     """A recipe section that also takes TRL's GRPOConfig names for its fields (`_trl` aliases),
     so a recipe written for TRL reads the same here. A field given under both names is an
     error, not a silent choice of one."""
@@ -182,7 +183,7 @@ class LossConfig(_TrlNames):
         return data
 
 
-class PolicyConfig(BaseModel):
+class PolicyConfig(Strict):
     """The model being trained."""
 
     base: str = Field(
@@ -208,7 +209,7 @@ class PolicyConfig(BaseModel):
         "float32; None: bf16-mixed where CUDA supports bfloat16, else fp32")
 
 
-class HeldOutConfig(BaseModel):
+class HeldOutConfig(Strict):
     """Evaluating as training goes: a share of the task file is never trained on, and every
     `every` iterations the version just published answers it (greedy by default), so the curve
     to watch is accuracy on tasks the policy never saw, not the noisy reward of the last
@@ -223,7 +224,7 @@ class HeldOutConfig(BaseModel):
     seed: int = Field(default=0, ge=0, description="which tasks are held out")
 
 
-class CheckpointConfig(BaseModel):
+class CheckpointConfig(Strict):
     """What the blob store keeps of published versions (engine/storage/retention.py, applied
     after every publish and by `conductor train prune`; docs/checkpoints.md). Defaults keep a
     200-iteration run at a few versions' worth of disk: at 7B an optimiser state is 2 GB (LoRA
@@ -255,8 +256,10 @@ TRL_SECTIONS: dict[str, str] = {
 }
 
 
-class Recipe(BaseModel):
+class Recipe(Strict):
     """Everything an update needs besides which version it starts from."""
+
+    also_known = TRL_SECTIONS.keys()  # moved into their sections by _flat_trl_names
 
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     loss: LossConfig = Field(default_factory=LossConfig)

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from conductor_engine.engine.contracts.plans import Plan, Step
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task
 
 Baseline = Literal["single", "moa", "random", "chain"]
@@ -134,8 +135,8 @@ def random_plan(agents: Sequence[str], seed: str) -> Plan:
 
 
 def _fixed(task: Task, system: str, plan: Plan) -> Task:
-    options = task.options.model_copy(update={"plan": plan, "refinement_rounds": 0})
-    return task.model_copy(update={"id": run_id(system, task.id), "options": options})
+    options = revised(task.options, plan=plan, refinement_rounds=0)
+    return revised(task, id=run_id(system, task.id), options=options)
 
 
 def _conductor_agents(task: Task, spec: EvalSpec) -> list[str] | None:
@@ -156,11 +157,9 @@ def eval_tasks(tasks: Sequence[Task], spec: EvalSpec) -> list[Task]:
     for task in tasks:
         agents = _conductor_agents(task, spec)
         for system, rounds in conductor_systems(spec):
-            out.append(task.model_copy(update={
-                "id": run_id(system, task.id), "agents": agents,
-                "options": task.options.model_copy(update={
-                    "refinement_rounds": rounds, "policy_version": spec.policy_version,
-                    "plan": None})}))
+            out.append(revised(task, id=run_id(system, task.id), agents=agents, options=revised(
+                task.options, refinement_rounds=rounds, policy_version=spec.policy_version,
+                plan=None)))
         if "single" in spec.baselines:
             out.extend(_fixed(task, f"single {a}", Plan(steps=[Step(agent=a, subtask=SOLO,
                                                                    access=[])]))

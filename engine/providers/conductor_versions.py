@@ -6,6 +6,7 @@ asks; this module knows how."""
 
 from __future__ import annotations
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.providers.registry import capabilities
@@ -66,13 +67,13 @@ class ConductorVersions:
         if serves == "checkpoint":
             version = await registry.get(conductor.id, wanted)
             where = await materialise(version, store.blobs, self._settings().data_dir / "policies")
-            return conductor.model_copy(update={"checkpoint": str(where)}), label
+            return revised(conductor, checkpoint=str(where)), label
         if serves == "served":
             version = await registry.get(conductor.id, wanted)  # clear error if never made
             if version.kind == "lora":  # full weights are served by a vLLM of their own
                 where = await materialise(version, store.blobs, self._settings().lora_root)
                 await ensure_lora_adapter(conductor, version, where)
-            return conductor.model_copy(update={"model": served_name(conductor.id, wanted)}), label
+            return revised(conductor, model=served_name(conductor.id, wanted)), label
         raise PolicyError(
             f"the conductor {conductor.id!r} runs on {conductor.provider}, which cannot serve a "
             f"trained version ({label}); serve it with vLLM (provider openai-compatible) or "

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.providers.sim_pool import (
     _BANK,
     DESCRIPTION,
@@ -255,7 +256,7 @@ def structured_tasks(spec: StructuredPoolSpec) -> list[tuple[dict[str, object], 
             key = tuple(parts or tags)
             if key not in best:
                 best[key] = oracle(task_id, kind, key, spec)
-            rows.append((row, best[key].model_copy(update={"id": task_id, "kind": kind})))
+            rows.append((row, revised(best[key], id=task_id, kind=kind)))
     return rows
 
 

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult
 from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, StoredGroup, StoredRun, Trace
 from conductor_engine.engine.rewards.scoring import score_run
 
@@ -126,10 +127,10 @@ def _first_attempt_only(trace: Trace) -> Trace | LeftOutReason:
     if reward.value is not None:
         reward.reason = (f"invalid plan: the first of {tried} attempts (the later ones saw "
                          f"retry feedback and are not trained on)")
-    rollout = trace.model_copy(update={
-        "status": "invalid_plan", "answer": None, "failure": None, "reward": reward,
-        "error": f"first plan attempt rejected: {first.error}",
-        "rounds": [RoundRecord(index=0, attempts=[first])]})
+    rollout = revised(
+        trace, status="invalid_plan", answer=None, failure=None, reward=reward,
+        error=f"first plan attempt rejected: {first.error}",
+        rounds=[RoundRecord(index=0, attempts=[first])])
     return left_out_reason(rollout.status, reward) or rollout
 
 

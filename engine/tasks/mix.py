@@ -35,6 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.tasks.suite import DataSource, SuiteError, read_toml
 
@@ -94,7 +95,7 @@ def load_mix(path: str | Path) -> Mix:
     if not p.is_file():
         raise SuiteError(f"training mix {str(p)!r} not found: give a manifest (TOML), e.g. "
                          "examples/paper/train_mix.toml")
-    return read_toml(Mix, p.read_bytes(), str(p)).model_copy(update={"path": p})
+    return revised(read_toml(Mix, p.read_bytes(), str(p)), path=p)
 
 
 def _rank(seed: int, task_id: str) -> bytes:
@@ -108,8 +109,7 @@ def draw(source: MixSource, tasks: list[Task], seed: int) -> list[Task]:
         raise SuiteError(f"{source.name}: {len(tasks)} valid task(s), fewer than the count "
                          f"{source.count}: lower the count or choose a larger split")
     chosen = sorted(tasks, key=lambda t: _rank(seed, t.id))[:source.count]
-    return [source.task(t).model_copy(update={"tags": [source.key, *t.tags]})
-            for t in chosen]
+    return [revised(source.task(t), tags=[source.key, *t.tags]) for t in chosen]
 
 
 def _text(question: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.tasks.benchmark_shapes import SHAPES
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
@@ -84,8 +85,7 @@ class DataSource(BaseModel):
         merged = task.options
         if options:
             merged = RunOptions.model_validate({**task.options.model_dump(), **options})
-        return task.model_copy(update={"id": f"{self.key}/{task.id}", "dataset": self.key,
-                                       "options": merged})
+        return revised(task, id=f"{self.key}/{task.id}", dataset=self.key, options=merged)
 
 
 class Benchmark(DataSource):
@@ -151,7 +151,7 @@ def load_suite(name_or_path: str) -> Suite:
     else:
         raise SuiteError(f"no suite {name_or_path!r}: give a suite file (TOML) or one of the "
                          f"shipped suites: {', '.join(shipped())}")
-    return read_toml(Suite, raw, where).model_copy(update={"path": path})
+    return revised(read_toml(Suite, raw, where), path=path)
 
 
 def read_toml(model: type[M], raw: bytes, where: str) -> M:

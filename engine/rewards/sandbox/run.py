@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.rewards.sandbox import backends, syscalls
 from conductor_engine.engine.rewards.sandbox.backends import SANDBOX_DIR, Backend
 from conductor_engine.engine.rewards.sandbox.host import (
@@ -358,7 +359,7 @@ def _assemble(job: dict[str, Any], events: list[Any], protocol: str, stderr: byt
             res.tests.append(Outcome(name="tests.py (top-level asserts)", passed=True))
     if protocol:
         res.failure = protocol
-        res.tests = [t.model_copy(update={"passed": False}) for t in res.tests]
+        res.tests = [revised(t, passed=False) for t in res.tests]
         res.calls = [None] * len(res.calls)
         res.io = [None] * len(res.io)
     elif not asm.done and not res.failure:
