@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
 from conductor_engine.engine.storage.batch_report import no_result
@@ -115,8 +116,8 @@ def system_rows(traces: list[Trace]) -> list[SystemRow]:
     if judged:  # a whole row first: a few lucky runs among failures are not the best agent
         best = max(judged, key=lambda r: (not r.failed, r.accuracy or 0.0,
                                           r.mean_reward or 0.0))
-        rows.insert(rows.index(singles[-1]) + 1, best.model_copy(update={
-            "system": f"{BEST} ({best.system.removeprefix(SINGLE)})"}))
+        rows.insert(rows.index(singles[-1]) + 1, revised(
+            best, system=f"{BEST} ({best.system.removeprefix(SINGLE)})"))
         for r in rows:
             if r.accuracy is not None and best.accuracy is not None:
                 r.delta_to_best_single = r.accuracy - best.accuracy

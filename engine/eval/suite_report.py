@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.eval.report import BEST, MARK, SINGLE, system_order, system_row
 from conductor_engine.engine.eval.systems import system_of
@@ -76,8 +77,8 @@ def suite_rows(suite: Suite, traces: list[Trace]) -> list[SuiteRow]:
     if singles:
         best = max(singles, key=lambda r: (not r.failed,
                                            -1.0 if r.average is None else r.average))
-        rows.insert(rows.index(singles[-1]) + 1, best.model_copy(update={
-            "system": f"{BEST} ({best.system.removeprefix(SINGLE)})"}))
+        rows.insert(rows.index(singles[-1]) + 1, revised(
+            best, system=f"{BEST} ({best.system.removeprefix(SINGLE)})"))
     published = suite.published()
     if published:
         figures: dict[str, float | None] = {k: published.get(k) for k in present}

@@ -45,6 +45,7 @@ from conductor_engine.engine.contracts.search_attributes import (
     REWARD,
     task_search_attributes,
 )
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import Recipe, interleave_tags, split_heldout
@@ -364,7 +365,7 @@ class ConductorClient:
             raise ValueError(problem)
         _check_tasks(tasks)
         wid = batch_workflow_id(name)
-        listed = await self.put_tasks([t.model_copy(update={"batch": name}) for t in tasks])
+        listed = await self.put_tasks([revised(t, batch=name) for t in tasks])
         inp = BatchInput(name=name, task_list=listed, concurrency=concurrency, report=report,
                          children_per_run=children_per_run)
         try:
@@ -421,10 +422,10 @@ class ConductorClient:
         _check_tasks(inp.tasks)
         _check_tasks(inp.heldout_tasks)
         if inp.tasks:
-            inp = inp.model_copy(update={"tasks": [], "task_list": await self.put_tasks(inp.tasks)})
+            inp = revised(inp, tasks=[], task_list=await self.put_tasks(inp.tasks))
         if inp.heldout_tasks:
-            inp = inp.model_copy(update={"heldout_tasks": [],
-                                         "heldout_list": await self.put_tasks(inp.heldout_tasks)})
+            inp = revised(inp, heldout_tasks=[],
+                          heldout_list=await self.put_tasks(inp.heldout_tasks))
         wid = training_workflow_id(inp.name)
         try:
             await self.client.start_workflow(
@@ -450,8 +451,7 @@ class ConductorClient:
             status, previous = "none", None
         progress = None
         if previous is not None and status != "running":
-            progress = previous.model_copy(update={"stop_requested": False, "version": version,
-                                                   "phase": "starting"})
+            progress = revised(previous, stop_requested=False, version=version, phase="starting")
         inp = TrainInput(name=opts.name, policy=policy, tasks=plan.tasks,
                          heldout_tasks=plan.heldout,
                          iterations=opts.iterations, from_traces=opts.from_traces,

@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.runtime.cli.app import (
     PoolOpt,
@@ -103,7 +104,7 @@ async def _serve(settings: Settings, pool: Pool, sock: socket.socket, keys: list
             err.print(Text(f"warning: {note}"), highlight=False, soft_wrap=True)
         quiet_noisy_logs()
         server = _server_class()(uvicorn_config(
-            web, limits.model_copy(update={"max_connections": cap}), log_level="warning",
+            web, revised(limits, max_connections=cap), log_level="warning",
             lifespan="off", timeout_graceful_shutdown=10))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
