@@ -444,7 +444,7 @@ class ConductWorkflow:
                 "|---|---|---|---|---|---|---|",
             ]
             for s in rnd.steps:
-                sees = saw_label(s.saw, s.access)
+                sees = saw_label(s.saw)
                 lines.append(
                     f"| {s.index + 1} | {s.agent} | {shorten(s.subtask, 50).replace('|', '/')} "
                     f"| {sees} | {s.status} | {s.usage.input_tokens}/{s.usage.output_tokens} "
