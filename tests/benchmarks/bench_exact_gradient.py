@@ -108,6 +108,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--updates", type=int, default=40)
     p.add_argument("--recipe", default=str(RECIPE),
                    help="policy (LoRA), learning rate and gradient clip; held-out fraction")
+    p.add_argument("--learning-rate", type=float, default=0.0,
+                   help="0: the recipe's (AdamW, as the trainer makes it)")
     p.add_argument("--tasks-per-update", type=int, default=0,
                    help="0: every training task each update; k: the next k in the trainer's "
                    "interleaved order (the exact gradient over plans of those tasks)")
@@ -520,7 +522,12 @@ def main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    print("$ python " + " ".join(Path(a).name if a == sys.argv[0] else a for a in sys.argv),
+          flush=True)
     recipe = Recipe.model_validate(tomllib.loads(Path(args.recipe).read_text()))
+    if args.learning_rate:
+        recipe = recipe.model_copy(update={"loss": recipe.loss.model_copy(
+            update={"learning_rate": args.learning_rate})})
     workdir = ROOT / ".conductor" / "yardstick"
     workdir.mkdir(parents=True, exist_ok=True)
     spec = StructuredPoolSpec(seed=args.seed, tasks_per_kind=args.tasks_per_kind)
@@ -576,7 +583,7 @@ def main(args: argparse.Namespace) -> int:
         for t in batch:
             j = value(t.root, choice_logprobs(model, t))
             (-j / len(batch)).backward()
-            objective += float(j)
+            objective += float(j.detach())
         objective /= sum(t.oracle.expected_reward for t in batch)
         norm = float(torch.nn.utils.clip_grad_norm_(params, recipe.loss.max_grad_norm))
         if math.isfinite(norm):
