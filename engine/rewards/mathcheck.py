@@ -34,6 +34,11 @@ class MathCheckError(Exception):
     reference, a crash or a kill from outside): a verifier error."""
 
 
+class _HelperGone(MathCheckError):
+    """The helper was already dead when a request was written to it (an idle helper killed
+    from outside): nothing of the request was read, so another helper may take it."""
+
+
 class _AnswerGaveUp(Exception):
     """The helper timed out or died while reading the candidate's answer: the answer's fault."""
 
@@ -87,7 +92,7 @@ class _Worker:
             self.proc.stdin.flush()
         except OSError as exc:
             self.kill()
-            raise MathCheckError(f"math helper is gone: {exc}") from exc
+            raise _HelperGone(f"math helper is gone: {exc}") from exc
         reply = self._read(timeout_s)
         if reply.get("stage") != "answer":
             return reply
@@ -112,11 +117,25 @@ class _Pool:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
 
+    def _take(self) -> _Worker | None:
+        """An idle helper that is still alive (one that died while idle is reaped), or None."""
+        while True:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None or worker.proc.poll() is None:
+                return worker
+            worker.kill()
+
     def check(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        with self._lock:
-            worker = self._idle.pop() if self._idle else None
-        worker = worker or _Worker()
-        reply = worker.ask(request, timeout_s)  # on failure the worker is killed and dropped
+        worker = self._take()
+        if worker is not None:
+            try:
+                reply = worker.ask(request, timeout_s)
+            except _HelperGone:  # it died between the look and the write: nothing was read
+                worker = None
+        if worker is None:
+            worker = _Worker()
+            reply = worker.ask(request, timeout_s)  # on failure the worker is killed and dropped
         with self._lock:
             if len(self._idle) < MAX_IDLE_WORKERS:
                 self._idle.append(worker)

@@ -281,25 +281,42 @@ def test_rewards_round_trip_through_json() -> None:
 
 
 
+def _math_helpers() -> list[int]:
+    """This process's math helpers."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"_math_worker.py" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_an_idle_math_helper_that_died_is_replaced_not_a_verifier_error() -> None:
+    """A helper killed while it sat idle (by the host, or a test) has read nothing: the next
+    check takes a fresh helper and judges the answer, rather than failing on a broken pipe."""
+    import os
+    import signal
+
+    assert verify("1", "1", "math").correct  # a helper is started and left idle
+    for pid in _math_helpers():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)  # the kernel has delivered the kills (the pool does not reap them itself)
+    assert verify("The sum is 11/12.", "\\frac{11}{12}", "math").correct
+
+
 def test_a_math_helper_killed_from_outside_is_a_verifier_error() -> None:
     """Only our machinery failing is a verifier error: the helper killed by something else
     (the host's OOM killer) while it read the answer is one; its own timeout is not."""
     import os
     import signal
-    from pathlib import Path
 
-    def helpers() -> list[int]:
-        """This process's math helpers."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if parent == os.getpid() and b"_math_worker.py" in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        return found
-
+    helpers = _math_helpers
     verify("1", "1", "math")  # a helper is started and idle
     result: dict[str, Verdict] = {}
     thread = threading.Thread(target=lambda: result.update(
