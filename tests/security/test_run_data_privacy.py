@@ -304,7 +304,7 @@ async def test_the_owners_worker_is_no_decryption_oracle(agent_server, stack: St
     theirs = await Client.connect(settings.address)  # no codec, no key
     handle = await theirs.start_workflow(
         BATCH_WORKFLOW, RawValue(stolen), id=f"oracle-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.task_queue)
+        task_queue=ConductorClient(stack.client, settings).task_queue)
     for _ in range(300):  # until the worker has tried it (a failed workflow task)
         events = [e async for e in handle.fetch_history_events()]
         if any(e.HasField("workflow_task_failed_event_attributes")
