@@ -167,13 +167,13 @@ async def one_run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 # a starved machine times out must not stop the measurement
                 mark, optimiser_before = time.monotonic(), 0.0
                 for it in range(args.iterations):
-                    while (await registry.latest_version(name)) < it + 1:
+                    while (await registry.latest_version(inp.policy)) < it + 1:
                         await asyncio.sleep(0.5)
                     now = time.monotonic()
                     wall, mark = now - mark, now
                     rss = _peak_rss_gb()
                     _peak_rss_reset()
-                    version = await registry.get(name, it + 1)
+                    version = await registry.get(inp.policy, it + 1)
                     m = version.metrics
                     opt = clock.seconds - optimiser_before
                     optimiser_before = clock.seconds
