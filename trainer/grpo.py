@@ -489,8 +489,9 @@ def _group_runs(hf: Any, batches: Sequence[tuple[Batch, float]]) -> dict[int, tu
 
     First the micro-batches that open with the same shared prefix (train_step puts a group's
     rows together, so a group's whole prompt); then, with SHARE_UPDATE_PREFIX, each stretch of
-    the others (rows whose prompts are their own: each rollout offered its own draw of the
-    pool) runs the opening all their rows share, the conductor's instructions."""
+    the others runs the opening all of them share (the conductor's instructions), where that
+    saves more than it costs: a micro-batch whose rows share much more than that (a group's
+    whole prompt) keeps running its own opening once."""
     keys: list[tuple[int, ...] | None] = []
     for batch, _ in batches:
         shared = _shared_prefix_len(hf, batch) if batch.prefix == "cache" else 0
@@ -505,15 +506,22 @@ def _group_runs(hf: Any, batches: Sequence[tuple[Batch, float]]) -> dict[int, tu
     if not SHARE_UPDATE_PREFIX:
         return runs
     inside = {j for first, (last, _) in runs.items() for j in range(first, last + 1)}
+    rest = [j for j, key in enumerate(keys) if j not in inside and key is not None]
+    if len(rest) < 2:
+        return runs
+    common = _common_length([cast(tuple[int, ...], keys[j]) for j in rest])
+    # a micro-batch gains when the opening it no longer runs alone costs more than its rows
+    # running what they shared beyond it (a group's own prompt stays its micro-batch's)
+    gains = {j for j in rest if batches[j][0].input_ids.shape[0]
+             * (len(cast(tuple[int, ...], keys[j])) - common) < common}
     stretch: list[int] = []
     for i in range(len(keys) + 1):
-        if i < len(keys) and i not in inside and keys[i] is not None:
+        if i in gains:
             stretch.append(i)
             continue
         if len(stretch) > 1:
-            common = _common_length([cast(tuple[int, ...], keys[j]) for j in stretch])
-            if common:
-                runs[stretch[0]] = (stretch[-1], common)
+            runs[stretch[0]] = (stretch[-1], _common_length(
+                [cast(tuple[int, ...], keys[j]) for j in stretch]))
         stretch = []
     return runs
 
