@@ -160,7 +160,7 @@ class GenerationQueue:
         width = max(len(j.prompt_ids) for j in batch)
         work.prompt_tokens += width * len(batch)  # the padded prompts are computed too
         for j in batch:
-            if j.future.done() and j.future.exception() is None:
+            if j.future.done() and not j.future.cancelled() and j.future.exception() is None:
                 work.generated_tokens += j.future.result().usage.output_tokens
 
     def _take_batch(self) -> list[Job]:
