@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from temporalio.service import RPCError  # noqa: E402
+
 from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
 from conductor_engine.engine.contracts.training import (  # noqa: E402
     Recipe,
@@ -201,8 +203,11 @@ async def one_run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "peak rss gb": rss,
                     })
                     print(f"  it {it}: {wall:.0f} s, reward {m.get('mean_reward') or 0:.3f}, "
-                          f"train_step {step_s:.0f} s, peak RSS {rss:.2f} GB", flush=True)
-                await handle.signal(TrainingWorkflow.stop)
+                          f"loss {m.get('loss') or 0:.6f}, |g| {m.get('grad_norm') or 0:.6f}, "
+                          f"train_step {step_s:.0f} s, generation {work.seconds:.0f} s, "
+                          f"peak RSS {rss:.2f} GB", flush=True)
+                with contextlib.suppress(RPCError):  # the last iteration may have ended it
+                    await handle.signal(TrainingWorkflow.stop)
         finally:
             await close_shared_stores()
     return rows
