@@ -237,9 +237,10 @@ def _choice_ids(samples: Sequence[Sample], width: int) -> Tensor:
 
 # -------------------------------------------------------------------------------- log-probs
 
-# The prompt opening every row of an update shares (the conductor's instructions) runs once per
-# optimiser step for all its micro-batches (`UpdatePrefix`); False: once per micro-batch, as a
-# group's prompt otherwise is (tests/benchmarks/bench_iteration.py --baseline turns it off).
+# The prompt opening the micro-batches of an update share (the conductor's instructions) runs
+# once per optimiser step for all of them where their own openings differ beyond it
+# (`_group_runs`, `GroupPrefix`); False: only runs of micro-batches with one opening share it
+# (tests/benchmarks/bench_iteration.py --baseline turns it off).
 SHARE_UPDATE_PREFIX = True
 
 # Logits are computed for this many elements (tokens x vocabulary) at a time: 64 Mi floats,
