@@ -237,6 +237,12 @@ def _choice_ids(samples: Sequence[Sample], width: int) -> Tensor:
 
 # -------------------------------------------------------------------------------- log-probs
 
+# The prompt opening the micro-batches of an update share (the conductor's instructions) runs
+# once per optimiser step for all of them where their own openings differ beyond it
+# (`_group_runs`, `GroupPrefix`); False: only runs of micro-batches with one opening share it
+# (tests/benchmarks/bench_iteration.py --baseline turns it off).
+SHARE_UPDATE_PREFIX = True
+
 # Logits are computed for this many elements (tokens x vocabulary) at a time: 64 Mi floats,
 # 256 MiB in float32, whatever the batch. When there is more than one chunk, each is recomputed
 # in the backward pass rather than kept, so the logits of the whole batch never exist at once.
@@ -263,6 +269,8 @@ def per_token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: flo
     hf: Any = unwrap() if unwrap is not None else model
     p = batch.prompt_len
     shared = _shared_prefix_len(hf, batch)
+    if prefix is not None and prefix.length < shared and prefix.matches(batch, prefix.length):
+        shared = prefix.length  # the update's opening, run once for its micro-batches
     if shared and batch.prefix == "packed" and _packable(hf):
         hidden = _hidden_packed(hf, batch, shared)  # [B, T, H], already shifted
     elif shared:
@@ -447,6 +455,10 @@ class GroupPrefix:
         self.grads[j] = g if self.grads[j] is None else cast(Tensor, self.grads[j]).add_(g)
         leaf.grad = None
 
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[1])
+
     def matches(self, batch: Batch, shared: int) -> bool:
         return shared == self.ids.shape[1] and bool(
             (_prefix_ids(batch, shared) == self.ids).all())
@@ -471,21 +483,57 @@ class GroupPrefix:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
 
-def _group_runs(hf: Any, batches: Sequence[tuple[Batch, float]]) -> dict[int, int]:
-    """Runs of two or more consecutive micro-batches that open with the same shared prefix
-    (train_step puts a group's rows together): the first index of each run -> its last."""
+def _group_runs(hf: Any, batches: Sequence[tuple[Batch, float]]) -> dict[int, tuple[int, int]]:
+    """Runs of two or more consecutive micro-batches whose prompts open alike, to run that
+    opening once for all of them: the first index of each run -> (its last, the opening's
+    length in tokens).
+
+    First the micro-batches that open with the same shared prefix (train_step puts a group's
+    rows together, so a group's whole prompt); then, with SHARE_UPDATE_PREFIX, each stretch of
+    the others runs the opening all of them share (the conductor's instructions), where that
+    saves more than it costs: a micro-batch whose rows share much more than that (a group's
+    whole prompt) keeps running its own opening once."""
     keys: list[tuple[int, ...] | None] = []
     for batch, _ in batches:
         shared = _shared_prefix_len(hf, batch) if batch.prefix == "cache" else 0
         keys.append(tuple(_prefix_ids(batch, shared)[0].tolist()) if shared else None)
-    runs: dict[int, int] = {}
+    runs: dict[int, tuple[int, int]] = {}
     start = 0
     for i in range(1, len(keys) + 1):
         if i == len(keys) or keys[i] != keys[start]:
             if keys[start] is not None and i - start > 1:
-                runs[start] = i - 1
+                runs[start] = (i - 1, len(cast(tuple[int, ...], keys[start])))
             start = i
+    if not SHARE_UPDATE_PREFIX:
+        return runs
+    inside = {j for first, (last, _) in runs.items() for j in range(first, last + 1)}
+    rest = [j for j, key in enumerate(keys) if j not in inside and key is not None]
+    if len(rest) < 2:
+        return runs
+    common = _common_length([cast(tuple[int, ...], keys[j]) for j in rest])
+    # a micro-batch gains when the opening it no longer runs alone costs more than its rows
+    # running what they shared beyond it (a group's own prompt stays its micro-batch's)
+    gains = {j for j in rest if batches[j][0].input_ids.shape[0]
+             * (len(cast(tuple[int, ...], keys[j])) - common) < common}
+    stretch: list[int] = []
+    for i in range(len(keys) + 1):
+        if i in gains:
+            stretch.append(i)
+            continue
+        if len(stretch) > 1:
+            runs[stretch[0]] = (stretch[-1], _common_length(
+                [cast(tuple[int, ...], keys[j]) for j in stretch]))
+        stretch = []
     return runs
+
+
+def _common_length(openings: Sequence[Sequence[int]]) -> int:
+    """How many tokens every one of `openings` starts with."""
+    first = openings[0]
+    n = min(len(o) for o in openings)
+    for o in openings[1:]:
+        n = next((k for k in range(n) if o[k] != first[k]), n)
+    return n
 
 
 def _cache_keyword(model: Any) -> str:
@@ -1019,7 +1067,8 @@ def train_step(
             values = _mean_metrics(steps)
             return done(f"the gradient norm is {step['grad_norm']}: step {len(steps)} of "
                         f"{cfg.steps_per_update} not taken, nor any after it", **values)
-    return done(**_mean_metrics(steps))
+    return done(**_mean_metrics(steps),
+                sample_tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in live))
 
 
 def _optimiser_step(
@@ -1054,13 +1103,13 @@ def _optimiser_step(
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    loss_sum, clipped, kl, n_tokens = totals.tolist()
+    loss_sum, clipped, kl, n_tokens, passed = totals.tolist()
     tokens = max(n_tokens, 1)
     if math.isfinite(grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"loss": loss_sum, "grad_norm": grad_norm, "tokens": n_tokens,
-            "clip_fraction": clipped / tokens, "kl": kl / tokens}
+            "clip_fraction": clipped / tokens, "kl": kl / tokens, "passed_tokens": passed}
 
 
 def _accumulate(
@@ -1075,7 +1124,8 @@ def _accumulate(
     On one process, a group spread over several micro-batches runs its shared prompt once for
     all of them (`GroupPrefix`): forward before its first micro-batch, backward after its
     last. (On several ranks a group's micro-batches are dealt to different ranks.)"""
-    totals = torch.zeros(4, dtype=torch.float64)  # loss, clip_fraction, kl (token-weighted), tokens
+    # loss, clip_fraction, kl (token-weighted), tokens; and the tokens the passes ran over
+    totals = torch.zeros(5, dtype=torch.float64)
     hf = _hf(model)
     runs = _group_runs(hf, batches) if _ranks(model)[1] == 1 else {}
     prefix: GroupPrefix | None = None
@@ -1083,9 +1133,10 @@ def _accumulate(
     for i, ((batch, weight), ref) in enumerate(zip(batches, refs, strict=True)):
         device = batch.input_ids.device
         if i in runs:
+            last, length = runs[i]
             with _autocast(device, compute):
-                prefix = GroupPrefix.run(hf, _prefix_ids(batch, _shared_prefix_len(hf, batch)))
-            last = runs[i]
+                prefix = GroupPrefix.run(hf, _prefix_ids(batch, length))
+            totals[4] += 2 * prefix.ids.shape[1]  # run now, and again for its backward
         grouped = prefix is not None
         recompute = compute.auto_checkpointing and (recompute_all or _needs_checkpointing(
             model, optimizer, batch, compute, prefix_run=not grouped))
@@ -1107,9 +1158,11 @@ def _accumulate(
             with _autocast(device, compute):
                 prefix.backward(hf)
             prefix = None
+        totals[4] += (batch.input_ids.numel() - batch.input_ids.shape[0] * prefix.length
+                      if prefix is not None else _pass_tokens(hf, batch))
         if weight:
-            totals += torch.tensor([m["loss"], m["clip_fraction"] * m["tokens"],
-                                    m["kl"] * m["tokens"], m["tokens"]], dtype=torch.float64)
+            totals[:4] += torch.tensor([m["loss"], m["clip_fraction"] * m["tokens"],
+                                        m["kl"] * m["tokens"], m["tokens"]], dtype=torch.float64)
     if _ranks(model)[1] > 1:
         import torch.distributed as dist
 
@@ -1124,7 +1177,8 @@ def _mean_metrics(steps: list[dict[str, float]]) -> dict[str, Any]:
     taken = sum(math.isfinite(s["grad_norm"]) for s in steps)
     means = {k: sum(s[k] for s in steps) / len(steps)
              for k in ("loss", "grad_norm", "clip_fraction", "kl")}
-    return {**means, "tokens": int(steps[0]["tokens"]), "steps": taken}
+    return {**means, "tokens": int(steps[0]["tokens"]), "steps": taken,
+            "passed_tokens": int(sum(s["passed_tokens"] for s in steps))}
 
 
 def _micro_batches(samples: Sequence[Sample], size: int, *, by_prompt: bool

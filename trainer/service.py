@@ -40,6 +40,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.providers.local.model import give_back_memory
 from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.rewards.rollouts import MIN_GROUP, Group, describe_counts
 from conductor_engine.engine.settings import Settings
@@ -125,6 +126,7 @@ class Trainer:
                                  req.recipe.loss.temperature)
         self._held = None  # the weights are about to change: unusable until published
         step = await asyncio.to_thread(on_ranks, self.ranks, "train", held, req, samples)
+        await asyncio.to_thread(give_back_memory)  # the update's activations, freed
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,

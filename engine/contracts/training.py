@@ -326,6 +326,10 @@ class StepMetrics(BaseModel):
     samples: int = 0
     steps: int = Field(default=0, description="optimiser steps taken (steps_per_update)")
     seconds: float = 0.0
+    sample_tokens: int = Field(default=0, description="prompt and completion tokens of the "
+                               "samples the steps ran (each once)")
+    passed_tokens: int = Field(default=0, description="tokens the transformer's passes ran over, "
+                               "all steps together (padding included, a shared prefix once)")
     skipped: str | None = Field(default=None, description="why no step was taken, if none")
 
 

@@ -349,6 +349,50 @@ def test_a_group_over_several_micro_batches_runs_its_prompt_once_to_the_same_gra
         torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-6)  # log-probs are float32
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+@pytest.mark.parametrize(("shared", "header"), [(True, 16), (False, 16), (True, 2)],
+                         ids=["update-prefix", "per-micro-batch", "own-prompts-kept"])
+def test_the_opening_every_prompt_of_an_update_shares_runs_once_to_the_same_gradient(
+        checkpointing: bool, shared: bool, header: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four groups of two behind one 16-token header (the conductor's instructions), a group a
+    micro-batch: each micro-batch opens with its own prompt, and the header they all share
+    runs forward twice and backward once for the whole update (SHARE_UPDATE_PREFIX), not once
+    per micro-batch; the gradient is the one of a single pass over all the rows (float64).
+    Behind a 2-token header each group keeps running its own prompt once: the rows running
+    their prompts after the header would cost more than the header saves."""
+    from conductor_engine.trainer import grpo
+
+    monkeypatch.setattr(grpo, "SHARE_UPDATE_PREFIX", shared)
+    samples = random_samples(8, seed=5, old=True, header=header, groups=4)
+    cfg = LossConfig(micro_batch_size=2, max_grad_norm=1e9)
+
+    model = tiny_model().double()
+    batch = collate(samples, PAD)
+    batch.prefix = "none"
+    loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg)
+    loss.backward()
+    want = [p.grad for p in model.parameters()]
+
+    model = tiny_model().double()
+    if checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    passes: list[int] = []  # rows per forward pass of the first decoder layer
+    model.model.layers[0].register_forward_pre_hook(
+        lambda _, args, kwargs: passes.append(kwargs["hidden_states"].shape[0]
+                                              if "hidden_states" in kwargs else args[0].shape[0]),
+        with_kwargs=True)
+    recorder = GradRecorder(model.parameters())
+    step = train_step(model, recorder, samples, cfg, pad_id=PAD)
+    assert step.skipped is None and step.loss == pytest.approx(loss.item(), rel=1e-6)
+    prompts = [p for p in passes if p == 1]  # a prefix pass is one row; the rows' passes two
+    once = shared and header > 2
+    assert len(prompts) == (2 if once else 4), passes  # once for all, or per micro-batch
+    assert len(passes) - len(prompts) == 4, passes  # four micro-batches of rows
+    for got, w in zip(recorder.grads, want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-6)  # log-probs are float32
+
+
 def test_a_step_where_every_advantage_is_zero_is_skipped() -> None:
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]

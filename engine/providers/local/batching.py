@@ -38,6 +38,18 @@ MAX_BATCH_ENV = "CONDUCTOR_LOCAL_MAX_BATCH"
 
 
 @dataclass
+class Work:
+    """What the queue generated for one model version: batches, seconds spent generating
+    (the one thread busy), prompt tokens prefilled and tokens sampled. Read by
+    tests/benchmarks/bench_iteration.py to split an iteration's time."""
+
+    batches: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+@dataclass
 class Job:
     """One request waiting for (or in) a batch, with everything checked that can be checked
     before it meets the model, so a bad request fails alone instead of failing its batch."""
@@ -112,6 +124,7 @@ class GenerationQueue:
         self._waiting: list[Job] = []
         self._running = False
         self.batch_sizes: Counter[int] = Counter()  # how many batches of each size ran
+        self.work: dict[str | None, Work] = {}  # by checkpoint (None: the base model)
 
     def submit(self, job: Job) -> Future[Completion]:
         with self._lock:
@@ -131,12 +144,24 @@ class GenerationQueue:
                     return
             if batch:
                 self.batch_sizes[len(batch)] += 1
+                started = time.perf_counter()
                 try:
                     _run_batch(batch)
                 except Exception as e:  # never leave a caller waiting on a dead thread
                     for j in batch:
                         if not j.future.done():
                             j.future.set_exception(e)
+                self._count(batch, time.perf_counter() - started)
+
+    def _count(self, batch: list[Job], seconds: float) -> None:
+        work = self.work.setdefault(batch[0].spec.checkpoint, Work())
+        work.batches += 1
+        work.seconds += seconds
+        width = max(len(j.prompt_ids) for j in batch)
+        work.prompt_tokens += width * len(batch)  # the padded prompts are computed too
+        for j in batch:
+            if j.future.done() and not j.future.cancelled() and j.future.exception() is None:
+                work.generated_tokens += j.future.result().usage.output_tokens
 
     def _take_batch(self) -> list[Job]:
         """The oldest waiting job and those waiting that can share its batch; jobs whose caller

@@ -8,6 +8,7 @@ kept beside the previous versions, so plans in flight finish on the version they
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import threading
 import time
@@ -76,10 +77,12 @@ def load_model(spec: AgentSpec) -> LoadedModel:
     with _load_lock:
         loaded = loaded_models.get(key)
         if loaded is None:
-            loaded = load_base_model(spec)
-            if spec.checkpoint is not None:
+            if spec.checkpoint is None:
+                loaded = load_base_model(spec)
+            else:
+                loaded = _copy_of_base(spec)
+                _evict_old_checkpoints(spec.model)  # before the new version is held
                 _apply_checkpoint(spec, loaded)
-                _evict_old_checkpoints(spec.model)
             loaded_models[key] = loaded
             log.info(
                 "local model loaded",
@@ -96,6 +99,22 @@ def _cache_key(spec: AgentSpec) -> str:
     """One loaded model per (model, checkpoint): a new policy version is a new key, so it is
     loaded beside the old one while plans in flight finish on the old."""
     return spec.model if spec.checkpoint is None else f"{spec.model}@{spec.checkpoint}"
+
+
+def _copy_of_base(spec: AgentSpec) -> LoadedModel:
+    """The base model a version is applied to: a copy of the one this process holds (loaded
+    first when it holds none), not a second load from disk. The same weights, so the same
+    merged version; the tokenizer and the grammar compiler (which depends on the tokenizer
+    only, and takes seconds to build) are the base's own, shared by every version."""
+    base = loaded_models.get(spec.model)
+    if base is None:
+        base = loaded_models[spec.model] = load_base_model(spec)
+    started = time.perf_counter()
+    return LoadedModel(
+        name=base.name, model=copy.deepcopy(base.model), tokenizer=base.tokenizer,
+        eos_ids=list(base.eos_ids), source=base.source,
+        load_seconds=time.perf_counter() - started, xgrammar_compiler=base.xgrammar_compiler,
+        device=base.device)
 
 
 def _apply_checkpoint(spec: AgentSpec, loaded: LoadedModel) -> None:
@@ -136,11 +155,30 @@ def _apply_checkpoint(spec: AgentSpec, loaded: LoadedModel) -> None:
 
 
 def _evict_old_checkpoints(model: str, keep: int = 2) -> None:
-    """Keep the newest `keep` trained versions of a model in memory (and always the base):
-    a training run publishes a version per iteration, and each is a full copy of the weights."""
+    """Make room for a new trained version: keep the newest `keep - 1` in memory (and always
+    the base), so `keep` with the new one. A training run publishes a version per iteration,
+    and each is a full copy of the weights; the freed memory is given back to the system
+    (`give_back_memory`), so a long run's resident size stays flat."""
     trained = [k for k in loaded_models if k.startswith(f"{model}@")]
     for key in trained[: max(0, len(trained) - keep + 1)]:
         loaded_models.pop(key, None)
+    give_back_memory()
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc `malloc_trim`). Freed tensors of a
+    few MB (a layer's weights, a micro-batch's activations) go back to malloc's arenas, not to
+    the system, and each allocation after may land elsewhere: without this the resident size
+    of a worker that loads a version and trains every iteration only grows. No-op elsewhere."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def load_base_model(spec: AgentSpec) -> LoadedModel:
