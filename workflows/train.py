@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         update_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
+    from conductor_engine.engine.contracts.strict import revised
     from conductor_engine.engine.contracts.task_list_refs import TaskList
     from conductor_engine.engine.contracts.tasks import Task
     from conductor_engine.engine.contracts.training import (
@@ -248,8 +249,8 @@ class TrainingWorkflow:
             started = workflow.time()
             await self._rollouts(inp, tasks, stats)
             stats.rollout_seconds = workflow.time() - started
-            rollouts = recipe.rollouts.model_copy(update={"task_ids": [t.id for t in tasks]})
-            recipe = recipe.model_copy(update={"rollouts": rollouts})
+            rollouts = revised(recipe.rollouts, task_ids=[t.id for t in tasks])
+            recipe = revised(recipe, rollouts=rollouts)
         p.phase = "update"
         result = await self._update(inp, recipe)
         self._record(stats, result, inp.from_traces)
@@ -266,7 +267,7 @@ class TrainingWorkflow:
         if p.stop_requested or p.iteration >= inp.iterations:
             p.phase = "stopped" if p.stop_requested else "finished"
             return p
-        workflow.continue_as_new(inp.model_copy(update={"progress": p}))
+        workflow.continue_as_new(revised(inp, progress=p))
 
     async def _pick(self, inp: TrainInput, k: int) -> list[Task]:
         """The iteration's tasks: from the inline list when there is one (the input of an
@@ -292,16 +293,17 @@ class TrainingWorkflow:
 
         async def rollout(task: Task, sample: int) -> None:
             if (task.id, sample) in drawn:  # the run's agents: the group's, or its own draw
-                task = task.model_copy(update={"agents": drawn[task.id, sample]})
-            update = {"temperature": inp.temperature, "policy_version": p.label, "sample": sample,
-                      "result": "summary",  # the trainer reads the whole run from its trace
-                      "seeded": True}  # the same rollouts whatever the load
+                task = revised(task, agents=drawn[task.id, sample])
+            update: dict[str, object] = {
+                "temperature": inp.temperature, "policy_version": p.label, "sample": sample,
+                "result": "summary",  # the trainer reads the whole run from its trace
+                "seeded": True}  # the same rollouts whatever the load
             if one_attempt:
                 update["max_plan_attempts"] = 1
             if inp.recipe.rollouts.explore:  # absent otherwise: histories before it replay alike
                 update["explore"] = inp.recipe.rollouts.explore
                 update["explore_importance"] = inp.recipe.rollouts.explore_importance
-            task = task.model_copy(update={"options": task.options.model_copy(update=update)})
+            task = revised(task, options=revised(task.options, **update))
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             res = _collected(await children.run(task, wid, f"rollout {sample} · {inp.name} "
                                                            f"it{p.iteration}"))
@@ -349,11 +351,9 @@ class TrainingWorkflow:
         left_out: list[LeftOutReason] = []
 
         async def one(task: Task) -> None:
-            options = task.options.model_copy(update={
-                "temperature": cfg.temperature, "policy_version": label, "sample": 0,
-                "result": "summary", "seeded": True, "max_plan_attempts": 1})
-            task = task.model_copy(update={"id": f"heldout~{task.id}", "batch": batch,
-                                           "options": options})
+            options = revised(task.options, temperature=cfg.temperature, policy_version=label,
+                              sample=0, result="summary", seeded=True, max_plan_attempts=1)
+            task = revised(task, id=f"heldout~{task.id}", batch=batch, options=options)
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
             res = _collected(await children.run(task, wid, f"held out · {inp.name} {label}"))
             reason = "run_failed" if res is None else _unscored(res)  # None: before a reset

@@ -20,10 +20,6 @@ from tests.cli import run_conductor
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SOURCE = {"tests", "site", "build", "dist"}
-STILL_TO_CONVERT = {  # each still changes a model with model_copy(update=...): convert, remove
-    "workflows/train.py",
-}
-
 
 def test_a_misspelt_run_option_is_refused_with_the_name_it_meant() -> None:
     with pytest.raises(ValidationError, match="unknown RunOptions field 'sampel'; did you mean "
@@ -119,8 +115,5 @@ def test_no_source_file_changes_a_model_with_model_copy_update() -> None:
              if p.suffix == ".py"]
     found = {str(p.relative_to(ROOT)) for p in files
              if re.search(r"model_copy\(\s*update\s*=", p.read_text(encoding="utf-8"))}
-    assert found <= STILL_TO_CONVERT, (
-        f"{sorted(found - STILL_TO_CONVERT)}: model_copy(update=...) skips validation; "
-        "use engine.contracts.strict.revised(model, field=value)")
-    assert not STILL_TO_CONVERT - found, (
-        f"{sorted(STILL_TO_CONVERT - found)} converted: take them off STILL_TO_CONVERT")
+    assert not found, (f"{sorted(found)}: model_copy(update=...) skips validation; "
+                       "use engine.contracts.strict.revised(model, field=value)")
