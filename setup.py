@@ -1,10 +1,12 @@
-"""Installs the repository's four folders under one namespace, `conductor_engine`.
+"""Installs the repository's four folders under one package, `conductor_engine`.
 
 The folders keep the names the project card gives them (engine/, activities/, workflows/,
 trainer/), but those are generic import names other packages own (`workflows` is
 llama-index-workflows', `trainer` Coqui's). So nothing installs at the top level: engine/ becomes
 `conductor_engine.engine`, activities/ `conductor_engine.activities`, and so on, subpackages found
-here so a new one needs no edit. Everything else is in pyproject.toml.
+here so a new one needs no edit. The package itself is the folder conductor_engine/: its
+`__init__.py` is the public face (`from conductor_engine import ConductorClient, Task, ...`).
+Everything else is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
@@ -13,7 +15,8 @@ FOLDERS = ("engine", "activities", "workflows", "trainer")
 NAMESPACE = "conductor_engine"
 
 setup(
-    packages=[f"{NAMESPACE}.{p}" for p in find_packages(include=[f"{f}*" for f in FOLDERS])],
+    packages=[NAMESPACE,
+              *(f"{NAMESPACE}.{p}" for p in find_packages(include=[f"{f}*" for f in FOLDERS]))],
     package_dir={f"{NAMESPACE}.{f}": f for f in FOLDERS},
     package_data={
         f"{NAMESPACE}.engine.providers.pools": ["*.toml"],

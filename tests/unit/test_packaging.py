@@ -45,6 +45,7 @@ def test_the_wheel_installs_one_namespace_and_no_generic_top_level_name(wheel: P
     for folder in FOLDERS:
         for path in (ROOT / folder).rglob("*.py"):
             assert f"conductor_engine/{path.relative_to(ROOT).as_posix()}" in names, path
+    assert "conductor_engine/__init__.py" in names  # the public face
     assert "conductor_engine/engine/providers/pools/default.toml" in names
     assert "conductor_engine/engine/tasks/suites/paper.toml" in names
     assert "conductor_engine/engine/storage/migrations/001_traces.sql" in names
@@ -68,7 +69,31 @@ def test_the_installed_project_imports_beside_modules_named_like_its_folders(
         " trainer))\n"
         "from conductor_engine.engine.providers.pool import Pool\n"
         "assert Pool.load().conductor.id\n"  # the shipped pool file came along
+        "from conductor_engine import ConductorClient, RunOptions, RunResult, Settings, Task\n"
+        "assert Task(question='q', options=RunOptions()).question == 'q'\n"  # the public face
     )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": f"{site}:{others}"})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_public_face_names_what_a_user_imports_and_loads_it_on_first_use() -> None:
+    """`from conductor_engine import ConductorClient, Task, ...` gives the defining modules'
+    objects, and importing the package alone loads none of them (the workflow sandbox imports
+    it as the parent of conductor_engine.workflows)."""
+    probe = (
+        "import sys, conductor_engine\n"
+        "assert not [m for m in sys.modules if m.startswith('conductor_engine.')], sys.modules\n"
+        "from conductor_engine import ConductorClient, RunFailed, RunOptions, RunResult, Settings,"
+        " Task\n"
+        "from conductor_engine.engine.runtime.client import ConductorClient as C\n"
+        "from conductor_engine.engine.contracts.tasks import Task as T\n"
+        "assert ConductorClient is C and Task is T\n"
+        "assert sorted(conductor_engine.__all__) == sorted(['ConductorClient', 'RunFailed',"
+        " 'RunOptions', 'RunResult', 'Settings', 'Task'])\n"
+        "try:\n    conductor_engine.Nothing\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert "has no attribute 'Nothing'" in proc.stdout
