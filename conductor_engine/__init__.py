@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.tasks import RunOptions, Task
-    from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
     from conductor_engine.engine.settings import Settings
+    from conductor_engine.runtime.client import ConductorClient, RunFailed
 
 __all__ = ["ConductorClient", "RunFailed", "RunOptions", "RunResult", "Settings", "Task"]
 
 _HOMES = {
-    "ConductorClient": "conductor_engine.engine.runtime.client",
-    "RunFailed": "conductor_engine.engine.runtime.client",
+    "ConductorClient": "conductor_engine.runtime.client",
+    "RunFailed": "conductor_engine.runtime.client",
     "RunOptions": "conductor_engine.engine.contracts.tasks",
     "RunResult": "conductor_engine.engine.contracts.records",
     "Settings": "conductor_engine.engine.settings",

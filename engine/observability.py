@@ -2,7 +2,7 @@
 
 They are recorded through the Temporal SDK's metric meter (`activity.metric_meter()`), so they
 come out of the same Prometheus endpoint as the SDK's own metrics (`temporal_*`) when a process
-has `metrics_bind` set (engine/runtime/telemetry.py), and cost nothing when it has not (the
+has `metrics_bind` set (runtime/telemetry.py), and cost nothing when it has not (the
 meter is then a no-op). Activities call the `record_*` functions here and stay thin.
 
 Counters are integers in the SDK, so money is a float histogram: `conductor_cost_usd_sum` is

@@ -4,7 +4,7 @@ A workflow history is forever and readable by anyone with access to the namespac
 that reaches it may quote a password or a key. Call sites redact what they know (a database URL,
 an agent's base URL), and one last pass catches what they do not: `redact_text` runs over every
 failure the data converter writes (engine/storage/payloads.py) and every log line
-(engine/runtime/logging.py). It removes
+(runtime/logging.py). It removes
 
 - the password of any URL's user part, and a user part that is itself a key;
 - query parameters whose names say they are secret (`?password=`, `?sig=`, `?api_key=`, ...);

@@ -55,7 +55,7 @@ def config_path() -> tuple[Path, bool]:
 # a setting or is a misspelling of one (tests/unit/test_settings.py keeps this list complete).
 OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
-    f"{ENV_PREFIX}LOG",  # engine/runtime/cli/app.py: a log level over log_level, for a command
+    f"{ENV_PREFIX}LOG",  # runtime/cli/app.py: a log level over log_level, for a command
     f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
     f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
     f"{ENV_PREFIX}LOCAL_DEVICE",  # engine/providers/local/device.py
@@ -63,7 +63,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env
     f"{ENV_PREFIX}EXPOSED",  # tests/security/unprivileged.py
     f"{ENV_PREFIX}BIND",  # docker-compose.yml: the host address its ports are published on
-    f"{ENV_PREFIX}API_KEYS",  # engine/runtime/serve/access.py: environment only, never a file
+    f"{ENV_PREFIX}API_KEYS",  # runtime/serve/access.py: environment only, never a file
 })
 
 
@@ -333,7 +333,7 @@ class Settings(BaseSettings):
         default=256 * 1024, ge=0,
         description="Temporal payloads above this many bytes go to external storage",
     )
-    # --- `conductor serve`'s bounds on clients (engine/runtime/serve/guard.py) ----------------
+    # --- `conductor serve`'s bounds on clients (runtime/serve/guard.py) ----------------
     serve_max_connections: int = Field(
         default=1000, ge=1,
         description="connections `conductor serve` holds at once; past it a new one displaces "

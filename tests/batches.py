@@ -7,7 +7,7 @@ import time
 
 from temporalio.service import RPCError
 
-from conductor_engine.engine.runtime.client import ConductorClient
+from conductor_engine.runtime.client import ConductorClient
 
 
 async def wait_done(conductor: ConductorClient, name: str, timeout: float = 900) -> None:

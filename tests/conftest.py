@@ -19,13 +19,13 @@ from temporalio.worker import Worker
 
 from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
-from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal, task_queue_of
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
-from conductor_engine.engine.runtime.worker import build_worker
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, connect_temporal, task_queue_of
+from conductor_engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.runtime.worker import build_worker
 from tests.agent_server import agent_server  # noqa: F401  (the session fixture)
 
 wait_passively()  # the tests' torch waits as the engine's does (engine/providers/local/openmp.py)

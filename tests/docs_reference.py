@@ -82,11 +82,11 @@ def _param_row(ctx: Any, param: Any) -> str:
 
 def cli_page() -> str:
     """Every command of the `conductor` app, in the order `conductor --help` lists them."""
-    from conductor_engine.engine.runtime.cli import app
+    from conductor_engine.runtime.cli import app
 
     root = typer.main.get_command(app)
     assert _is_group(root)
-    lines = [HEADER.format(source="the Typer app (`engine/runtime/cli/`)"), "# CLI reference\n",
+    lines = [HEADER.format(source="the Typer app (`runtime/cli/`)"), "# CLI reference\n",
              f"{_cell(root.help or '')} Every command, as `conductor COMMAND --help` prints it.\n"]
     for path, command in _commands(root, ["conductor"]):
         depth = "##" if len(path) == 2 else "###"

@@ -4,7 +4,7 @@ The embedded Temporal dev server listens on a loopback port with no credential (
 no TLS or authorization), so any local user could read a run's history through it: the task,
 its reference answer, every agent's output. Encrypting every payload before it leaves the
 process makes what the server holds ciphertext; the key lives in the private data directory
-(0700, the key file 0600), so only its owner, and the codec endpoint (engine/runtime/
+(0700, the key file 0600), so only its owner, and the codec endpoint (runtime/
 codec_server.py) they reach, turns it back into text.
 
 The scheme is the one Temporal's encryption sample uses, so the `temporal` CLI and the UI know

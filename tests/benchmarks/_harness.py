@@ -30,15 +30,15 @@ from temporalio.client import Client
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.runtime.client import (
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.database import EmbeddedPostgres
+from conductor_engine.runtime.client import (
     ConductorClient,
     connect_temporal,
     workflow_id_for,
 )
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
-from conductor_engine.engine.runtime.logging import configure_logging
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.database import EmbeddedPostgres
+from conductor_engine.runtime.embedded import EmbeddedTemporal
+from conductor_engine.runtime.logging import configure_logging
 from tests.agent_server import AgentServer, Reply, start_agent_server
 
 # The keys the benchmark pool names; the scripted server accepts anything.
@@ -109,7 +109,7 @@ def iteration_line(st: Any) -> str:
     out of its group and of the mean; without the count, a curve that lost most of an
     iteration's runs reads like one that lost none (a starved pool-1 run: 22 of 32 failed,
     "reward 0.850" over the other 10, 2026-11-28)."""
-    from conductor_engine.engine.runtime.cli.train import left_out_note
+    from conductor_engine.runtime.cli.train import left_out_note
 
     return (f"  it {st.iteration:>2} · {st.version} · reward {st.mean_reward or 0:.3f} · "
             f"valid {st.valid_plan_rate or 0:.2f} · {st.rollouts} scored{left_out_note(st)} · "

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_batch.py [--tasks 1000] [--concurrency 100] [--latency 0.5]
 
-Engine: one BatchWorkflow (engine.runtime.client.ConductorClient.submit_batch) on the engine's
+Engine: one BatchWorkflow (runtime.client.ConductorClient.submit_batch) on the engine's
 own worker, every task a
 child ConductWorkflow: an immediate 3-step chain plan (step i reads step i-1), each agent called
 over the OpenAI SDK and answering after `--latency` seconds, then the score and record
@@ -57,10 +57,10 @@ from conductor_engine.engine.contracts.names import (  # noqa: E402
     batch_workflow_id,
 )
 from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from tests.agent_server import start_agent_server  # noqa: E402
 from tests.benchmarks import _bare_batch  # noqa: E402
 from tests.benchmarks._bare_batch import (  # noqa: E402

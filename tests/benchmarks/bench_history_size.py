@@ -9,7 +9,7 @@ before a 2-step plan, and whose agents answer `--output-kb` each (the whole RunR
 plan's prompt, the outputs and the answer, stays under the 256 KiB payload threshold by default,
 so history holds it inline; past the threshold the payload codec keeps a reference instead).
 - engine: a BatchWorkflow of `--children` tasks
-  (engine.runtime.client.ConductorClient.submit_batch), each child
+  (runtime.client.ConductorClient.submit_batch), each child
   returning its summary (RunResult.summary); and a training iteration of the same number of
   rollouts (the update a stand-in on its own trainer queue);
 - baseline: a parent defined in this file that starts the same children as BatchWorkflow did
@@ -55,11 +55,11 @@ from conductor_engine.engine.contracts.training import (  # noqa: E402
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
 from conductor_engine.engine.storage.shared_store import close_shared_stores  # noqa: E402
 from conductor_engine.engine.storage.task_list_chunks import put_task_list  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.workflows.batch import BatchInput  # noqa: E402
 from conductor_engine.workflows.conduct import ConductWorkflow  # noqa: E402
 from conductor_engine.workflows.train import TrainInput  # noqa: E402

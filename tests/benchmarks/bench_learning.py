@@ -66,11 +66,11 @@ from conductor_engine.engine.providers.sim_pool import (  # noqa: E402
     pool_toml,
     tasks,
 )
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
 from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
 from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
 from conductor_engine.workflows.train import (  # noqa: E402
     HeldOutEval,

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_overhead.py [--runs 5] [--latency 0.2]
 
-Engine: ConductWorkflow on the engine's own worker (engine.runtime.worker.build_worker). The
+Engine: ConductWorkflow on the engine's own worker (runtime.worker.build_worker). The
 conductor
 answers at once with a 5-step chain (step 0 access [], step i access [i-1]); every step's agent
 is called through the OpenAI SDK and the scripted agent server answers after `--latency`
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     Series,
     answer_after,

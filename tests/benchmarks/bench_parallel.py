@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     Series,
     answer_after,

@@ -36,15 +36,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor_engine.engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.engine.runtime.serve.app import create_app  # noqa: E402
-from conductor_engine.engine.runtime.serve.catalog import ModelCatalog  # noqa: E402
-from conductor_engine.engine.runtime.serve.conversation import chat_task  # noqa: E402
-from conductor_engine.engine.runtime.serve.guard import ServeLimits, uvicorn_config  # noqa: E402
-from conductor_engine.engine.runtime.serve.wire import ChatRequest  # noqa: E402
-from conductor_engine.engine.runtime.worker import build_worker  # noqa: E402
 from conductor_engine.engine.storage.policies import PolicyRegistry  # noqa: E402
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient  # noqa: E402
+from conductor_engine.runtime.serve.app import create_app  # noqa: E402
+from conductor_engine.runtime.serve.catalog import ModelCatalog  # noqa: E402
+from conductor_engine.runtime.serve.conversation import chat_task  # noqa: E402
+from conductor_engine.runtime.serve.guard import ServeLimits, uvicorn_config  # noqa: E402
+from conductor_engine.runtime.serve.wire import ChatRequest  # noqa: E402
+from conductor_engine.runtime.worker import build_worker  # noqa: E402
 from tests.benchmarks._harness import (  # noqa: E402
     bench_pool,
     free_port,

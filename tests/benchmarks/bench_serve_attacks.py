@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV  # noqa: E402
+from conductor_engine.runtime.serve.access import API_KEYS_ENV  # noqa: E402
 from tests.benchmarks._harness import free_port, ms, quiet_logs, run, stack, table  # noqa: E402
 from tests.cli import CONDUCTOR, stack_env  # noqa: E402
 from tests.conftest import make_pool, write_pool  # noqa: E402

@@ -81,7 +81,7 @@ else
   say "no .whl/ here: run 'bash tests/benchmarks/gpu_device_check.sh wheels' first and carry .whl"
 fi
 mkdir -p "$SITE/conductor_engine"
-for folder in engine activities workflows trainer; do
+for folder in engine activities workflows trainer runtime; do
   ln -sfn "$PWD/$folder" "$SITE/conductor_engine/$folder"
 done
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -16,11 +16,11 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStoreError, LocalBlobStore
 from conductor_engine.engine.storage.payloads import KEY_PREFIX, data_converter
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient, connect_temporal
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
 from tests.batches import wait_done

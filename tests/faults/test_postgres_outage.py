@@ -17,11 +17,11 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY, batch_child_workflow_id
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
 from conductor_engine.engine.storage.database import EmbeddedPostgres
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
 from tests.batches import wait_done

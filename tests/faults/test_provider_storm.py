@@ -11,9 +11,9 @@ import uuid
 import pytest
 from temporalio.client import Client
 
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.batches import wait_done
 from tests.conftest import make_pool, running_worker
 from tests.faults import arith

@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient, connect_temporal
+from conductor_engine.runtime.embedded import EmbeddedTemporal
 from tests.agent_server import Reply
 from tests.agent_server.reply import Responder
 from tests.batches import wait_done

@@ -15,9 +15,9 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import batch_child_workflow_id
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.batches import wait_done
 from tests.conftest import make_pool, write_pool
 from tests.faults import arith

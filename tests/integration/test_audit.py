@@ -12,11 +12,11 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
-from conductor_engine.engine.runtime.history import Trail, step_trail
-from conductor_engine.engine.runtime.resume import ResumeError, failed_runs, plan_resume, resume
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.runtime.history import Trail, step_trail
+from conductor_engine.runtime.resume import ResumeError, failed_runs, plan_resume, resume
 from tests.agent_server import Reply
 from tests.cli import one_line_error, run_conductor
 from tests.conftest import make_pool, running_worker

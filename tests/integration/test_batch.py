@@ -14,9 +14,9 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.batches import wait_done
 from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import make_pool, running_worker

@@ -196,7 +196,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachab
         assert up.wait(timeout=30) == 0, up.stderr.read()
     finally:
         up.kill()
-    from conductor_engine.engine.runtime.embedded import port_open
+    from conductor_engine.runtime.embedded import port_open
 
     assert not port_open(port), "Ctrl-C must stop the embedded server too"
 

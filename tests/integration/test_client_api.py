@@ -15,9 +15,9 @@ from temporalio.service import RPCError
 
 from conductor_engine.engine.contracts.names import batch_workflow_id
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, workflow_id_for
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed, workflow_id_for
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

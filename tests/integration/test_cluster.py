@@ -26,11 +26,11 @@ from temporalio.client import Client
 
 from conductor_engine.engine.contracts.search_attributes import ensure_registered
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, task_queue_of
-from conductor_engine.engine.runtime.connection import connect_temporal
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
+from conductor_engine.runtime.client import ConductorClient, task_queue_of
+from conductor_engine.runtime.connection import connect_temporal
+from conductor_engine.runtime.embedded import EmbeddedTemporal
 from tests.agent_server import Reply
 from tests.blob_stores import AWS_ENV, fresh_bucket, stored_objects
 from tests.cli import CONDUCTOR, one_line_error, run_conductor

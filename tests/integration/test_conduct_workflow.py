@@ -10,8 +10,8 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime.client import ConductorClient, RunFailed
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json, self_calling_conductor

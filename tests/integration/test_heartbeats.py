@@ -12,8 +12,8 @@ from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime.client import ConductorClient
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES, MAX_TASK_BYTES
 from conductor_engine.engine.contracts.names import CONDUCT_WORKFLOW, conduct_workflow_id
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, TaskTooLarge, task_queue_of
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.tasks.checks import task_bytes
+from conductor_engine.runtime.client import ConductorClient, TaskTooLarge, task_queue_of
 from tests.agent_server import AgentServer
 from tests.cli import run_conductor
 from tests.conftest import make_pool, running_worker

@@ -14,10 +14,10 @@ from temporalio.worker import Replayer
 
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, connect_temporal
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store, ref_for
 from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.runtime.client import ConductorClient, RunFailed, connect_temporal
 from conductor_engine.workflows.conduct import ConductWorkflow
 from tests.agent_server import AgentServer, Reply
 from tests.blob_stores import fresh_bucket, stored_objects

@@ -9,9 +9,9 @@ from temporalio.client import Client
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers import local
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.conftest import running_worker
 
 pytestmark = pytest.mark.slow

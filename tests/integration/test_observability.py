@@ -24,9 +24,9 @@ from conductor_engine.engine.contracts.names import (
     SCORE_ACTIVITY,
 )
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
-from conductor_engine.engine.runtime import telemetry
-from conductor_engine.engine.runtime.client import ConductorClient, connect_temporal
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime import telemetry
+from conductor_engine.runtime.client import ConductorClient, connect_temporal
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import free_port, make_pool, running_worker
 from tests.plans import plan_json

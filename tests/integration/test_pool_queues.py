@@ -11,13 +11,13 @@ from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.engine.runtime.client import (
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import (
     ConductorClient,
     connect_temporal,
     task_queue_of,
 )
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.batches import wait_done
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

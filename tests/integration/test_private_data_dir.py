@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.storage import postgres_server as pg
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.postgres_server import EmbeddedPostgres
+from conductor_engine.runtime.embedded import EmbeddedTemporal
 from tests.conftest import free_port
 from tests.integration.test_embedded_postgres import trust_cluster
 

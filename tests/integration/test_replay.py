@@ -34,9 +34,9 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput
@@ -155,9 +155,9 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
     import os
     import tempfile
 
-    from conductor_engine.engine.runtime.client import connect_temporal
-    from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
     from conductor_engine.engine.storage.database import EmbeddedPostgres
+    from conductor_engine.runtime.client import connect_temporal
+    from conductor_engine.runtime.embedded import EmbeddedTemporal
     from tests.agent_server import start_agent_server
     from tests.conftest import free_port
 

@@ -7,9 +7,9 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

@@ -18,14 +18,14 @@ import pytest
 import uvicorn
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
-from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV, bind_error, key_matches
-from conductor_engine.engine.runtime.serve.app import UI_URL_HEADER, WORKFLOW_ID_HEADER, create_app
-from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
-from conductor_engine.engine.runtime.serve.guard import ServeLimits, uvicorn_config
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.runtime.serve.access import API_KEYS_ENV, bind_error, key_matches
+from conductor_engine.runtime.serve.app import UI_URL_HEADER, WORKFLOW_ID_HEADER, create_app
+from conductor_engine.runtime.serve.catalog import ModelCatalog
+from conductor_engine.runtime.serve.guard import ServeLimits, uvicorn_config
 from tests.agent_server import Reply
 from tests.cli import CONDUCTOR, run_conductor, stack_env
 from tests.conftest import free_port, make_pool, running_worker, write_pool
@@ -37,7 +37,7 @@ KEY = "sk-serve-test-key"
 @asynccontextmanager
 async def serving(conductor: ConductorClient, trace_store: TraceStore,
                   keys: list[str]) -> AsyncIterator[str]:
-    """The app on uvicorn as `conductor serve` runs it (engine/runtime/serve/guard.py), in this
+    """The app on uvicorn as `conductor serve` runs it (runtime/serve/guard.py), in this
     event loop, on a free port; yields its /v1 base URL."""
     catalog = ModelCatalog("conductor", PolicyRegistry(trace_store.pool).latest_version)
     port = free_port()

@@ -1,4 +1,4 @@
-"""`conductor serve` against slow and hostile clients (engine/runtime/serve/guard.py): each attack
+"""`conductor serve` against slow and hostile clients (runtime/serve/guard.py): each attack
 runs on loopback against the real command while a keyed client keeps asking GET /v1/models on
 fresh connections, and its answers must keep coming within a second (`held_up`).
 
@@ -24,20 +24,20 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
-from conductor_engine.engine.runtime.client import ConductorClient
-from conductor_engine.engine.runtime.serve.access import API_KEYS_ENV
-from conductor_engine.engine.runtime.serve.app import create_app
-from conductor_engine.engine.runtime.serve.catalog import ModelCatalog
-from conductor_engine.engine.runtime.serve.guard import (
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.policies import PolicyRegistry
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.serve.access import API_KEYS_ENV
+from conductor_engine.runtime.serve.app import create_app
+from conductor_engine.runtime.serve.catalog import ModelCatalog
+from conductor_engine.runtime.serve.guard import (
     ACCEPT_FAILED,
     FD_RESERVE,
     RETRY_AFTER_S,
     ServeLimits,
     uvicorn_config,
 )
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.policies import PolicyRegistry
-from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import free_port, make_pool, write_pool
 from tests.serve_attacks import (
@@ -276,7 +276,7 @@ async def test_a_full_server_answers_503_with_retry_after_and_a_slow_body_408(
 
 _ACCEPTING = """
 import asyncio, logging, resource, sys
-from conductor_engine.engine.runtime.serve.guard import quiet_noisy_logs
+from conductor_engine.runtime.serve.guard import quiet_noisy_logs
 logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
 if sys.argv[2] == "quiet":
     quiet_noisy_logs()

@@ -21,10 +21,10 @@ from conductor_engine.engine.providers import CompletionRequest, Message, TaskIn
 from conductor_engine.engine.providers import sim as sim_provider
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError, SimSettings
 from conductor_engine.engine.rewards import score_run
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json
 

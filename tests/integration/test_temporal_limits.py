@@ -48,8 +48,6 @@ from conductor_engine.engine.contracts.training import (
     UpdateResult,
 )
 from conductor_engine.engine.rewards.rollouts import left_out_reason
-from conductor_engine.engine.runtime.client import ConductorClient, task_queue_of
-from conductor_engine.engine.runtime.history import step_trail
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore, LocalBlobStore, blob_store
 from conductor_engine.engine.storage.payloads import data_converter
@@ -60,6 +58,8 @@ from conductor_engine.engine.storage.task_list_chunks import (
     read_all,
     read_chunk,
 )
+from conductor_engine.runtime.client import ConductorClient, task_queue_of
+from conductor_engine.runtime.history import step_trail
 from conductor_engine.workflows.batch import BatchInput, BatchProgress
 from conductor_engine.workflows.children import StartWaves, start_bytes
 from conductor_engine.workflows.train import TrainInput, TrainProgress, pick_ranges, pick_tasks

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, ConnectError
-from conductor_engine.engine.runtime.connection import connect_temporal
-from conductor_engine.engine.runtime.embedded import EmbeddedTemporal
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime.client import ConductorClient, ConnectError
+from conductor_engine.runtime.connection import connect_temporal
+from conductor_engine.runtime.embedded import EmbeddedTemporal
 from tests.agent_server import Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

@@ -23,11 +23,11 @@ from conductor_engine.engine.contracts.rewards import Reward, Verdict
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.rewards.rollouts import as_rollout
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed, task_queue_of
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import LocalBlobStore
 from conductor_engine.engine.storage.database import _migrations, connect_pool, migrate
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed, task_queue_of
 from tests.agent_server import Reply
 from tests.cli import run_conductor
 from tests.conftest import make_pool, running_worker, write_pool

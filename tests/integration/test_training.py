@@ -38,12 +38,12 @@ from conductor_engine.engine.contracts.training import (
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.sim_pool import SimPoolSpec, pool_toml
 from conductor_engine.engine.providers.sim_pool import tasks as sim_pool_tasks
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.trainer.service import build_trainer_worker
 from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
 from tests.agent_server import AgentServer, Reply

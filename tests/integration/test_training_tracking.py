@@ -15,8 +15,8 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime.client import ConductorClient
 from tests.agent_server import AgentServer
 from tests.cli import run_conductor, stack_env
 from tests.conftest import make_pool, write_pool

@@ -19,10 +19,10 @@ from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.providers.serving import LORA_PATH_NOT_FOUND, ensure_lora_adapter
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry, PolicyVersion
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient, RunFailed
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

@@ -23,9 +23,9 @@ import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.limits import MAX_JSON_REQUEST_BYTES
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import ConductorClient
 from tests.conftest import make_pool, running_worker
 from tests.integration.test_serve import serving
 

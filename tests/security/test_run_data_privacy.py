@@ -32,16 +32,16 @@ from temporalio.common import RawValue
 from conductor_engine.engine.contracts.names import BATCH_WORKFLOW
 from conductor_engine.engine.contracts.records import AgentReply
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.client import ConductorClient, RunFailed
-from conductor_engine.engine.runtime.connection import connect_temporal
-from conductor_engine.engine.runtime.embedded import (
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.codec import load_or_create_key
+from conductor_engine.runtime.client import ConductorClient, RunFailed
+from conductor_engine.runtime.connection import connect_temporal
+from conductor_engine.runtime.embedded import (
     EmbeddedError,
     EmbeddedTemporal,
     temporal_binary,
 )
-from conductor_engine.engine.runtime.history import step_trail
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.codec import load_or_create_key
+from conductor_engine.runtime.history import step_trail
 from tests.agent_server import Reply
 from tests.cli import run_conductor
 from tests.conftest import free_port, make_pool, running_worker

@@ -26,31 +26,31 @@ from conductor_engine.engine.contracts.records import (
 )
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.cli import app
-from conductor_engine.engine.runtime.cli import history as cli_history
-from conductor_engine.engine.runtime.cli import traces as cli_traces
-from conductor_engine.engine.runtime.cli.render import (
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.trace_store import TraceSummary
+from conductor_engine.runtime.cli import app
+from conductor_engine.runtime.cli import history as cli_history
+from conductor_engine.runtime.cli import traces as cli_traces
+from conductor_engine.runtime.cli.render import (
     record_rows,
     reward_line,
     shorten,
     steps_table,
     trail_rows,
 )
-from conductor_engine.engine.runtime.client import ConductorClient, RunStatus
-from conductor_engine.engine.runtime.history import (
+from conductor_engine.runtime.client import ConductorClient, RunStatus
+from conductor_engine.runtime.history import (
     AttemptError,
     Trail,
     TrailPlanAttempt,
     TrailRound,
     TrailStep,
 )
-from conductor_engine.engine.settings import Settings
-from conductor_engine.engine.storage.trace_store import TraceSummary
 from conductor_engine.workflows.train import IterationStats
 from tests.traces import make_trace
 
 # The module, not the Typer app of the same name that the package exports.
-cli_app = importlib.import_module("conductor_engine.engine.runtime.cli.app")
+cli_app = importlib.import_module("conductor_engine.runtime.cli.app")
 
 
 def _text(table: object, width: int = 200) -> str:
@@ -109,7 +109,7 @@ def test_the_table_prints_model_text_literally() -> None:
 HOSTILE = ["[/code]", "[bold]x", "[@SPLIT]", "[link=file:///etc/passwd]x[/link]", "ends\\",
            ":cat: :smile:"]
 MARKUP = HOSTILE[:4]
-CLI_MODULES = [importlib.import_module(f"conductor_engine.engine.runtime.cli.{name}")
+CLI_MODULES = [importlib.import_module(f"conductor_engine.runtime.cli.{name}")
                for name in ("app", "runs", "stack", "pool", "batches", "traces", "resume",
                             "train", "plan", "tasks", "history")]
 cli_runs, cli_batches, cli_train = CLI_MODULES[1], CLI_MODULES[4], CLI_MODULES[7]
@@ -387,7 +387,7 @@ def test_a_date_with_no_utc_time_is_a_usage_error(far_east: None) -> None:
 def test_pool_show_stays_whole_at_80_columns_and_lists_json(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from conductor_engine.engine.providers.pool import Pool
-    from conductor_engine.engine.runtime.cli.pool import _listing, _source
+    from conductor_engine.runtime.cli.pool import _listing, _source
     from tests.cli import assert_fits
 
     monkeypatch.chdir(tmp_path)
@@ -428,7 +428,7 @@ def test_the_eval_table_stays_whole_at_80_columns() -> None:
         cells,
         narrow_cells,
     )
-    from conductor_engine.engine.runtime.cli.render import column_widths, fitted_table
+    from conductor_engine.runtime.cli.render import column_widths, fitted_table
     from tests.cli import assert_fits
 
     rows = [SystemRow(system=s, tasks=50, accuracy=0.52, mean_reward=0.76,

@@ -189,7 +189,7 @@ def test_ci_runs_the_test_commands_the_readme_gives() -> None:
     assert readme_extras <= ci_extras
 
 
-# A dotted name of the package written in the docs (`conductor_engine.engine.runtime.client`,
+# A dotted name of the package written in the docs (`conductor_engine.runtime.client`,
 # `trainer.grpo.train_step`): a module, or a module and the attribute it holds.
 DOTTED = re.compile(r"(?<![\w./-])((?:conductor_engine\.)?(?:engine|trainer|workflows|activities)"
                     r"(?:\.[A-Za-z_]\w*)+)")
@@ -242,8 +242,8 @@ def test_every_root_document_the_docs_cite_exists() -> None:
 
 
 def test_a_stale_module_name_or_root_document_is_caught() -> None:
-    assert resolves("conductor_engine.engine.runtime.worker.build_worker")
+    assert resolves("conductor_engine.runtime.worker.build_worker")
     assert resolves("trainer.grpo.train_step")
     assert not resolves("engine.worker.build_worker")
-    assert not resolves("conductor_engine.engine.runtime.worker.no_such_function")
+    assert not resolves("conductor_engine.runtime.worker.no_such_function")
     assert ROOT_DOC.findall("as DESIGN.md says, not ../shared/DESIGN.md") == ["DESIGN.md"]

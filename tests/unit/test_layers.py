@@ -1,5 +1,6 @@
-"""The layers hold: workflows -> activities -> engine, trainer -> engine, and only the runtime at
-the engine's edge (engine/runtime/) imports workflows, activities or trainer. No import cycles.
+"""The layers hold: runtime -> workflows -> activities -> engine, runtime -> trainer -> engine. The
+runtime (runtime/: CLI, client, serve, worker), the edge where processes are assembled, is the top
+layer; nothing imports it, and no layer is excepted. No import cycles.
 Inside the engine its folders are stacked too (ENGINE_LAYERS): each imports only those below it,
 so no two folders import each other and the contracts, at the bottom, import none of them.
 
@@ -17,10 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "conductor_engine"
-FOLDERS = ("engine", "activities", "workflows", "trainer")
-RUNTIME = f"{NAMESPACE}.engine.runtime"
-# The edge: the runtime, and `python -m conductor_engine.engine`, which only calls into it.
-EDGE = (RUNTIME, f"{NAMESPACE}.engine.__main__")
+FOLDERS = ("engine", "activities", "workflows", "trainer", "runtime")
+RUNTIME = f"{NAMESPACE}.runtime"
 # Within the edge, only what assembles processes (worker, client, CLI) reaches the layers above;
 # the audit tools (history, resume) read the contracts like everyone else.
 ASSEMBLY = tuple(f"{RUNTIME}.{m}" for m in ("worker", "client", "cli"))
@@ -37,7 +36,7 @@ FORBIDDEN = {
 
 # The engine's parts, bottom first: a part imports only parts listed before it. The contracts
 # hold the values every layer shares (plans, tasks, rewards, agent calls), so they come first
-# after the leaf helpers; the runtime, the edge, comes last.
+# after the leaf helpers.
 ENGINE_LAYERS = (
     ("text", "redaction", "toml_errors", "observability"),
     ("contracts",),
@@ -48,7 +47,7 @@ ENGINE_LAYERS = (
     ("providers",),
     ("plan",),
     ("eval",),
-    ("runtime", "__main__", ""),
+    ("",),
 )
 ENGINE = f"{NAMESPACE}.engine"
 
@@ -104,7 +103,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_import_reader_sees_the_whole_package() -> None:
     # A guard on the test itself: were the walk to find nothing, every check below would pass.
     assert f"{NAMESPACE}.workflows.conduct" in MODULES and len(MODULES) > 40
-    assert f"{NAMESPACE}.activities.plan" in _graph()[f"{NAMESPACE}.engine.runtime.worker"]
+    assert f"{NAMESPACE}.activities.plan" in _graph()[f"{NAMESPACE}.runtime.worker"]
 
 
 def test_no_code_imports_the_folders_by_their_generic_top_level_names() -> None:
@@ -120,7 +119,7 @@ def test_no_code_imports_the_folders_by_their_generic_top_level_names() -> None:
 def test_a_layer_imports_only_what_is_below_it(layer: str) -> None:
     bad = []
     for name, path in MODULES.items():
-        if not name.startswith(layer) or name.startswith(EDGE):
+        if not name.startswith(layer):
             continue
         for target, line in _imports(name, path):
             if any(target == f or target.startswith(f + ".") for f in FORBIDDEN[layer]):

@@ -16,8 +16,8 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
-from conductor_engine.engine.runtime.cli import app
-from conductor_engine.engine.runtime.logging import configure_logging
+from conductor_engine.runtime.cli import app
+from conductor_engine.runtime.logging import configure_logging
 
 KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv"  # shaped like a key, made up
 
@@ -72,7 +72,7 @@ def test_reconfiguring_replaces_the_handler_rather_than_adding_one(lines: io.Str
 
 
 def test_a_services_start_line_is_json_in_json_mode_whatever_the_level() -> None:
-    from conductor_engine.engine.runtime.logging import announce_json
+    from conductor_engine.runtime.logging import announce_json
 
     out = io.StringIO()
     try:
@@ -146,7 +146,7 @@ def test_a_hugging_face_line_is_printed_once() -> None:
     assert len(out.getvalue().splitlines()) == 1
     later = subprocess.run([sys.executable, "-c", (
         "import logging\n"
-        "from conductor_engine.engine.runtime.logging import configure_logging\n"
+        "from conductor_engine.runtime.logging import configure_logging\n"
         "configure_logging('auto', 'warning')\n"
         "import huggingface_hub.utils.logging\n"
         "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s')\n")],
@@ -195,7 +195,7 @@ def test_a_failed_model_call_is_said_once_the_activitys_own_line() -> None:
 
 
 def test_verbose_works_after_the_command_too() -> None:
-    from conductor_engine.engine.runtime.cli import verbose_first
+    from conductor_engine.runtime.cli import verbose_first
 
     assert verbose_first(["run", "q", "--verbose"]) == ["--verbose", "run", "q"]
     assert verbose_first(["--verbose", "pool", "show"]) == ["--verbose", "pool", "show"]

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from conductor_engine.engine.observability import METRICS, SDK_METRICS, exported_names
-from conductor_engine.engine.runtime import telemetry
 from conductor_engine.engine.settings import Settings
+from conductor_engine.runtime import telemetry
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "conductor-dashboard.json"
 NAME = re.compile(r"\b((?:conductor|temporal)_[a-z0-9_]+)\b")

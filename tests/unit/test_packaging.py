@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("engine", "activities", "workflows", "trainer")
+FOLDERS = ("engine", "activities", "workflows", "trainer", "runtime")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_the_installed_project_imports_beside_modules_named_like_its_folders(
     for folder in FOLDERS:  # someone else's packages with the generic names
         (others / f"{folder}.py").write_text(f"OWNER = 'not the conductor engine: {folder}'\n")
     probe = (
-        "import conductor_engine.engine.runtime.worker, conductor_engine.trainer.service\n"
+        "import conductor_engine.runtime.worker, conductor_engine.trainer.service\n"
         "import conductor_engine.engine as e, engine, workflows, activities, trainer\n"
         f"assert e.__file__.startswith({str(site)!r}), e.__file__\n"
         "assert all(m.OWNER.startswith('not the') for m in (engine, workflows, activities,"
@@ -86,7 +86,7 @@ def test_the_public_face_names_what_a_user_imports_and_loads_it_on_first_use() -
         "assert not [m for m in sys.modules if m.startswith('conductor_engine.')], sys.modules\n"
         "from conductor_engine import ConductorClient, RunFailed, RunOptions, RunResult, Settings,"
         " Task\n"
-        "from conductor_engine.engine.runtime.client import ConductorClient as C\n"
+        "from conductor_engine.runtime.client import ConductorClient as C\n"
         "from conductor_engine.engine.contracts.tasks import Task as T\n"
         "assert ConductorClient is C and Task is T\n"
         "assert sorted(conductor_engine.__all__) == sorted(['ConductorClient', 'RunFailed',"

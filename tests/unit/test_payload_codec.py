@@ -17,7 +17,6 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.exceptions import ApplicationError
 
-from conductor_engine.engine.runtime.codec_server import peer_uid
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.codec import (
     ENCODING,
@@ -27,6 +26,7 @@ from conductor_engine.engine.storage.codec import (
     read_key,
 )
 from conductor_engine.engine.storage.payloads import data_converter
+from conductor_engine.runtime.codec_server import peer_uid
 
 SECRET = "the reference answer is 42"
 

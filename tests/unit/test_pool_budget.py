@@ -18,7 +18,7 @@ from conductor_engine.engine.providers.budget import (
 )
 from conductor_engine.engine.providers.openai_provider import _arguments
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError
-from conductor_engine.engine.runtime.cli import app
+from conductor_engine.runtime.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_POOL = ROOT / "examples" / "paper" / "pool.toml"

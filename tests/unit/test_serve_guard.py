@@ -1,4 +1,4 @@
-"""The rate limit on `conductor serve`'s noisy log lines (engine/runtime/serve/guard.py); the
+"""The rate limit on `conductor serve`'s noisy log lines (runtime/serve/guard.py); the
 guard's bounds on clients are tested against the real server in
 tests/integration/test_serve_guard.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from conductor_engine.engine.runtime.serve.guard import OncePerPeriod
+from conductor_engine.runtime.serve.guard import OncePerPeriod
 
 
 class _Kept(logging.Handler):

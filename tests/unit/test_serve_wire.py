@@ -1,4 +1,4 @@
-"""How `conductor serve` reads a chat request's body (engine/runtime/serve/wire.py, app.py
+"""How `conductor serve` reads a chat request's body (runtime/serve/wire.py, app.py
 `parse_chat`): the bound on the objects it builds, and the errors a client reads."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from conductor_engine.engine.runtime.serve.app import ApiError, parse_chat
-from conductor_engine.engine.runtime.serve.wire import (
+from conductor_engine.runtime.serve.app import ApiError, parse_chat
+from conductor_engine.runtime.serve.wire import (
     MAX_REQUEST_OBJECTS,
     TooManyObjects,
     read_chat_request,

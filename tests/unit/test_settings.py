@@ -154,7 +154,8 @@ def test_every_conductor_variable_the_code_reads_is_a_setting_or_listed() -> Non
 
     root = Path(__file__).resolve().parents[2]
     quoted = re.compile(rf"""["']({ENV_PREFIX}[A-Z0-9_]*[A-Z0-9])["']""")
-    named = {m.group(1) for folder in ("engine", "activities", "workflows", "trainer", "tests")
+    folders = ("engine", "activities", "workflows", "trainer", "runtime", "tests")
+    named = {m.group(1) for folder in folders
              for path in (root / folder).rglob("*.py") if path != Path(__file__).resolve()
              for m in quoted.finditer(path.read_text(encoding="utf-8"))}
     settings = {f"{ENV_PREFIX}{f.upper()}" for f in Settings.model_fields}
@@ -283,7 +284,7 @@ def test_a_command_with_a_bad_setting_prints_one_line_and_exits_2(
         tmp_path: Path, env: dict[str, str], config: str | None, expected: str) -> None:
     from typer.testing import CliRunner
 
-    from conductor_engine.engine.runtime.cli import app
+    from conductor_engine.runtime.cli import app
 
     path, missing = tmp_path / "conductor.toml", tmp_path / "nope.toml"
     if config is not None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from temporalio.service import TLSConfig
 
-from conductor_engine.engine.runtime.connection import ConnectError, connect_options
 from conductor_engine.engine.settings import Settings, SettingsError
+from conductor_engine.runtime.connection import ConnectError, connect_options
 from tests.tls_certs import Certs, make_certs
 
 

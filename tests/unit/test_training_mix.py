@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.runtime.cli import app
-from conductor_engine.engine.runtime.client import ConductorClient
 from conductor_engine.engine.tasks.mix import MixSource, draw, load_mix, overlap
 from conductor_engine.engine.tasks.suite import SuiteError
+from conductor_engine.runtime.cli import app
+from conductor_engine.runtime.client import ConductorClient
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES_DATA = ROOT / "tests" / "data" / "shapes"

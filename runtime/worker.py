@@ -1,0 +1,72 @@
+"""Worker assembly: the workflows and activities one Temporal worker process serves."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import structlog
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from conductor_engine.activities.agent import AgentActivities
+from conductor_engine.activities.batch import BatchActivities
+from conductor_engine.activities.plan import PlanActivities
+from conductor_engine.activities.record import RecordActivities
+from conductor_engine.activities.score import score
+from conductor_engine.engine.providers import preload
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.rewards import sandbox
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.runtime.client import task_queue_of
+from conductor_engine.workflows.batch import BatchWorkflow
+from conductor_engine.workflows.conduct import ConductWorkflow
+from conductor_engine.workflows.train import TrainingWorkflow
+
+log = structlog.get_logger(__name__)
+
+
+def start_code_sandbox(settings: Settings) -> sandbox.Isolation:
+    """Configure the code verifier's sandbox and probe it now, so that a worker that cannot
+    isolate model-written code says so when it starts, not at its first code task."""
+    sandbox.configure(sandbox.SandboxConfig(
+        backend=settings.code_sandbox, uid=settings.code_sandbox_uid,
+        gid=settings.code_sandbox_uid))
+    iso = sandbox.isolation()
+    if iso.backend is None:
+        log.error("code verifier will refuse to run code", reason=iso.refusal)
+    elif iso.backend == "unconfined":
+        log.warning("code verifier runs model-written code WITHOUT isolation (code_sandbox = "
+                    "unconfined): never train on such rewards")
+    else:
+        log.info("code sandbox ready", backend=iso.backend, root=iso.root)
+    return iso
+
+
+def build_worker(
+    client: Client,
+    settings: Settings,
+    pool: Pool,
+    *,
+    store: TraceStore | None = None,
+    max_concurrent_activities: int = 200,
+) -> Worker:
+    """A worker on `pool`'s task queue (`task_queue_of`), so it never takes a run started for
+    another pool (whose agents this one may lack). Agent calls are I/O bound (the local model
+    runs in a thread and serialises itself), so many concurrent activities cost little.
+    Without a `store` the record activity opens the configured trace store on its first
+    trace."""
+    preload([pool.conductor, *pool.agents])
+    start_code_sandbox(settings)
+    plans, agents = PlanActivities(pool, settings), AgentActivities(pool, settings)
+    records = RecordActivities(settings, pool, store)
+    batches = BatchActivities(settings)
+    return Worker(
+        client,
+        task_queue=task_queue_of(settings, pool),
+        workflows=[ConductWorkflow, BatchWorkflow, TrainingWorkflow],
+        activities=[plans.write_plan, agents.call_agent, score, records.record,
+                    batches.read_tasks, batches.write_batch_report],
+        max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=settings.worker_shutdown_grace),
+    )
