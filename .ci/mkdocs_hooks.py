@@ -1,8 +1,8 @@
 """MkDocs hook: a link from a docs page to a repository file outside docs/ becomes its name.
 
-The site is built from docs/ alone, so `[text](../trainer/grpo.py)` would be a dead link in
+The site is built from docs/ alone, so `[text](../trainer/policy.py)` would be a dead link in
 the built site and `mkdocs build --strict` would fail on it. A link to a file that exists is
-shown as the path in code (`trainer/grpo.py`), which is what a reader needs to open it in the
+shown as the path in code (`trainer/policy.py`), which is what a reader needs to open it in the
 repository; a link to a file that does not exist is left alone, so the strict build still
 fails on it.
 """

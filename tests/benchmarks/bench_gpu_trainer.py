@@ -40,7 +40,7 @@ torch.cuda.max_memory_allocated (everything the process holds on the GPU, weight
 CUDA, and on the CPU the process's peak resident set (VmHWM, reset before each update through
 /proc/self/clear_refs), weights and Python included: a rough figure.
 
-The script imports only the trainer (trainer/grpo.py, trainer/policy.py and what they import),
+The script imports only the trainer (trainer/grpo/, trainer/policy.py and what they import),
 torch, transformers, peft and tokenizers, so a GPU machine without the engine's other
 dependencies can run it: tests/benchmarks/gpu_device_check.sh is the one command for that.
 """
@@ -493,16 +493,16 @@ def profile_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,
 @contextlib.contextmanager
 def prefix_per_micro_batch() -> Iterator[None]:
     """train_step as it was before a group's prompt ran once for all its micro-batches
-    (trainer/grpo.py GroupPrefix): every micro-batch runs the prompt itself. For an A/B in
-    the same run (`--compare-prefix`), nothing else."""
-    from conductor_engine.trainer import grpo
+    (trainer/grpo/_prefix.py GroupPrefix): every micro-batch runs the prompt itself. For an A/B
+    in the same run (`--compare-prefix`), nothing else."""
+    from conductor_engine.trainer.grpo import _step  # train_step's accumulation reads it there
 
-    runs = grpo._group_runs
-    grpo._group_runs = lambda hf, batches: {}  # type: ignore[assignment]
+    runs = _step._group_runs
+    _step._group_runs = lambda hf, batches: {}  # type: ignore[assignment]
     try:
         yield
     finally:
-        grpo._group_runs = runs
+        _step._group_runs = runs
 
 
 def run_shape(shape: Shape, model_dir: Path, *, warmup_groups: int = 1,

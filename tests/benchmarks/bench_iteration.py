@@ -26,7 +26,7 @@ peak RSS during the iteration (VmHWM, reset at each iteration boundary).
 
 --baseline runs the same iterations twice, each in a fresh process and stack with the same
 pool and training name (so the same seeded rollouts): first with the trainer's new paths off
-(trainer/grpo.py `SHARE_UPDATE_PREFIX` False), then on, and prints the
+(trainer/grpo/_prefix.py `SHARE_UPDATE_PREFIX` False), then on, and prints the
 ratio of the two iterations' times. On a shared machine only the ratio means much.
 """
 
@@ -272,7 +272,7 @@ if __name__ == "__main__":
     quiet_logs("error")
     arguments = parse_args()
     if arguments.old_paths:
-        from conductor_engine.trainer import grpo
+        from conductor_engine.trainer.grpo import _prefix
 
-        grpo.SHARE_UPDATE_PREFIX = False
+        _prefix.SHARE_UPDATE_PREFIX = False
     sys.exit(run(lambda: main(arguments)))

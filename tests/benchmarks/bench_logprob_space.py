@@ -4,7 +4,7 @@
 
 vLLM returns, for each sampled token, its log-probability over the whole vocabulary from the
 raw logits (before the grammar's mask). The trainer scores a plan's decisions over the few
-tokens the grammar allowed there (a choice set, trainer/grpo.py) and leaves forced tokens out.
+tokens the grammar allowed there (a choice set, trainer/grpo/_logprobs.py) and leaves forced tokens out.
 This script samples `--plans` real plans from SmolLM2-135M-Instruct with the local provider
 (under the real plan grammar, reasoning first), then scores the same tokens four ways, all on
 this CPU:

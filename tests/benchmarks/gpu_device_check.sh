@@ -17,7 +17,7 @@
 #      which brings back $OUT/iter7b.json.
 #
 # Why wheels: the device machine has torch, transformers, peft, accelerate, safetensors and
-# tokenizers, and no network. The trainer bench imports the trainer (trainer/grpo.py,
+# tokenizers, and no network. The trainer bench imports the trainer (trainer/grpo/,
 # trainer/policy.py), whose imports reach pydantic (engine/contracts/training.py) and structlog
 # (trainer/policy.py `base_model_dir` -> engine/providers/local/); the rollout bench imports the
 # local provider, which adds xgrammar (the plan grammar) and xgrammar's apache-tvm-ffi. Those and

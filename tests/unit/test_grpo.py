@@ -1,4 +1,4 @@
-"""The GRPO core (trainer/grpo.py) and policy checkpoints (trainer/policy.py), on a tiny random
+"""The GRPO core (trainer/grpo/) and policy checkpoints (trainer/policy.py), on a tiny random
 Llama built from a config (no download): advantages, clipping, importance correction, masking,
 gradient accumulation, checkpoint and optimiser round trips, and that training learns."""
 
@@ -18,7 +18,6 @@ from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig 
 from conductor_engine.trainer.grpo import (  # noqa: E402
     Compute,
     Sample,
-    _shared_prefix_len,
     batch_advantages,
     collate,
     compute_of,
@@ -30,6 +29,7 @@ from conductor_engine.trainer.grpo import (  # noqa: E402
     set_compute,
     train_step,
 )
+from conductor_engine.trainer.grpo._prefix import _shared_prefix_len  # noqa: E402
 from tests.grpo_inputs import EOS, PAD, random_samples, tiny_model, tiny_model_dir  # noqa: E402
 
 
@@ -360,9 +360,9 @@ def test_the_opening_every_prompt_of_an_update_shares_runs_once_to_the_same_grad
     per micro-batch; the gradient is the one of a single pass over all the rows (float64).
     Behind a 2-token header each group keeps running its own prompt once: the rows running
     their prompts after the header would cost more than the header saves."""
-    from conductor_engine.trainer import grpo
+    from conductor_engine.trainer.grpo import _prefix
 
-    monkeypatch.setattr(grpo, "SHARE_UPDATE_PREFIX", shared)
+    monkeypatch.setattr(_prefix, "SHARE_UPDATE_PREFIX", shared)
     samples = random_samples(8, seed=5, old=True, header=header, groups=4)
     cfg = LossConfig(micro_batch_size=2, max_grad_norm=1e9)
 
@@ -506,7 +506,8 @@ def test_auto_checkpointing_leaves_the_paper_lora_shape_unchecked_on_an_80gb_gpu
     weights sharded on two such GPUs (~61 GB each) leave no room for it, so those recompute."""
     from types import SimpleNamespace
 
-    from conductor_engine.trainer.grpo import _bytes_per_token, fits
+    from conductor_engine.trainer.grpo import fits
+    from conductor_engine.trainer.grpo._memory import _bytes_per_token
 
     qwen7b = SimpleNamespace(config=SimpleNamespace(
         hidden_size=3584, intermediate_size=18944, num_hidden_layers=28))
@@ -529,7 +530,8 @@ def test_the_activation_estimate_is_above_what_autograd_keeps_and_within_twice_i
     estimate must not be below what a pass really keeps (it would run out of memory), nor so
     far above that it recomputes where nothing needs it. With LoRA as on CUDA: the frozen base
     in bfloat16, the adapter on every linear layer in float32, the passes under autocast."""
-    from conductor_engine.trainer.grpo import _hf, _measure, _per_token
+    from conductor_engine.trainer.grpo._compute import _hf
+    from conductor_engine.trainer.grpo._memory import _measure, _per_token
 
     model = tiny_model(hidden=256, layers=2).train()
     if lora_dropout is not None:
@@ -572,7 +574,7 @@ def test_qwen2_with_checkpointing_installed_runs_the_shared_prefix_as_full_passe
     only where memory needs it. Qwen2 then ignores use_cache (it returns no cache from the
     prefix pass, whichever way the layers are set): the shared prefix must still give the
     log-probs and gradients of full passes, recomputed or not."""
-    from conductor_engine.trainer.grpo import _checkpointed, _hf
+    from conductor_engine.trainer.grpo._compute import _checkpointed, _hf
     from conductor_engine.trainer.policy import load_policy
 
     policy = load_policy(PolicyConfig(base=str(_tiny_qwen2_dir(tmp_path)), lora=False,

@@ -1,4 +1,4 @@
-"""Agreement with TRL: on the same tiny model and the same batch, trainer/grpo.py and TRL's
+"""Agreement with TRL: on the same tiny model and the same batch, trainer/grpo/ and TRL's
 GRPOTrainer give the same log-probs, the same loss and the same gradient on every parameter,
 for loss_type grpo, dr_grpo and dapo, on-policy and with behaviour log-probs (ratios away from 1,
 some clipped), asymmetric clipping, masked truncation and a KL term to a reference model.

@@ -136,7 +136,7 @@ class GrammarMask:
     allowed ids). Those are the plan's decisions, and the model that sampled them is the model
     under the grammar: its probability of a choice is renormalised over the set, which is how
     the behaviour log-probabilities and the trainer score them (sampling.sampled_logprobs,
-    trainer/grpo.py). Over the whole vocabulary a right choice may carry e^-15 and its
+    trainer/grpo/_logprobs.py). Over the whole vocabulary a right choice may carry e^-15 and its
     importance ratio swing by orders of magnitude while the choice itself barely moves.
 
     Where the grammar forces the text that comes next (the JSON keys and brackets around the

@@ -136,7 +136,7 @@ def step_logprobs(raw: Any, tokens: Any, scale: float, k: int,
     From the raw logits, before the grammar mask and top-p, except at a row's choices (row ->
     step -> the few tokens its grammar allowed, grammar.GrammarMask): there the softmax runs
     over the allowed tokens only, the distribution the choice was drawn from. The trainer
-    scores each token in the same space (trainer/grpo.py), so the GRPO importance ratio is
+    scores each token in the same space (trainer/grpo/_logprobs.py), so the GRPO importance ratio is
     exactly 1 for an on-policy rollout. Tokens a JSON grammar forces carry their unconstrained
     probability; the trainer leaves them out.
 
