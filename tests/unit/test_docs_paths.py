@@ -3,7 +3,7 @@
 What counts as a repository path: a word that starts with one of the repository's top-level
 folders and a slash and names a folder (ends with `/`), a file (ends with a file extension:
 `.py`, `.md`, `.toml`, ...) or a glob: `engine/contracts/traces.py`, `tests/faults/`,
-`docs/limits.md#anchor`, `engine/storage/migrations/*.sql`. Words like `engine/bare` (a ratio's
+`docs/reference/limits.md#anchor`, `engine/storage/migrations/*.sql`. Words like `engine/bare` (a ratio's
 name) or `trainer/rollouts.group_samples` (a function) are not paths. Such paths are found
 
 - in Markdown (every tracked `*.md`: docs/, README.md, ARCHITECTURE.md, ...) inside code, inline
