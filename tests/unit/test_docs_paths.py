@@ -409,3 +409,58 @@ def test_every_snippet_a_page_includes_exists() -> None:
             if not source or (section and f"[start:{section}]" not in source):
                 problems.append(f"{page.relative_to(ROOT)}: {name}:{section}")
     assert not problems, "snippets that include nothing:\n" + "\n".join(problems)
+
+
+def imported_engine_parts(folder: Path) -> set[str]:
+    """The engine's sub-packages and modules (`contracts`, `text`, ...) a layer's code imports."""
+    parts = set()
+    for file in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            parts |= {name.split(".")[2] for name in names
+                      if name.startswith("conductor_engine.engine.")}
+    return parts
+
+
+def test_the_architecture_names_what_the_workflows_import_from_the_engine() -> None:
+    """ARCHITECTURE.md's layer picture lists the engine parts the workflows import
+    (`workflows/ ──▶ engine/ (pure code: contracts, tasks, ...; activities by name)`): the list
+    is what the code imports, no more and no less."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    written = re.search(r"workflows/\s+──▶ engine/ \(pure code: ([^;)]+)", text)
+    assert written, "ARCHITECTURE.md's layer picture no longer says what workflows/ imports"
+    named = {word.strip() for word in written.group(1).split(",")}
+    imported = imported_engine_parts(ROOT / "workflows")
+    assert named == imported, (
+        f"ARCHITECTURE.md says workflows/ imports {sorted(named)} from engine/; the code imports "
+        f"{sorted(imported)}: correct the picture")
+
+
+# A section of a root document cited by its title in prose: `the README's "Learning" section`,
+# `ARCHITECTURE.md's "Layers"`.
+SECTION_CITED = re.compile(r"\b(README|ARCHITECTURE)(?:\.md)?'s \"([^\"]+)\"")
+
+
+def cited_sections_missing(text: str) -> list[str]:
+    missing = []
+    for doc, title in SECTION_CITED.findall(text):
+        headings = re.findall(r"^#{1,6}\s+(.*?)\s*$", (ROOT / f"{doc}.md").read_text(
+            encoding="utf-8"), flags=re.MULTILINE)
+        if not any(h.lower().startswith(title.lower()) for h in headings):
+            missing.append(f'{doc}.md "{title}"')
+    return missing
+
+
+def test_every_section_of_a_root_document_cited_by_title_exists() -> None:
+    problems = [f"{where}: {name}" for where, text in _named_in_docs()
+                for name in cited_sections_missing(text)]
+    problems += [f"{page.relative_to(ROOT)}: {name}" for page in _tracked() if page.suffix == ".md"
+                 for name in cited_sections_missing(page.read_text(encoding="utf-8"))]
+    assert not problems, "sections cited that do not exist:\n" + "\n".join(problems)
+
+
+def test_a_cited_section_that_is_gone_is_caught() -> None:
+    assert cited_sections_missing('as the README\'s "Learning" section says; ARCHITECTURE.md\'s '
+                                  '"Layers" and the README\'s "Quick start"') == [
+        'README.md "Learning"']
