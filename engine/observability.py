@@ -61,7 +61,7 @@ METRICS: tuple[Metric, ...] = (TOKENS_IN, TOKENS_OUT, COST, STEP_LATENCY, STEP_E
 
 
 # The Temporal SDK's own metrics (its Rust core's, prefixed `temporal_`) that the dashboard
-# (infra/grafana/conductor-dashboard.json) and docs/guides/metrics.md use; durations in
+# (infra/grafana/conductor-dashboard.json) and docs/how-to/metrics.md use; durations in
 # milliseconds, as the SDK exports them by default. tests/integration/test_observability.py
 # checks they are served.
 SDK_METRICS: tuple[Metric, ...] = (

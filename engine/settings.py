@@ -269,7 +269,7 @@ class Settings(BaseSettings):
         default=None, ge=1, le=65535,
         description="the loopback codec endpoint its UI decrypts payloads through (owner "
         "only); unset = the UI's port + 1 (8234)")
-    # --- run data only its owner reads (docs/security.md) ----------------------------------------
+    # --- run data only its owner reads (docs/concepts/security.md) ---------------------------
     payload_encryption: bool | None = Field(
         default=None,
         description="encrypt every Temporal payload (inputs, results, failure messages, "
@@ -285,7 +285,7 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", description="auto or console: human lines (a "
                             "terminal or a pipe); json: one JSON object a line")
     log_level: str = Field(default="warning", description="debug, info, warning or error")
-    # --- observability (docs/guides/metrics.md) ---------------------------------------------------
+    # --- observability (docs/how-to/metrics.md) ---------------------------------------------------
     metrics_bind: str | None = Field(
         default=None,
         description="host:port to serve Prometheus metrics on (/metrics): the Temporal SDK's "
@@ -303,7 +303,7 @@ class Settings(BaseSettings):
         "then pays for no call twice); what is still running after that is retried elsewhere",
     )
 
-    # --- the code verifier's sandbox (docs/security.md) -------------------------------------------
+    # --- the code verifier's sandbox (docs/concepts/security.md) -----------------------------
     code_sandbox: Literal["auto", "bwrap", "namespaces", "unconfined"] = Field(
         default="auto",
         description="how model-written code is isolated: auto = bubblewrap (non-root) or own "

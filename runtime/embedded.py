@@ -9,7 +9,7 @@ it; `conductor up` runs it in the foreground.
 The server itself has no credential: any local user can reach its port. So payloads are
 encrypted before they reach it (engine/storage/codec.py), and beside the server runs the codec
 endpoint its UI decrypts them through, which answers only the owner
-(runtime/codec_server.py); `conductor down` stops both. docs/security.md says what this
+(runtime/codec_server.py); `conductor down` stops both. docs/concepts/security.md says what this
 protects on a shared host.
 """
 

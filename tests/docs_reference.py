@@ -211,7 +211,7 @@ def pool_page() -> str:
     intro = ("The pool file (`pool.toml`: `--pool FILE` or `CONDUCTOR_POOL_FILE`) names the "
              "conductor and the agents it may delegate to; the shipped one is "
              "`engine/providers/pools/default.toml`. How to use it: "
-             "[Real agents](../guides/real-agents.md).\n")
+             "[Real agents](../how-to/real-agents.md).\n")
     lines = [HEADER.format(source="`Pool` in `engine/providers/pool.py`"),
              "# Pool file reference\n", intro, "## Top level\n"]
     titles = {"conductor": "`[conductor]` and each `[[agents]]`"}
@@ -227,7 +227,7 @@ def recipe_page() -> str:
              "its section or flat at the top; the same setting under both names is an error. "
              "The paper's settings: `examples/recipes/paper.toml`; the sim rehearsal's: "
              "`examples/sim/recipe.toml`. How to train: "
-             "[Training on a CPU](../guides/training.md).\n")
+             "[Training on a CPU](../how-to/training.md).\n")
     lines = [HEADER.format(source="`Recipe` in `engine/contracts/training.py`"),
              "# Recipe reference\n", intro, "## Top level\n"]
     lines += _model_sections(Recipe, lambda n, m: f"`[{n}]` ({m.__name__})")
@@ -242,7 +242,7 @@ def settings_page() -> str:
              "`CONDUCTOR_*` variable that is no setting, or a `CONDUCTOR_CONFIG` naming no file, "
              "is a one-line error. The connection to Temporal also reads Temporal's own client "
              "config beneath them: a `temporal.toml` profile and the `TEMPORAL_*` variables, as "
-             "the `temporal` CLI does ([Operating the compose stack](../guides/cluster.md)).\n")
+             "the `temporal` CLI does ([Operating the compose stack](../how-to/cluster.md)).\n")
     lines = [HEADER.format(source="`Settings` in `engine/settings.py`"), "# Settings reference\n",
              intro, *_model_rows(Settings, env_prefix="CONDUCTOR_")]
     return "\n".join(lines).rstrip() + "\n"

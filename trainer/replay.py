@@ -12,7 +12,7 @@ them.
 A replayed attempt's server log-probs are dropped: vLLM's are over the whole vocabulary, the
 trainer's over each choice set, and the choice set's share of the vocabulary is not in the
 response. Its update takes the first step's own log-probs as behaviour log-probs, as TRL does
-by default (docs/rollouts.md measures the gap).
+by default (docs/how-to/served-conductor.md measures the gap).
 
 A run whose ids the grammar rejects was not sampled under this grammar (the server ignored or
 did not receive the structured-output request): it is left out of its group as
@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 FIX = ("serve the conductor with vLLM >= 0.10.2 and its xgrammar structured-output backend "
        "(the openai-compatible provider asks for it with `structured_outputs`); a local "
-       "conductor needs xgrammar installed (docs/rollouts.md)")
+       "conductor needs xgrammar installed (docs/how-to/served-conductor.md)")
 
 
 def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:

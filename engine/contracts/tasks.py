@@ -107,7 +107,8 @@ class Task(Strict):
     parts: list[str] = Field(
         default_factory=list,
         description="a composite task: one tag per part, in the order the reference gives "
-        "their answers, separated by \"; \" (sim agents answer each part apart; docs/plans.md)",
+        "their answers, separated by \"; \" (sim agents answer each part apart; "
+        "docs/how-to/rehearse-plans.md)",
     )
     batch: str | None = Field(default=None, description="the batch this run belongs to, if any")
     options: RunOptions = Field(default_factory=RunOptions)

@@ -226,7 +226,7 @@ class HeldOutConfig(Strict):
 
 class CheckpointConfig(Strict):
     """What the blob store keeps of published versions (engine/storage/retention.py, applied
-    after every publish and by `conductor train prune`; docs/checkpoints.md). Defaults keep a
+    after every publish and by `conductor train prune`; docs/how-to/checkpoints.md). Defaults keep a
     200-iteration run at a few versions' worth of disk: at 7B an optimiser state is 2 GB (LoRA
     r=64) to 56 GB (full), a checkpoint 0.6 to 28 GB. The newest version always keeps both;
     pinned versions, and versions a plan used in the last `served_minutes`, keep their

@@ -148,7 +148,7 @@ class SimSettings(BaseModel):
         default_factory=dict,
         description="task tag -> probability that this agent, when its step sees an earlier "
         "right answer (to the task, or to one part of a composite task), keeps it; otherwise "
-        "it answers as usual (docs/plans.md)",
+        "it answers as usual (docs/how-to/rehearse-plans.md)",
     )
     default_review: Probability = Field(
         default=0.0,

@@ -14,7 +14,7 @@ every run and every machine, while the rollouts of a group (samples 0..G-1) draw
   one for a numeric reference, "I am not sure." otherwise;
 - no task or no reference (a self-call's subtask, a call made by hand): a neutral answer.
 
-Context matters (docs/plans.md):
+Context matters (docs/how-to/rehearse-plans.md):
 
 - review: a step that sees an earlier right answer (TaskInfo.seen, the outputs of the steps it
   may read) keeps it with the agent's `review` rate for the task's tags, drawn like the answer;

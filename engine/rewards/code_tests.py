@@ -17,7 +17,7 @@ For io and call cases the expected values never enter the sandbox: the candidate
 return value (typed, see `typed_values`) comes back and is compared here, on plain data, so an
 object whose `__eq__` always says True, an early exit or a forged result line earns nothing.
 The comparison is exact for integers and type-strict (`same_value`, `same_output`; the rules
-are below and in docs/verdicts.md).
+are below and in docs/concepts/verdicts.md).
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def looks_like_cases(reference: str) -> bool:
 
 # --- comparison (trusted: plain data on both sides) --------------------------------------
 #
-# The rules, for every trusted form (docs/verdicts.md has them as a table):
+# The rules, for every trusted form (docs/concepts/verdicts.md has them as a table):
 # - integers compare exactly, as Python ints of any size: no tolerance ever applies to an
 #   integer expected value;
 # - a float expected value accepts an int or float within FLOAT_TOLERANCE, relative OR absolute

@@ -8,7 +8,7 @@ external-storage driver (engine/storage/payloads.py), which chooses its own keys
 Checkpoints and optimiser states go through `put_file`/`get_to_file` instead: a 7B full fine-tune's
 optimiser state is ~56 GB, so those stream in chunks (local: a temporary file renamed into place;
 S3: multipart) and are hashed as they go, never held whole. The same bytes get the same reference
-either way (docs/checkpoints.md).
+either way (docs/how-to/checkpoints.md).
 
 Layout, under the directory or under `s3://bucket/prefix/`:
     sha256/ab/cdef...            trace blobs, fanned out so no directory grows huge

@@ -2,7 +2,7 @@
 
 Every update publishes a checkpoint and an optimiser state (2 GB at 7B with LoRA r=64, 56 GB for
 a full fine-tune), so 200 iterations would keep hundreds of GB that nothing needs. The rule
-(CheckpointConfig, a recipe's `[checkpoints]`; docs/checkpoints.md):
+(CheckpointConfig, a recipe's `[checkpoints]`; docs/how-to/checkpoints.md):
 
 - the newest `keep_optimizer_states` versions keep their optimiser state: the trainer only ever
   continues from the newest version (an update from any other parent is a StaleParent);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # One-shot (the `temporal-namespace` service): once the server answers, create the namespace the
 # conductor uses and register the engine's search attributes on it (the list in
-# engine/contracts/search_attributes.py; tests/integration/test_compose_stack.py checks them).
+# engine/contracts/search_attributes.py; tests/integration/test_cluster.py checks them).
 # The worker would add missing ones too, but several workers starting at once would race.
 set -eu
 address=${TEMPORAL_ADDRESS:-temporal:7233}

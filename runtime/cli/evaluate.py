@@ -60,7 +60,8 @@ def evaluate(
     ] = None,
     suite: Annotated[str | None, typer.Option(
         help="run a benchmark suite instead of TASKS: a shipped one (paper: GPQA-Diamond, "
-             "LiveCodeBench, MATH500, AIME 2025) or a suite file (TOML, docs/benchmarks.md); "
+             "LiveCodeBench, MATH500, AIME 2025) or a suite file (TOML, "
+             "docs/how-to/benchmarks.md); "
              "the report adds a table with a column per benchmark")] = None,
     limit: Annotated[int | None, typer.Option(
         min=1, max=1_000_000,

@@ -97,6 +97,6 @@ def pool_show(
     for a in agents:  # below the table, whole, however narrow the terminal
         if a.truncation:
             err.print(f"warning: {a.id}: likely to truncate: {a.truncation}; raise it in the "
-                      "pool file (docs/benchmarks.md, the paper's pool)", markup=False,
+                      "pool file (docs/how-to/benchmarks.md, the paper's pool)", markup=False,
                       highlight=False, soft_wrap=True)
 

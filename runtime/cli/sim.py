@@ -53,7 +53,7 @@ def sim_pool(
         "--structure", help="a pool where the plan's shape matters (one step, draft + review, "
         "a split across two specialists, a dear generalist), with each task's oracle plan in "
         "oracle.jsonl; only --seed, --tasks-per-tag (per kind, at most 8) and --out apply "
-        "(docs/plans.md)")] = False,
+        "(docs/how-to/rehearse-plans.md)")] = False,
 ) -> None:
     """Write a sim pool of look-alike agents and a task file for it: train and evaluate on it
     (`conductor train start DIR/tasks.jsonl --pool DIR/pool.toml --holdout 0.25`)."""

@@ -21,7 +21,7 @@ from conductor_engine.runtime.cli.app import (
 def tasks_check(
     source: Annotated[str, typer.Argument(
         help="a JSONL file, hf:NAME[:CONFIG][@SPLIT], or a benchmark's rows as SHAPE:SOURCE "
-             "(docs/benchmarks.md)")],
+             "(docs/how-to/benchmarks.md)")],
     as_json: Annotated[bool, typer.Option("--json", help="the valid tasks as JSON lines")] = False,
     all_errors: Annotated[bool, typer.Option(
         "--all", help=f"list every bad line, not the first {MAX_LISTED}")] = False,

@@ -388,7 +388,7 @@ def train_prune(
 ) -> None:
     """Apply the retention rule to a policy's published versions now (training applies it
     after every update): old optimiser states and checkpoints leave the blob store; pinned,
-    recently served and the newest versions stay. See docs/checkpoints.md."""
+    recently served and the newest versions stay. See docs/how-to/checkpoints.md."""
     settings = load_settings(pool)
     rule = _recipe(recipe).checkpoints
     if keep is not None:

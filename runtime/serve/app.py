@@ -15,7 +15,7 @@ wrong key, 400 for a request the conductor cannot run, 404 for a model not offer
 body or a conversation over the bounds, 502 for a run that failed or could not start, 504 for a
 run over the timeout.
 
-Every request is bounded before it costs anything (docs/limits.md): a body over
+Every request is bounded before it costs anything (docs/reference/limits.md): a body over
 MAX_JSON_REQUEST_BYTES is refused from its Content-Length, or as soon as a streamed body passes
 it, never read whole; the body is parsed by pydantic-core's JSON parser, which refuses nesting
 over about 200 levels and integers over 4,300 digits (a 400, where the standard library's

@@ -20,7 +20,7 @@ protocol with its own bound on a request's head, and a small subclass for what u
 - **Quiet logs.** A failed accept, and uvicorn's warning about each malformed request, is logged
   once a minute at most (`quiet_noisy_logs`), with the count of those left out.
 
-The bounds are settings (`serve_*` in engine/settings.py; docs/guides/serving.md).
+The bounds are settings (`serve_*` in engine/settings.py; docs/how-to/serving.md).
 """
 
 from __future__ import annotations

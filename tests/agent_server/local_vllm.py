@@ -26,7 +26,7 @@ differs. Two differences from vLLM, both outside what the trainer reads:
   (engine/providers/local/replay.py);
 - `logprobs` are the local sampler's (renormalised over a choice set where the grammar allowed
   a few tokens), not vLLM's full-vocabulary ones; the trainer drops a served plan's log-probs and
-  recomputes them either way (docs/rollouts.md).
+  recomputes them either way (docs/how-to/served-conductor.md).
 
 Only what a conductor needs is served: one choice (`n = 1`), no streaming, no tools. A request
 with a schema in any other form than `structured_outputs.json` without whitespace is refused

@@ -25,7 +25,7 @@ LoraRoute = Literal["load", "unload"]
 ROUTES: dict[str, LoraRoute] = {
     "/v1/load_lora_adapter": "load", "/v1/unload_lora_adapter": "unload",
 }
-_ADAPTER_NAME = re.compile(r"-v\d+$")  # engine.policies.served_name: NAME-vK
+_ADAPTER_NAME = re.compile(r"-v\d+$")  # engine.storage.policies.served_name: NAME-vK
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@
 GRPO samples a few plans per task and credits them against each other; when it stalls, the
 question is whether the sampled method failed to find the plans (exploration, credit) or the
 model cannot represent them. This benchmark takes sampling out: for each training task of a
-structured pool (`conductor sim pool --structure`, docs/plans.md) it enumerates every plan the
-conductor could write under the plan grammar, scores each exactly with the sim's expected reward
-(`sim_structure.expected_reward`), and ascends
+structured pool (`conductor sim pool --structure`, docs/how-to/rehearse-plans.md) it enumerates
+every plan the conductor could write under the plan grammar, scores each exactly with the
+sim's expected reward (`sim_structure.expected_reward`), and ascends
 
     J(theta) = mean over tasks of  sum over plans p of  pi_theta(p | task) * E[reward | p]
 

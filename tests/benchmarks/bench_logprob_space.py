@@ -20,7 +20,7 @@ this CPU:
 It prints, per kind of position (choice, free text), the mean and largest |difference| to the
 trainer's log-probs and the share of tokens whose importance ratio exp(trainer - other) falls
 outside GRPO's clip range [0.8, 1.28]: a token there would have its gradient clipped from the
-first optimiser step. docs/rollouts.md quotes a run.
+first optimiser step. docs/results/served-conductor.md quotes a run.
 """
 
 from __future__ import annotations

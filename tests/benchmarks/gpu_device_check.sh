@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmarks (bench_gpu_trainer.py: the trainer's update; bench_rollouts.py: the local
 # provider's rollouts; bench_gpu_iteration.py: a whole training iteration, rollouts to pick-up)
-# as ONE command on a lent GPU machine, and the wheels they need there. See docs/gpu-training.md
+# as ONE command on a lent GPU machine, and the wheels they need there. See docs/how-to/gpu-training.md
 # ("Running the benchmark", "Rollouts on the GPU", "One iteration on one GPU").
 #
 #   1. here, in the repository root, once (needs pip and PyPI; writes .whl/, ignored by git):
@@ -36,7 +36,7 @@
 #
 # Dry run on a CPU: BENCH_ARGS=--small (both benches take it) runs the tiny shapes; to check
 # the imports as the device has them, list the modules it lacks in BLOCKED_MODULES and put a
-# sitecustomize.py that refuses them on PYTHONPATH (see docs/gpu-training.md).
+# sitecustomize.py that refuses them on PYTHONPATH (see docs/how-to/gpu-training.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -126,7 +126,7 @@ run roll1.5b "$ROLL15B_S" python3 tests/benchmarks/bench_rollouts.py --shape 1.5
   tests/benchmarks/bench_gpu_iteration.py --cache-dir $CACHE --json "$OUT/iter7b.json" \
   ${BENCH_ARGS:-} ${ITER_ARGS:-}
 }
-# One GPU for both (docs/gpu-training.md): the trainer's peak and the provider's bf16 copy's
+# One GPU for both (docs/how-to/gpu-training.md): the trainer's peak and the provider's bf16 copy's
 python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

@@ -298,7 +298,7 @@ async def test_a_split_across_two_specialists_answers_a_composite_task_only_when
 ) -> None:
     """The workflow hands the second step what it may see (its access), the agent activity
     hands that to the sim agent, and the composite task is right only when the final step saw
-    the other specialist's part (docs/plans.md)."""
+    the other specialist's part (docs/how-to/rehearse-plans.md)."""
     agent_server.set_responder("conductor", lambda prompt: plan_json(
         ("geo", "Part 1.", []), ("chem", "Part 2.", [0] if "[chained]" in prompt else [])))
     base = make_pool(agent_server)

@@ -2,7 +2,7 @@
 real HTTP server on a free port) in front of the real Temporal dev server, with a worker whose
 agents are the scripted agent server. Each attack is refused with OpenAI's JSON error body and
 the right status, starts no workflow, and an oversized body is refused before it is read whole
-(docs/limits.md lists every bound).
+(docs/reference/limits.md lists every bound).
 
 Before: a 30 MB message started a workflow that stayed Running forever and took the server from
 126 MB to 1.2 GB; a body nested 100k levels, a number of 4,300+ digits and

@@ -170,7 +170,8 @@ async def test_a_plan_served_by_vllm_becomes_a_sample_with_forced_tokens_and_cho
     records = vocab.replay(schema, ids)
     assert isinstance(records, Records)
     assert sorted(sample.choices) == sorted(records.choice_tokens)
-    # full-vocabulary log-probs are not the trainer's space: recomputed (docs/rollouts.md)
+    # full-vocabulary log-probs are not the trainer's space: recomputed
+    # (docs/how-to/served-conductor.md)
     assert sample.behaviour_logprobs is None
 
 

@@ -5,8 +5,8 @@ The candidate runs in a sandbox (`backends`: bubblewrap or our own namespaces) c
 runtime, no network, an unprivileged uid, no capabilities, a seccomp allow-list (`syscalls`),
 cgroups bounding the whole run's processes and memory, resource limits, a timeout, and a PID
 namespace whose processes all die with it. With no sandbox available, runs are refused unless
-the user opted out (`configure(SandboxConfig(backend="unconfined"))`). docs/sandbox.md says what
-holds where.
+the user opted out (`configure(SandboxConfig(backend="unconfined"))`). docs/concepts/sandbox.md
+says what holds where.
 
 Three ways to test a candidate, by how far its result can be trusted:
 - `run_io_cases`: stdin in, stdout out (LiveCodeBench style);
