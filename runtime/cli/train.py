@@ -27,6 +27,7 @@ from conductor_engine.engine.contracts.training import Recipe
 from conductor_engine.engine.rewards.rollouts import describe_counts
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
+from conductor_engine.engine.training import TrainingOptions, plan_training
 from conductor_engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -41,11 +42,7 @@ from conductor_engine.runtime.cli.app import (
     run_async,
 )
 from conductor_engine.runtime.cli.render import Fitted
-from conductor_engine.runtime.client import (
-    ConductorClient,
-    TrainingOptions,
-    plan_training,
-)
+from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.logging import announce_json
 
 if TYPE_CHECKING:
