@@ -19,9 +19,10 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
 
 PROBE_TIMEOUT_S = 2.0
 """How long a server is given to accept a connection before it counts as unreachable."""
@@ -89,3 +90,44 @@ def unusable(agents: Sequence[AgentSpec], env: Mapping[str, str] | None = None, 
 def described(left_out: Mapping[str, str]) -> str:
     """`id (why), id (why)` for a one-line message."""
     return ", ".join(f"{agent} ({why})" for agent, why in left_out.items())
+
+
+INCLUDE_HINT = "--include-unusable runs them anyway"
+
+
+@dataclass
+class EvalAgents:
+    """Who takes part in an eval: the agents its systems run, the agents its conductor runs
+    may use (None: the whole pool), and those left out with why."""
+
+    agents: list[str]
+    conductor_agents: list[str] | None = None
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+def eval_agents(pool: Pool, *, include: bool = False, aggregator: str | None = None,
+                env: Mapping[str, str] | None = None) -> EvalAgents:
+    """The pool's agents an eval runs. Unless `include`, the agents that cannot run here
+    (`unusable`) are left out, and the conductor's runs may use only the rest (with the
+    conductor itself where the pool offers it as an agent). ValueError (one line, what to do)
+    when the conductor or the `aggregator` cannot run, or no agent of the pool can."""
+    everyone = [a.id for a in pool.agents]
+    if include:
+        return EvalAgents(everyone)
+    left_out = unusable([pool.conductor, *pool.agents], env)
+    if pool.conductor.id in left_out:
+        raise ValueError(f"the conductor {pool.conductor.id!r} cannot run here "
+                         f"({left_out[pool.conductor.id]}): fix that, or use a pool whose "
+                         f"conductor can (--pool)")
+    if aggregator in left_out:
+        raise ValueError(f"--aggregator {aggregator} cannot run here ({left_out[aggregator]}): "
+                         f"choose another agent, or {INCLUDE_HINT}")
+    kept = [a for a in everyone if a not in left_out]
+    if not kept:
+        raise ValueError(f"no agent of the pool can run here: {described(left_out)}; set their "
+                         f"keys or start their servers (`conductor pool show`), or "
+                         f"{INCLUDE_HINT}")
+    if not left_out:
+        return EvalAgents(kept)
+    conductor_agents = kept + ([pool.conductor.id] if pool.offer_conductor_as_agent else [])
+    return EvalAgents(kept, conductor_agents, left_out)

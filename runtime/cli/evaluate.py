@@ -3,9 +3,10 @@ one batch of ordinary runs, then one comparison table (terminal, Markdown, JSON,
 
 from __future__ import annotations
 
-import json
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -13,7 +14,7 @@ from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.eval import BASELINES, EvalSpec, eval_tasks, system_rows, write_report
+from conductor_engine.engine.eval import BASELINES, EvalOutcome, EvalSpec, eval_agents, run_eval
 from conductor_engine.engine.eval.report import (
     HEADER,
     NARROW_HEADER,
@@ -21,14 +22,12 @@ from conductor_engine.engine.eval.report import (
     failure_note,
     narrow_cells,
     narrow_header,
-    rows_json,
 )
+from conductor_engine.engine.eval.suite_report import SuiteRow
 from conductor_engine.engine.eval.suite_report import cells as suite_cells
 from conductor_engine.engine.eval.suite_report import failure_note as suite_failure_note
 from conductor_engine.engine.eval.suite_report import header as suite_header
-from conductor_engine.engine.eval.suite_report import suite_rows, write_suite_report
-from conductor_engine.engine.eval.usable import described, unusable
-from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.eval.usable import INCLUDE_HINT, described
 from conductor_engine.engine.tasks.suite import Suite, SuiteError, load_suite
 from conductor_engine.runtime.cli.app import (
     PoolOpt,
@@ -43,9 +42,12 @@ from conductor_engine.runtime.cli.app import (
     out,
     run_async,
 )
-from conductor_engine.runtime.cli.batches import _watch_batch
+from conductor_engine.runtime.cli.batches import progress_columns, progress_info
 from conductor_engine.runtime.cli.render import column_widths, fitted_table
 from conductor_engine.runtime.client import ConductorClient
+
+if TYPE_CHECKING:
+    from conductor_engine.workflows.batch import BatchProgress
 
 
 @app.command(name="eval")
@@ -125,12 +127,20 @@ def evaluate(
         raise fail("--name is required: the eval's name (its batch is NAME)", 2)
     settings = load_settings(pool)
     agents = load_pool(settings)
-    kept, conductor_agents = _usable_agents(agents, include_unusable, aggregator)
+    try:
+        taking_part = eval_agents(agents, include=include_unusable, aggregator=aggregator)
+    except ValueError as e:
+        raise fail(str(e), 2) from None
+    if taking_part.left_out:
+        err.print(Text(f"left out {len(taking_part.left_out)} agent(s) that cannot run here: "
+                       f"{described(taking_part.left_out)}; {INCLUDE_HINT}"),
+                  highlight=False, soft_wrap=True)
     chosen = [b.strip() for b in baselines.split(",") if b.strip() and b.strip() != "none"]
     try:
-        spec = EvalSpec(agents=kept, policy_version=policy,
+        spec = EvalSpec(agents=taking_part.agents, policy_version=policy,
                         baselines=chosen, rounds=rounds, moa_layers=moa_layers,  # type: ignore[arg-type]
-                        aggregator=aggregator, seed=seed, conductor_agents=conductor_agents)
+                        aggregator=aggregator, seed=seed,
+                        conductor_agents=taking_part.conductor_agents)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -147,72 +157,56 @@ def evaluate(
         if limit is not None and options:
             options["limit"] = limit  # a shaped source stops reading after N rows
         loaded = load_task_file(tasks, skip_bad=not strict, **options)[:limit]
-    runs = eval_tasks(loaded, spec)
     target = out_dir or Path("evals") / name
 
-    async def go() -> None:
+    def submitted(started: bool, runs: int) -> None:
+        err.print(f"eval {name} {'started' if started else 'already running'}: "
+                  f"{len(loaded)} tasks x {runs // max(1, len(loaded))} systems",
+                  markup=False, highlight=False)
+
+    async def go() -> EvalOutcome:
         conductor = await ConductorClient.connect(settings, pool=agents)
         in_process = settings.embedded if worker is None else worker
         async with in_process_worker(conductor, agents, in_process):
-            _, started = await conductor.submit_batch(name, runs, concurrency=concurrency,
-                                                      report=False)
-            err.print(f"eval {name} {'started' if started else 'already running'}: "
-                      f"{len(loaded)} tasks x {len(runs) // max(1, len(loaded))} systems",
-                      markup=False, highlight=False)
-            await _watch_batch(settings, name, conductor)
-        async with open_trace_store(settings) as store:
-            traces = await store.batch_traces(name, resolve_blobs=False)
-        rows = system_rows(traces)
-        title = f"eval {name}: {len(loaded)} tasks"
-        header: tuple[str, ...] = HEADER
-        table = [cells(r) for r in rows]
-        if column_widths(header, table, out.width) is None:  # narrow: the main columns
-            title += f" (the main columns; {target / 'table.md'} has all)"
-            header = narrow_header(rows)
-            table = [narrow_cells(r, header is not NARROW_HEADER) for r in rows]
-        for part in fitted_table(title, header, table, out.width):
-            out.print(part, soft_wrap=True)
-        note = failure_note(rows)
-        if note:
-            out.print(Text(f"{note}; `conductor batch report {name}` says why each failed"))
-        written = write_report(name, rows, target)
-        if chosen_suite is not None:
-            written += _suite_table(name, chosen_suite, traces, target)
-        for path in written:
-            out.print(f"wrote {path}", markup=False, highlight=False)
-        if json_file is not None:
-            json_file.write_text(json.dumps(rows_json(rows), indent=2) + "\n")
+            with _progress_bar(name) as show:
+                return await run_eval(conductor, lambda: open_trace_store(settings), name,
+                                      loaded, spec, out_dir=target, suite=chosen_suite,
+                                      concurrency=concurrency, json_file=json_file,
+                                      on_submitted=submitted, on_progress=show)
 
-    run_async(go())
+    outcome = run_async(go())
+    _show_table(outcome, target)
+    if chosen_suite is not None and outcome.suite_rows is not None:
+        _show_suite_table(chosen_suite, outcome.suite_rows)
+    for path in outcome.written:
+        out.print(f"wrote {path}", markup=False, highlight=False)
 
 
-def _usable_agents(pool: Pool, include: bool, aggregator: str | None
-                  ) -> tuple[list[str], list[str] | None]:
-    """The pool's agents the eval runs, and the agents its conductor runs may use (None: the
-    whole pool). Unless `include`, the agents that cannot run here (engine/eval/usable.py) are
-    left out with one line saying which and why; a conductor or an --aggregator that cannot
-    run, or a pool with no agent that can, is an `error:` line (exit status 2)."""
-    everyone = [a.id for a in pool.agents]
-    if include:
-        return everyone, None
-    left_out = unusable([pool.conductor, *pool.agents])
-    hint = "--include-unusable runs them anyway"
-    if pool.conductor.id in left_out:
-        raise fail(f"the conductor {pool.conductor.id!r} cannot run here "
-                   f"({left_out[pool.conductor.id]}): fix that, or use a pool whose conductor "
-                   f"can (--pool)", 2)
-    if aggregator in left_out:
-        raise fail(f"--aggregator {aggregator} cannot run here ({left_out[aggregator]}): "
-                   f"choose another agent, or {hint}", 2)
-    kept = [a for a in everyone if a not in left_out]
-    if not kept:
-        raise fail(f"no agent of the pool can run here: {described(left_out)}; set their "
-                   f"keys or start their servers (`conductor pool show`), or {hint}", 2)
-    if not left_out:
-        return kept, None
-    err.print(Text(f"left out {len(left_out)} agent(s) that cannot run here: "
-                   f"{described(left_out)}; {hint}"), highlight=False, soft_wrap=True)
-    return kept, kept + ([pool.conductor.id] if pool.offer_conductor_as_agent else [])
+@contextlib.contextmanager
+def _progress_bar(name: str) -> Iterator[Callable[[BatchProgress], None]]:
+    """The batch's live bar (the one `conductor batch` draws), fed each progress answer."""
+    from rich.progress import Progress
+
+    with Progress(*progress_columns(), console=err, transient=False, expand=True) as bar:
+        job = bar.add_task(name, total=None, info="")
+        yield lambda p: bar.update(job, total=p.total, completed=p.done, info=progress_info(p))
+
+
+def _show_table(outcome: EvalOutcome, target: Path) -> None:
+    """The comparison table fitted to the terminal: the main columns when it is narrow."""
+    rows = outcome.rows
+    title = f"eval {outcome.name}: {outcome.tasks} tasks"
+    header: tuple[str, ...] = HEADER
+    table = [cells(r) for r in rows]
+    if column_widths(header, table, out.width) is None:  # narrow: the main columns
+        title += f" (the main columns; {target / 'table.md'} has all)"
+        header = narrow_header(rows)
+        table = [narrow_cells(r, header is not NARROW_HEADER) for r in rows]
+    for part in fitted_table(title, header, table, out.width):
+        out.print(part, soft_wrap=True)
+    note = failure_note(rows)
+    if note:
+        out.print(Text(f"{note}; `conductor batch report {outcome.name}` says why each failed"))
 
 
 def _load_suite(suite: str) -> Suite:
@@ -237,9 +231,8 @@ def _suite_tasks(suite: Suite, *, strict: bool, seed: int, limit: int | None) ->
     return out
 
 
-def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> list[Path]:
-    """Print the paper-shaped table and write it beside the eval's report."""
-    rows = suite_rows(suite, traces)
+def _show_suite_table(suite: Suite, rows: list[SuiteRow]) -> None:
+    """The paper-shaped table: a column per benchmark, their average, the published row."""
     head, table = suite_header(suite, rows), [suite_cells(r) for r in rows]
     title = f"suite {suite.name}: accuracy (%) per benchmark and their average"
     for part in fitted_table(title, head, table, out.width):
@@ -250,7 +243,6 @@ def _suite_table(name: str, suite: Suite, traces: list[Any], target: Path) -> li
     if any(r.published for r in rows):
         out.print(f"last row published, not measured: {suite.citation}", markup=False,
                   highlight=False, soft_wrap=True)
-    return write_suite_report(name, suite, rows, target)
 
 
 def _shape_options(source: str, columns: list[str] | None, seed: int) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import contextlib
 import os
 import signal
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -22,9 +22,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.training import Recipe
 from conductor_engine.engine.rewards.rollouts import describe_counts
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
+from conductor_engine.engine.training import TrainingOptions, plan_training
 from conductor_engine.runtime.cli.app import (
     PoolOpt,
     app,
@@ -39,12 +42,15 @@ from conductor_engine.runtime.cli.app import (
     run_async,
 )
 from conductor_engine.runtime.cli.render import Fitted
-from conductor_engine.runtime.client import (
-    ConductorClient,
-    TrainingOptions,
-    plan_training,
-)
+from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.logging import announce_json
+
+if TYPE_CHECKING:
+    from conductor_engine.engine.storage.policies import PolicyVersion
+    from conductor_engine.engine.storage.retention import Pruning
+    from conductor_engine.workflows.train import HeldOutEval, IterationStats, TrainProgress
+
+T = TypeVar("T")
 
 MAX_ITERATIONS = 1_000_000
 """A bound that only refuses nonsense: a training run this long continues as new anyway."""
@@ -57,9 +63,7 @@ train_app = typer.Typer(help="Train the conductor with GRPO on its own traces.",
 app.add_typer(train_app, name="train")
 
 
-def _recipe(path: Path | None) -> Any:
-    from conductor_engine.engine.contracts.training import Recipe
-
+def _recipe(path: Path | None) -> Recipe:
     if path is None:
         return Recipe()
     try:
@@ -205,7 +209,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _iteration_line(s: Any) -> str:
+def _iteration_line(s: IterationStats) -> str:
     made = f" → {s.published}" if s.published else f" (no update: {s.note})" if s.note else ""
     return (f"it {s.iteration:>3} · {s.version}{made} · {s.rollouts} rollouts"
             f"{left_out_note(s)} · reward {_fmt(s.mean_reward)} · "
@@ -214,7 +218,7 @@ def _iteration_line(s: Any) -> str:
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
 
 
-def heldout_line(e: Any) -> str:
+def heldout_line(e: HeldOutEval) -> str:
     """One held-out evaluation (HeldOutEval): the curve users watch."""
     left = f" · left out {describe_counts(e.left_out)}" if e.left_out else ""
     return (f"held out · {e.version} after {e.iteration} iterations · {e.runs} tasks · "
@@ -222,7 +226,7 @@ def heldout_line(e: Any) -> str:
             f"{_fmt(e.valid_plan_rate, 2)}{left}")
 
 
-def left_out_note(s: Any) -> str:
+def left_out_note(s: IterationStats) -> str:
     """" · left out 5 (verifier_error 4, step_failed 1)", and what the update left out when
     that differs (stale groups, unreadable traces); "" when nothing was."""
     note = f" · left out {describe_counts(s.left_out)}" if s.left_out else ""
@@ -241,7 +245,7 @@ def train_status(
     """The run's iterations, its reward curve in the terminal, and the curve as a PNG."""
     settings = load_settings(pool)
 
-    async def go() -> tuple[str, Any]:
+    async def go() -> tuple[str, TrainProgress | None]:
         conductor = await ConductorClient.connect(settings, start_embedded=False)
         return await conductor.training_progress(name)
 
@@ -270,7 +274,7 @@ HISTORY_DROP = ("tokens", "clip", "kl", "grad norm", "published", "loss", "versi
 rate and the runs left out of their groups stay."""
 
 
-def history_table(title: str, history: list[Any]) -> Fitted:
+def history_table(title: str, history: list[IterationStats]) -> Fitted:
     """One row per iteration (IterationStats): its rollouts and the runs left out of their
     groups, by reason, then how the policy did and what the update did; fitted to the
     terminal (render.Fitted)."""
@@ -397,7 +401,7 @@ def train_prune(
         rule.keep_checkpoints = keep_checkpoints
     protect = _pool_pin(settings, policy)
 
-    async def go() -> Any:
+    async def go() -> Pruning:
         from conductor_engine.engine.storage.policies import PolicyRegistry
         from conductor_engine.engine.storage.retention import prune
 
@@ -435,7 +439,7 @@ def train_pin(
     if not number:
         raise fail(f"{version}: pin a published version vN (the base model is always kept)")
 
-    async def go() -> Any:
+    async def go() -> PolicyVersion:
         from conductor_engine.engine.storage.policies import PolicyRegistry
 
         async with open_trace_store(settings) as store:
@@ -455,7 +459,7 @@ def _pool_pin(settings: Settings, policy: str) -> frozenset[int]:
     return frozenset({pinned}) if pinned else frozenset()
 
 
-async def _storage_errors(coro: Any) -> Any:
+async def _storage_errors(coro: Awaitable[T]) -> T:
     """A policy or blob store problem as LookupError: one `error:` line from run_async."""
     from conductor_engine.engine.storage.blobs import BlobStoreError
     from conductor_engine.engine.storage.policies import PolicyError
@@ -466,7 +470,7 @@ async def _storage_errors(coro: Any) -> Any:
         raise LookupError(str(e)) from None
 
 
-def _training_tasks(source: str) -> list[Any]:
+def _training_tasks(source: str) -> list[Task]:
     """A task file, or a training-mix manifest (`examples/paper/train_mix.toml`) drawn and
     checked against its held-out suites."""
     from conductor_engine.engine.tasks.mix import is_mix

@@ -180,53 +180,111 @@ def _usage(result: RunResult) -> CompletionUsage:
                            total_tokens=usage.input_tokens + usage.output_tokens)
 
 
-def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence[str], *,
-               run_timeout_s: float = 1800.0, keep_alive_s: float = KEEP_ALIVE_S) -> Starlette:
-    """The app: `keys` empty means no key is asked for (the CLI then binds loopback only)."""
-    settings = conductor.settings
-    limits = ServeLimits.of(settings)
-    parsing = asyncio.Semaphore(PARSE_THREADS)
+def _chunk(wid: str, created: int, model: str, delta: Delta, finish: bool = False,
+           usage: CompletionUsage | None = None) -> str:
+    """One `chat.completion.chunk` event as OpenAI sends it: `finish_reason` null until the
+    stop, the delta holding only what it carries, `usage` only on the last chunk (no
+    choices)."""
+    choices = [] if usage is not None else [
+        ChunkChoice(delta=delta, finish_reason="stop" if finish else None)]
+    body = ChatCompletionChunk(id=f"chatcmpl-{wid}", created=created, model=model,
+                               choices=choices, usage=usage).model_dump()
+    for choice in body["choices"]:
+        choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    if body["usage"] is None:
+        del body["usage"]
+    return f"data: {json.dumps(body)}\n\n"
 
-    def authorize(request: Request) -> None:
-        if not keys:
+
+class ChatServer:
+    """What `conductor serve` answers: the OpenAI routes over one ConductorClient and a model
+    catalog. The state a request shares with the others (keys, limits, the parsing slot, the
+    timeouts) is held here; each route is a method; `app()` assembles them for uvicorn."""
+
+    def __init__(self, conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence[str],
+                 *, run_timeout_s: float = 1800.0, keep_alive_s: float = KEEP_ALIVE_S) -> None:
+        self.conductor, self.catalog, self.keys = conductor, catalog, tuple(keys)
+        self.settings = conductor.settings
+        self.limits = ServeLimits.of(self.settings)
+        self.parsing = asyncio.Semaphore(PARSE_THREADS)
+        self.run_timeout_s, self.keep_alive_s = run_timeout_s, keep_alive_s
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            ],
+            exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                                Exception: _unexpected},
+        )
+
+    # --- routes ------------------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        now = int(time.time())
+        names = await self.catalog.names()
+        return JSONResponse(ModelList(data=[Model(id=n, created=now) for n in names])
+                            .model_dump())
+
+    async def model(self, request: Request) -> Response:
+        self.authorize(request)
+        name = request.path_params["model"]
+        try:
+            await self.catalog.policy_version(name)
+        except UnknownModel as e:
+            raise ApiError(404, str(e), "not_found_error", "model_not_found", "model") from None
+        return JSONResponse(Model(id=name, created=int(time.time())).model_dump())
+
+    async def chat_completions(self, request: Request) -> Response:
+        self.authorize(request)
+        chat = await self.read_request(request)
+        wid, headers = await self.start(chat)
+        if chat.stream:
+            include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+            return StreamingResponse(
+                self.stream(request, chat.model, wid, headers, include_usage),
+                media_type="text/event-stream",
+                headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+        try:
+            res = await self.finish(request, wid, headers)
+        except Disconnected:
+            return Response(status_code=499)  # nobody reads it: nginx's "client closed"
+        return JSONResponse(ChatCompletion(
+            id=f"chatcmpl-{wid}", created=int(time.time()), model=chat.model,
+            choices=[Choice(message=ResponseMessage(content=res.answer or ""))],
+            usage=_usage(res)).model_dump(), headers=headers)
+
+    # --- the steps of a completion -----------------------------------------------------------
+
+    def authorize(self, request: Request) -> None:
+        """Nothing when no key is asked for; else a 401 unless the bearer token is a key."""
+        if not self.keys:
             return
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise ApiError(401, "no API key: send the header `Authorization: Bearer KEY` with "
                            "a key from the server's CONDUCTOR_API_KEYS", "authentication_error",
                            "invalid_api_key")
-        if not key_matches(token, keys):
+        if not key_matches(token, self.keys):
             raise ApiError(401, "wrong API key: use one of the keys in the server's "
                            "CONDUCTOR_API_KEYS", "authentication_error", "invalid_api_key")
 
-    async def models(request: Request) -> Response:
-        authorize(request)
-        now = int(time.time())
-        names = await catalog.names()
-        return JSONResponse(ModelList(data=[Model(id=n, created=now) for n in names])
-                            .model_dump())
-
-    async def model(request: Request) -> Response:
-        authorize(request)
-        name = request.path_params["model"]
-        try:
-            await catalog.policy_version(name)
-        except UnknownModel as e:
-            raise ApiError(404, str(e), "not_found_error", "model_not_found", "model") from None
-        return JSONResponse(Model(id=name, created=int(time.time())).model_dump())
-
-    async def read_request(request: Request) -> ChatRequest:
-        body = await read_body(request, timeout_s=limits.body_timeout_s)
-        async with parsing:
+    async def read_request(self, request: Request) -> ChatRequest:
+        body = await read_body(request, timeout_s=self.limits.body_timeout_s)
+        async with self.parsing:
             return await asyncio.to_thread(parse_chat, body)
 
-    async def start(chat: ChatRequest) -> tuple[str, dict[str, str]]:
+    async def start(self, chat: ChatRequest) -> tuple[str, dict[str, str]]:
+        """Start the run the conversation becomes; its workflow id and the answer's headers."""
         try:
-            version = await catalog.policy_version(chat.model)
+            version = await self.catalog.policy_version(chat.model)
         except UnknownModel as e:
             raise ApiError(404, str(e), "not_found_error", "model_not_found", "model") from None
         try:
-            async with parsing:
+            async with self.parsing:
                 task = await asyncio.to_thread(chat_task, chat, version)
         except BadRequest as e:
             raise ApiError(400, str(e), "invalid_request_error", param=e.param) from None
@@ -234,29 +292,29 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
             raise ApiError(413, str(e), "invalid_request_error", "conversation_too_large",
                            "messages") from None
         try:
-            wid = await conductor.submit(task)
+            wid = await self.conductor.submit(task)
         except RPCError as e:
             raise ApiError(502, f"the run could not start: Temporal answered {e.message}",
                            "server_error", "run_not_started") from None
         log.info("run started", workflow_id=wid, model=chat.model, stream=chat.stream)
-        return wid, {WORKFLOW_ID_HEADER: wid, UI_URL_HEADER: settings.workflow_url(wid)}
+        return wid, {WORKFLOW_ID_HEADER: wid, UI_URL_HEADER: self.settings.workflow_url(wid)}
 
-    async def finish(request: Request, wid: str, headers: dict[str, str],
+    async def finish(self, request: Request, wid: str, headers: dict[str, str],
                      on_wait: Callable[[], Awaitable[None]] | None = None) -> RunResult:
         """The run's result; Disconnected (the run cancelled) when the client hangs up first,
         ApiError 502 for a failed run, 504 past the timeout. `on_wait` runs each keep-alive."""
-        result = asyncio.ensure_future(conductor.result(wid))
+        result = asyncio.ensure_future(self.conductor.result(wid))
         gone = asyncio.ensure_future(_until_disconnect(request))
-        deadline = time.monotonic() + run_timeout_s
+        deadline = time.monotonic() + self.run_timeout_s
         try:
             while not result.done():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ApiError(504, f"the run did not finish within {run_timeout_s:g}s; it "
-                                   f"goes on: `conductor result {wid}` (or {UI_URL_HEADER}) "
-                                   "gives its answer", "timeout_error", "run_timeout",
-                                   headers=headers)
-                await asyncio.wait({result, gone}, timeout=min(left, keep_alive_s),
+                    raise ApiError(504, f"the run did not finish within "
+                                   f"{self.run_timeout_s:g}s; it goes on: `conductor result "
+                                   f"{wid}` (or {UI_URL_HEADER}) gives its answer",
+                                   "timeout_error", "run_timeout", headers=headers)
+                await asyncio.wait({result, gone}, timeout=min(left, self.keep_alive_s),
                                    return_when=asyncio.FIRST_COMPLETED)
                 if gone.done() and not result.done():
                     raise Disconnected()
@@ -270,7 +328,7 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
         except (Disconnected, asyncio.CancelledError):
             if not result.done():
                 log.info("client hung up: cancelling the run", workflow_id=wid)
-                _detach(conductor.cancel(wid, reason="the HTTP client disconnected"))
+                _detach(self.conductor.cancel(wid, reason="the HTTP client disconnected"))
             raise
         finally:
             result.cancel()
@@ -281,53 +339,19 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
                            f"run_{res.status}", headers=headers)
         return res
 
-    async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        chat = await read_request(request)
-        wid, headers = await start(chat)
-        if chat.stream:
-            include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-            return StreamingResponse(
-                _stream(request, chat.model, wid, headers, include_usage),
-                media_type="text/event-stream",
-                headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
-        try:
-            res = await finish(request, wid, headers)
-        except Disconnected:
-            return Response(status_code=499)  # nobody reads it: nginx's "client closed"
-        return JSONResponse(ChatCompletion(
-            id=f"chatcmpl-{wid}", created=int(time.time()), model=chat.model,
-            choices=[Choice(message=ResponseMessage(content=res.answer or ""))],
-            usage=_usage(res)).model_dump(), headers=headers)
-
-    async def _stream(request: Request, model_name: str, wid: str, headers: dict[str, str],
-                      include_usage: bool) -> AsyncIterator[str]:
+    async def stream(self, request: Request, model: str, wid: str, headers: dict[str, str],
+                     include_usage: bool) -> AsyncIterator[str]:
         """The answer as `chat.completion.chunk` events: the assistant role at once (the run
         has started), a keep-alive comment while it works, the answer when it is known (the
         last step's output, whole), the stop, the usage when asked for, then `[DONE]`."""
         created = int(time.time())
-
-        def chunk(delta: Delta, finish: bool = False,
-                  usage: CompletionUsage | None = None) -> str:
-            """One event as OpenAI sends it: `finish_reason` null until the stop, the delta
-            holding only what it carries, `usage` only on the last chunk (no choices)."""
-            choices = [] if usage is not None else [
-                ChunkChoice(delta=delta, finish_reason="stop" if finish else None)]
-            body = ChatCompletionChunk(id=f"chatcmpl-{wid}", created=created, model=model_name,
-                                       choices=choices, usage=usage).model_dump()
-            for choice in body["choices"]:
-                choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
-            if body["usage"] is None:
-                del body["usage"]
-            return f"data: {json.dumps(body)}\n\n"
-
         pings: asyncio.Queue[str] = asyncio.Queue()
 
         async def ping() -> None:
             await pings.put(": keep-alive\n\n")
 
-        yield chunk(Delta(role="assistant", content=""))
-        waiting = asyncio.ensure_future(finish(request, wid, headers, on_wait=ping))
+        yield _chunk(wid, created, model, Delta(role="assistant", content=""))
+        waiting = asyncio.ensure_future(self.finish(request, wid, headers, on_wait=ping))
         try:
             while not waiting.done():
                 getting = asyncio.ensure_future(pings.get())
@@ -344,40 +368,40 @@ def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence
                 return
             except Disconnected:
                 return
-            yield chunk(Delta(content=res.answer or ""))
-            yield chunk(Delta(), finish=True)
+            yield _chunk(wid, created, model, Delta(content=res.answer or ""))
+            yield _chunk(wid, created, model, Delta(), finish=True)
             if include_usage:
-                yield chunk(Delta(), usage=_usage(res))
+                yield _chunk(wid, created, model, Delta(), usage=_usage(res))
             yield "data: [DONE]\n\n"
         finally:
             if not waiting.done():  # torn down by the server as the client left
                 waiting.cancel()
 
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return exc.response()
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kind: ErrorType = "not_found_error" if exc.status_code == 404 else \
-            "invalid_request_error"
-        message = f"no route {request.method} {request.url.path}" if exc.status_code in \
-            (404, 405) else str(exc.detail)
-        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
 
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        """Any other error still answers in OpenAI's shape, never a plain-text 500 (Starlette
-        re-raises it after this response, so the server logs it whole)."""
-        return JSONResponse(error_body(f"internal error ({type(exc).__name__}); the server "
-                                       "log has the details", "server_error", "internal_error"),
-                            status_code=500)
 
-    return Starlette(
-        routes=[
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/models/{model:path}", model, methods=["GET"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        ],
-        exception_handlers={ApiError: api_error, HTTPException: http_error,
-                            Exception: unexpected},
-    )
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind: ErrorType = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"no route {request.method} {request.url.path}" if exc.status_code in \
+        (404, 405) else str(exc.detail)
+    return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """Any other error still answers in OpenAI's shape, never a plain-text 500 (Starlette
+    re-raises it after this response, so the server logs it whole)."""
+    return JSONResponse(error_body(f"internal error ({type(exc).__name__}); the server log has "
+                                   "the details", "server_error", "internal_error"),
+                        status_code=500)
+
+
+def create_app(conductor: ConductorClient, catalog: ModelCatalog, keys: Sequence[str], *,
+               run_timeout_s: float = 1800.0, keep_alive_s: float = KEEP_ALIVE_S) -> Starlette:
+    """The app (ChatServer's routes): `keys` empty means no key is asked for (the CLI then
+    binds loopback only)."""
+    return ChatServer(conductor, catalog, keys, run_timeout_s=run_timeout_s,
+                      keep_alive_s=keep_alive_s).app()

@@ -6,17 +6,20 @@ each task to the agent competent at its tag, so it must beat the best single age
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from pathlib import Path
 
 from temporalio.client import Client
 
+from conductor_engine.engine.eval import EvalSpec, run_eval
 from conductor_engine.engine.eval.systems import moa_plan, random_plan
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
 from tests.cli import CONDUCTOR, stack_env
 from tests.conftest import free_port, running_worker, write_pool
 from tests.plans import plan_json
@@ -151,6 +154,39 @@ async def test_eval_leaves_out_agents_that_cannot_run_and_never_shows_failures_a
     assert not rows[next(s for s in rows if s.startswith("best single"))]["failed"]
     words = " ".join(out.split())  # the note under the table wraps at the terminal's width
     assert "4 run(s) failed" in words and f"conductor batch report {name}-all" in words
+
+
+async def test_run_eval_runs_an_eval_from_python_and_writes_its_report(
+    agent_server, client: Client, settings: Settings, trace_store: TraceStore, tmp_path: Path,
+) -> None:
+    """The eval `conductor eval` runs, with no CLI: a ConductorClient is the EvalClient; the
+    caller sees the batch submitted and its progress, and gets the rows and files back."""
+    pool, task_file, _ = sim_setup(agent_server, tmp_path)
+    agent_server.set_responder("conductor", lambda prompt: plan_json(("alpha", "Answer.", [])))
+    tasks = load_tasks(str(task_file)).tasks[:1]
+    agents = [a.id for a in pool.agents][:2]  # a small eval: 3 runs
+    spec = EvalSpec(agents=agents, baselines=["single"])
+    submitted: list[tuple[bool, int]] = []
+    progress: list[tuple[int, int]] = []
+    name = f"py-eval-{uuid.uuid4().hex[:6]}"
+    async with running_worker(client, settings, pool):
+        outcome = await run_eval(
+            ConductorClient(client, settings, pool), lambda: contextlib.nullcontext(trace_store),
+            name, tasks, spec, out_dir=tmp_path / "report", json_file=tmp_path / "rows.json",
+            on_submitted=lambda started, runs: submitted.append((started, runs)),
+            on_progress=lambda p: progress.append((p.done, p.total)), poll_s=0.1)
+    runs = len(tasks) * (1 + len(agents))
+    assert submitted == [(True, runs)]
+    assert progress and progress[-1] == (runs, runs), progress
+    assert (outcome.name, outcome.tasks, outcome.runs, outcome.suite_rows) == (
+        name, len(tasks), runs, None)
+    systems = {r.system for r in outcome.rows}
+    assert {"conductor", *(f"single {a}" for a in agents)} < systems, systems
+    assert all(r.tasks == len(tasks) and r.failed == 0 for r in outcome.rows), outcome.rows
+    assert {p.name for p in outcome.written} >= {"results.json", "table.md"}
+    assert all(p.is_file() for p in outcome.written)
+    assert [r["system"] for r in json.loads((tmp_path / "rows.json").read_text())] == \
+        [r.system for r in outcome.rows]
 
 
 def test_a_random_plan_is_valid_and_the_same_for_the_same_seed() -> None:

@@ -46,7 +46,7 @@ ENGINE_LAYERS = (
     ("storage",),
     ("providers",),
     ("plan",),
-    ("eval",),
+    ("eval", "training"),
     ("",),
 )
 ENGINE = f"{NAMESPACE}.engine"

@@ -1,4 +1,4 @@
-"""Starting a training run as the client plans it (runtime/client.py `plan_training`):
+"""Starting a training run as it is planned (engine/training/planning.py `plan_training`):
 the recipe with the command's overrides, the base model the trainer loads, and the held-out
 split, with a one-line ValueError where the run cannot be trained. No service needed."""
 
@@ -9,7 +9,7 @@ import pytest
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import Recipe
 from conductor_engine.engine.providers.pool import Pool
-from conductor_engine.runtime.client import TrainingOptions, plan_training
+from conductor_engine.engine.training import TrainingOptions, plan_training
 
 
 def _pool(provider: str, **conductor: str) -> Pool:
