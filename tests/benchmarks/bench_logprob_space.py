@@ -1,6 +1,6 @@
 """How far a server's log-probs are from the trainer's, on the same tokens of real plans.
 
-    CONDUCTOR_DATA_DIR=... python tests/benchmarks/bench_logprob_space.py [--plans 8]
+    CONDUCTOR_DATA_DIR=... python -m tests.benchmarks.bench_logprob_space [--plans 8]
 
 vLLM returns, for each sampled token, its log-probability over the whole vocabulary from the
 raw logits (before the grammar's mask). The trainer scores a plan's decisions over the few
@@ -30,11 +30,7 @@ import asyncio
 import copy
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CLIP_LOW, CLIP_HIGH = 0.8, 1.28  # 1 - epsilon_low, 1 + epsilon_high (the recipe's defaults)
 
