@@ -1,7 +1,8 @@
 """GRPO, top to bottom: samples -> advantages -> batch -> log-probs -> loss -> optimiser step.
 
 The objective is TRL's `GRPOTrainer` loss for `loss_type` in {grpo, dr_grpo, dapo}, with the same
-names and meanings (tests/unit/test_grpo_trl.py checks loss and gradients against TRL itself).
+names and meanings (tests/unit/trainer/test_grpo_trl.py checks loss and gradients against TRL
+itself).
 For one completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
 
     logp_it = log pi(o_it | q, o_i<t)        (the policy being trained)
@@ -381,8 +382,8 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int,
     Each row's rest (its own prompt tail and completion) runs with its left padding moved
     after the cache: masked, and with explicit positions so every token keeps the position it
     has in a full pass. Gradients flow back through the repeated cache into the one prefix
-    pass, so loss and gradients are those of B full passes (tests/unit/test_grpo.py checks) at
-    a fraction of the compute.
+    pass, so loss and gradients are those of B full passes (tests/unit/trainer/test_grpo.py
+    checks) at a fraction of the compute.
 
     Under gradient checkpointing, transformers drops a cache a layer would write (its backward
     replay would append the keys twice). So the prefix, one row, runs without checkpointing
@@ -747,8 +748,8 @@ class Compute:
     full policy and for a LoRA adapter: at lr 1e-6 Adam's first step moves a weight by about
     1e-6, and bfloat16's spacing at a weight of 0.02 is 2^-13 (1.2e-4), so bfloat16 weights
     would round the move away, while float32's there is 2^-29 (1.9e-9)
-    (tests/unit/test_grpo.py shows both). The LM head and the log-softmax stay out of autocast
-    (per_token_logprobs).
+    (tests/unit/trainer/test_grpo.py shows both). The LM head and the log-softmax stay out of
+    autocast (per_token_logprobs).
 
     auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its
     activations would not fit the device's free memory (`_needs_checkpointing`), and rerun a
@@ -811,7 +812,7 @@ def _bytes_per_token(hf: Any, compute: int, stream: int, *, lora: bool = False,
     (h 3584, i 18944, 28 layers) with LoRA on its bfloat16 base, 13.3 MB: 55 GB for a
     micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), above the ~38 GiB
     issue 31 measured at its peak. On CPU it is above what autograd keeps and within 2x of it
-    (tests/unit/test_grpo.py, with and without LoRA)."""
+    (tests/unit/trainer/test_grpo.py, with and without LoRA)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     h = cfg.hidden_size
     i = getattr(cfg, "intermediate_size", None) or 4 * h

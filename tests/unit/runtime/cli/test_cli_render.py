@@ -47,6 +47,7 @@ from conductor_engine.runtime.history import (
     TrailStep,
 )
 from conductor_engine.workflows.train import IterationStats
+from tests.paths import DATA, ROOT
 from tests.traces import make_trace
 
 # The module, not the Typer app of the same name that the package exports.
@@ -311,8 +312,8 @@ def test_eval_lists_a_benchmark_s_bad_rows_and_runs_the_rest_unless_strict(
         raise _Connected
 
     monkeypatch.setattr(ConductorClient, "connect", connect)
-    rows = Path(__file__).resolve().parents[1] / "data" / "shapes" / "mmlu.jsonl"
-    pool = Path(__file__).resolve().parents[2] / "examples" / "sim" / "pool.toml"
+    rows = DATA / "shapes" / "mmlu.jsonl"
+    pool = ROOT / "examples" / "sim" / "pool.toml"
     args = ["eval", f"mmlu:{rows}", "--name", "e", "--pool", str(pool), "--baselines", "none"]
     result = CliRunner().invoke(app, [*args, *(["--strict"] if strict else [])],
                                 env={"COLUMNS": "400"})

@@ -13,8 +13,9 @@ from conductor_engine.engine.rewards.code_tests import parse_reference
 from conductor_engine.engine.tasks.benchmark_shapes import LETTERS
 from conductor_engine.engine.tasks.files import TaskFileError
 from conductor_engine.engine.tasks.sources import load_tasks
+from tests.paths import DATA, ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "eval"
+EXAMPLES = ROOT / "examples" / "eval"
 
 
 def test_gpqa_choices_are_shuffled_per_task_with_a_recorded_seed_and_the_letter_is_right() -> None:
@@ -61,7 +62,7 @@ def test_a_missing_column_is_one_line_naming_the_flag_that_maps_it(tmp_path: Pat
 
 # --- the published shapes (tests/data/shapes/, written by make_rows.py) --------------------
 
-ROWS = Path(__file__).resolve().parents[1] / "data" / "shapes"
+ROWS = DATA / "shapes"
 
 
 def test_mmlu_choices_keep_their_order_and_the_answer_index_becomes_the_letter() -> None:

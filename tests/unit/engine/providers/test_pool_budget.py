@@ -19,8 +19,8 @@ from conductor_engine.engine.providers.budget import (
 from conductor_engine.engine.providers.openai_provider import _arguments
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError
 from conductor_engine.runtime.cli import app
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PAPER_POOL = ROOT / "examples" / "paper" / "pool.toml"
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 NAMESPACE = "conductor_engine"
 FOLDERS = ("engine", "activities", "workflows", "trainer", "runtime")
 RUNTIME = f"{NAMESPACE}.runtime"

@@ -17,8 +17,8 @@ from conductor_engine.engine.contracts.training import Recipe
 from conductor_engine.engine.settings import Settings, SettingsError
 from conductor_engine.engine.tasks.files import load_jsonl
 from tests.cli import run_conductor
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NOT_SOURCE = {"tests", "site", "build", "dist"}
 
 def test_a_misspelt_run_option_is_refused_with_the_name_it_meant() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from conductor_engine.engine.contracts.training import TRL_SECTIONS, LossConfig, Recipe
+from tests.paths import ROOT
 
 OURS = """
 report_to = ["tensorboard"]
@@ -118,7 +118,7 @@ def test_report_to_none_is_empty() -> None:
 def test_every_recipe_shipped_under_examples_reads() -> None:
     """A field renamed or a value out of range in a shipped recipe fails here, not in a
     user's first `conductor train start`."""
-    root = Path(__file__).resolve().parents[2] / "examples"
+    root = ROOT / "examples"
     recipes = sorted(root.rglob("recipe*.toml"))
     assert recipes, "examples/sim/recipe.toml at least"
     for path in recipes:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +13,9 @@ import pytest
 from conductor_engine.engine.observability import METRICS, SDK_METRICS, exported_names
 from conductor_engine.engine.settings import Settings
 from conductor_engine.runtime import telemetry
+from tests.paths import ROOT
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "conductor-dashboard.json"
+DASHBOARD = ROOT / "infra" / "grafana" / "conductor-dashboard.json"
 NAME = re.compile(r"\b((?:conductor|temporal)_[a-z0-9_]+)\b")
 
 

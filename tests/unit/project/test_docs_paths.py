@@ -28,8 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests import docs_reference
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def _tracked() -> list[Path]:
@@ -150,7 +149,7 @@ def test_a_broken_path_or_a_link_out_of_the_repository_is_caught(
     """A page in docs/ (never written: its text is given) that names a moved file, a missing
     benchmark, and the design document outside the repository."""
     page = ROOT / "docs" / "broken.md"
-    text = ("See `engine/providers/nowhere.py`, `tests/unit/test_docs_paths.py`,\n"
+    text = ("See `engine/providers/nowhere.py`, `tests/unit/project/test_docs_paths.py`,\n"
             "[the design](../../shared/DESIGN.md) and [limits](limits.md).\n"
             "```\npython tests/benchmarks/no_such_bench.py\n```\n")
     problems = markdown_problems(page, pattern, text=text)

@@ -1,5 +1,5 @@
 """Verifiers and the reward scheme. No Temporal needed. The code verifier has its own tests
-(tests/unit/test_code_verifier.py) and attack suite (tests/security/)."""
+(tests/unit/engine/rewards/test_code_verifier.py) and attack suite (tests/security/)."""
 
 from __future__ import annotations
 

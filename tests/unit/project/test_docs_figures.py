@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 RESULTS = "docs/results/"
 TEST_COUNT = re.compile(
     r"(?<![\d.])\d[\d,]*\s+(?:slow\s+|unit\s+|integration\s+)?(?:tests?|passed|failed)\b",

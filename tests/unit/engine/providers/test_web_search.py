@@ -38,11 +38,12 @@ from conductor_engine.engine.providers.pool import (
 )
 from conductor_engine.engine.tasks.files import load_jsonl
 from tests.agent_server import AgentServer, Reply
+from tests.paths import ROOT
 
 PROVIDERS = ["openai", "anthropic", "google"]
 KEY_ENV = "CONDUCTOR_TEST_AGENT_KEY"
 KEY = "sk-test-not-a-real-key-0123456789"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deep_research"
+EXAMPLES = ROOT / "examples" / "deep_research"
 
 SOURCES = [
     Citation(url="https://example.org/voyager", title="Voyager", snippet="crossed in 2012"),

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 FOLDERS = ("engine", "activities", "workflows", "trainer", "runtime")
 
 

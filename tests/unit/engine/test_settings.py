@@ -15,6 +15,7 @@ from conductor_engine.engine.settings import (
     Settings,
     SettingsError,
 )
+from tests.paths import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +153,7 @@ def test_every_conductor_variable_the_code_reads_is_a_setting_or_listed() -> Non
     misspellings aside)."""
     import re
 
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     quoted = re.compile(rf"""["']({ENV_PREFIX}[A-Z0-9_]*[A-Z0-9])["']""")
     folders = ("engine", "activities", "workflows", "trainer", "runtime", "tests")
     named = {m.group(1) for folder in folders

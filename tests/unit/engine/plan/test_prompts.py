@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from conductor_engine.engine.plan.language import parse_plan
 from conductor_engine.engine.plan.prompts import conductor_messages, pool_listing
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 AGENTS = [
     AgentSpec(id="solver", provider="sim", model="sim", description="Good at maths."),
     AgentSpec(id="checker", provider="sim", model="sim", description="Checks answers."),

@@ -15,8 +15,8 @@ from conductor_engine.engine.tasks.mix import MixSource, draw, load_mix, overlap
 from conductor_engine.engine.tasks.suite import SuiteError
 from conductor_engine.runtime.cli import app
 from conductor_engine.runtime.client import ConductorClient
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SHAPES_DATA = ROOT / "tests" / "data" / "shapes"
 
 

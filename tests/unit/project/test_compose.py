@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from conductor_engine.engine.settings import ENV_PREFIX, OTHER_VARIABLES, Settings
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 _VARIABLE = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*))?\}")
 
 

@@ -18,8 +18,9 @@ from conductor_engine.engine.rewards import verify
 from conductor_engine.engine.rewards.code_tests import parse_reference
 from conductor_engine.engine.tasks import livecodebench as lcb
 from conductor_engine.engine.tasks.sources import load_tasks
+from tests.paths import DATA
 
-ROWS = Path(__file__).resolve().parents[1] / "data" / "shapes" / "livecodebench.jsonl"
+ROWS = DATA / "shapes" / "livecodebench.jsonl"
 TWO_SUM = ("```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> "
            "List[int]:\n        seen = {}\n        for i, n in enumerate(nums):\n"
            "            if target - n in seen:\n                return [seen[target - n], i]\n"

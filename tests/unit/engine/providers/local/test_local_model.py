@@ -33,9 +33,9 @@ from conductor_engine.engine.providers.local.grammar import (
 )
 from conductor_engine.engine.providers.local.sampling import Sampler, nucleus, sample_rows
 from conductor_engine.engine.providers.pool import AgentSpec
+from tests.paths import ROOT
 
 SPEC = AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2)
-ROOT = Path(__file__).resolve().parents[2]
 
 needs_local_extra = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")),

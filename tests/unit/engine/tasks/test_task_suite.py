@@ -9,8 +9,9 @@ import pytest
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.tasks.benchmark_shapes import load_shaped
 from conductor_engine.engine.tasks.suite import SuiteError, load_suite, shipped
+from tests.paths import DATA
 
-SHAPES_DATA = Path(__file__).resolve().parents[1] / "data" / "shapes"
+SHAPES_DATA = DATA / "shapes"
 
 
 def test_the_paper_suite_names_each_benchmark_s_hub_source_config_split_and_shape() -> None:
