@@ -27,9 +27,7 @@ def preload(specs: Iterable[AgentSpec]) -> None:
     """Import the SDKs a pool needs now (a worker's start), not inside the first activity,
     where a second-long import would stall the event loop and every call sharing it."""
     for provider in {s.provider for s in specs}:
-        module = provider_module(provider)
-        if hasattr(module, "preload"):  # a module that imports its SDK on first use
-            module.preload()
+        provider_module(provider).preload()
 
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:

@@ -1,7 +1,8 @@
 """The providers: each name a pool file may give, the module that calls it, and what it can do.
 
-Adding a provider touches two files: its module (with `complete` and its `CAPABILITIES`) and
-this one (its name in ProviderName and _MODULES). Importing a provider module is cheap (each
+Adding a provider touches two files: its module (a `Provider`, protocol.py: `complete`,
+`preload` and its `CAPABILITIES`) and this one (its name in ProviderName and _MODULES, and the
+module in the type checker's list below). Importing a provider module is cheap (each
 imports its SDK on first call, or in its `preload`), so reading a declaration costs no SDK.
 
 This module imports nothing of the engine's: the pool reads it while it loads, and base.py,
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
+
+from conductor_engine.engine.providers.protocol import Provider
 
 TrainedVersions = Literal["checkpoint", "served"]
 """How a provider runs a trained policy version of the conductor. "checkpoint": it loads the
@@ -53,16 +55,35 @@ _MODULES: dict[str, str] = {
 }
 assert set(_MODULES) == set(get_args(ProviderName)), "a provider without a module, or vice versa"
 
-def provider_module(provider: str) -> ModuleType:
+if TYPE_CHECKING:
+    # Each provider module checked against the protocol by the type checker: a missing or
+    # mistyped `complete`, `preload` or `CAPABILITIES` is an error on its line, with the member
+    # in conflict. At runtime the modules are imported only by provider_module, on first use.
+    from conductor_engine.engine.providers import (
+        anthropic_provider,
+        google_provider,
+        local,
+        openai_provider,
+        sim,
+    )
+
+    _openai: Provider = openai_provider
+    _anthropic: Provider = anthropic_provider
+    _google: Provider = google_provider
+    _local: Provider = local
+    _sim: Provider = sim
+
+
+def provider_module(provider: str) -> Provider:
     """The module for a provider, imported on first use: a process that only parses plans, or
-    a worker without the local extra, never pays for SDKs it does not use."""
-    return importlib.import_module(_MODULES[provider])
+    a worker without the local extra, never pays for SDKs it does not use. (The cast is what
+    the assignments above check for every module _MODULES names.)"""
+    return cast(Provider, importlib.import_module(_MODULES[provider]))
 
 
 def capabilities(provider: str) -> Capabilities:
     """What `provider` can do, as its module declares it."""
-    declared: dict[str, Capabilities] = provider_module(provider).CAPABILITIES
-    return declared[provider]
+    return provider_module(provider).CAPABILITIES[provider]
 
 
 def web_search_providers() -> list[str]:

@@ -1,18 +1,39 @@
-"""Each provider declares what it can do; reading a declaration imports no SDK."""
+"""Each provider declares what it can do; reading a declaration imports no SDK; every provider
+module is a `Provider` (engine/providers/protocol.py), at runtime and for the type checker."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import subprocess
 import sys
 from typing import get_args
 
-from conductor_engine.engine.providers import Capabilities, capabilities
-from conductor_engine.engine.providers.registry import ProviderName, web_search_providers
+from conductor_engine.engine.providers import Capabilities, capabilities, registry
+from conductor_engine.engine.providers.protocol import Provider
+from conductor_engine.engine.providers.registry import (
+    ProviderName,
+    provider_module,
+    web_search_providers,
+)
 
 
 def test_every_provider_declares_its_capabilities() -> None:
     for name in get_args(ProviderName):
         assert isinstance(capabilities(name), Capabilities), name
+
+
+def test_every_provider_module_is_a_provider_the_type_checker_checks() -> None:
+    """Each module the registry names has the protocol's members, and is one of the modules
+    registry.py assigns to a `Provider` under TYPE_CHECKING, where mypy checks their types (a
+    provider added to _MODULES alone would otherwise be called unchecked)."""
+    for name in get_args(ProviderName):
+        assert isinstance(provider_module(name), Provider), name
+    checked = {node.value.id for node in ast.walk(ast.parse(inspect.getsource(registry)))
+               if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name)
+               and node.annotation.id == "Provider" and isinstance(node.value, ast.Name)}
+    named = {module.rsplit(".", 1)[1] for module in registry._MODULES.values()}
+    assert named == checked, f"provider modules mypy does not check: {sorted(named - checked)}"
 
 
 def test_the_declarations() -> None:
