@@ -8,17 +8,17 @@ from conductor_engine.engine.contracts.agent_calls import Citation, Message, Tas
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
 from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.protocol import Provider, provider_module
 from conductor_engine.engine.providers.registry import (
     Capabilities,
     capabilities,
     listed,
-    provider_module,
     web_search_providers,
 )
 
 __all__ = [
     "AgentCallError", "Capabilities", "Citation", "Completion", "CompletionRequest", "Message",
-    "TaskInfo", "Usage",
+    "Provider", "TaskInfo", "Usage",
     "capabilities", "complete", "preload", "provider_module",
 ]
 

@@ -1,18 +1,32 @@
-"""What a provider module is: the functions and the declaration the engine calls on it.
+"""What a provider module is, and the typed way to reach one by name.
 
 A provider is a module, not a class (one per API family: openai_provider, anthropic_provider,
-google_provider, local, sim), imported by name on first use (registry.py). `Provider` states
-what such a module must hold, so the type checker checks every provider module against it
-(registry.py assigns each one to a `Provider` under TYPE_CHECKING) and the engine's calls
-through `provider_module(name)` are typed instead of reaching into an untyped module.
+google_provider, local, sim), imported by name on first use. `Provider` states what such a
+module holds; `provider_module(name)` returns the module as one, so the engine's calls on it are
+typed; and the assignments under TYPE_CHECKING below have the type checker check every provider
+module against the protocol (a missing or mistyped member is an error on its module's line).
+
+This module sits above the provider modules (it names them for the type checker) and below the
+package's `complete` and `preload` (engine/providers/__init__.py); registry.py, which the pool
+and every provider module import, stays below all of them.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
-if TYPE_CHECKING:  # base.py and the pool import the registry, which imports this module
+from conductor_engine.engine.providers.registry import MODULES
+
+if TYPE_CHECKING:
+    from conductor_engine.engine.providers import (
+        anthropic_provider,
+        google_provider,
+        local,
+        openai_provider,
+        sim,
+    )
     from conductor_engine.engine.providers.base import Completion, CompletionRequest
     from conductor_engine.engine.providers.pool import AgentSpec
     from conductor_engine.engine.providers.registry import Capabilities
@@ -35,3 +49,18 @@ class Provider(Protocol):
         """Import what the first call would (its SDK) now, at a worker's start; importing the
         module itself must stay cheap, so reading CAPABILITIES costs no SDK."""
         ...
+
+
+if TYPE_CHECKING:  # one line per module of registry.MODULES (a unit test keeps them equal)
+    _openai: Provider = openai_provider
+    _anthropic: Provider = anthropic_provider
+    _google: Provider = google_provider
+    _local: Provider = local
+    _sim: Provider = sim
+
+
+def provider_module(provider: str) -> Provider:
+    """The module for a provider, imported on first use: a process that only parses plans, or
+    a worker without the local extra, never pays for SDKs it does not use. (The cast is what
+    the assignments above check for every module.)"""
+    return cast(Provider, importlib.import_module(MODULES[provider]))

@@ -9,13 +9,9 @@ import subprocess
 import sys
 from typing import get_args
 
-from conductor_engine.engine.providers import Capabilities, capabilities, registry
-from conductor_engine.engine.providers.protocol import Provider
-from conductor_engine.engine.providers.registry import (
-    ProviderName,
-    provider_module,
-    web_search_providers,
-)
+from conductor_engine.engine.providers import Capabilities, capabilities, protocol
+from conductor_engine.engine.providers.protocol import Provider, provider_module
+from conductor_engine.engine.providers.registry import MODULES, ProviderName, web_search_providers
 
 
 def test_every_provider_declares_its_capabilities() -> None:
@@ -25,14 +21,14 @@ def test_every_provider_declares_its_capabilities() -> None:
 
 def test_every_provider_module_is_a_provider_the_type_checker_checks() -> None:
     """Each module the registry names has the protocol's members, and is one of the modules
-    registry.py assigns to a `Provider` under TYPE_CHECKING, where mypy checks their types (a
-    provider added to _MODULES alone would otherwise be called unchecked)."""
+    protocol.py assigns to a `Provider` under TYPE_CHECKING, where mypy checks their types (a
+    provider added to MODULES alone would otherwise be called unchecked)."""
     for name in get_args(ProviderName):
         assert isinstance(provider_module(name), Provider), name
-    checked = {node.value.id for node in ast.walk(ast.parse(inspect.getsource(registry)))
+    checked = {node.value.id for node in ast.walk(ast.parse(inspect.getsource(protocol)))
                if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name)
                and node.annotation.id == "Provider" and isinstance(node.value, ast.Name)}
-    named = {module.rsplit(".", 1)[1] for module in registry._MODULES.values()}
+    named = {module.rsplit(".", 1)[1] for module in MODULES.values()}
     assert named == checked, f"provider modules mypy does not check: {sorted(named - checked)}"
 
 
