@@ -52,7 +52,8 @@ def config_path() -> tuple[Path, bool]:
 
 # CONDUCTOR_* variables that are read, but are no setting: each is read where it is used (and
 # the tests' own), so a Settings load never refuses them. Every other CONDUCTOR_* variable names
-# a setting or is a misspelling of one (tests/unit/test_settings.py keeps this list complete).
+# a setting or is a misspelling of one (tests/unit/engine/test_settings.py keeps this list
+# complete).
 OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}CONFIG",  # the config file (config_path, above)
     f"{ENV_PREFIX}LOG",  # runtime/cli/app.py: a log level over log_level, for a command

@@ -1,8 +1,8 @@
 """The reference pages of the documentation site, generated from the code that holds the truth.
 
-`python -m tests.docs_reference` writes them under docs/reference/; `tests/unit/test_docs_paths.py`
-regenerates them and fails when a committed page differs, so a new option, setting or recipe
-field cannot leave its page stale. Four pages:
+`python -m tests.docs_reference` writes them under docs/reference/;
+`tests/unit/project/test_docs_paths.py` regenerates them and fails when a committed page
+differs, so a new option, setting or recipe field cannot leave its page stale. Four pages:
 
     cli.md       every `conductor` command: its help, usage and options, read from the Typer app
     pool.md      the pool file's fields (`Pool` and the models under it) with their descriptions

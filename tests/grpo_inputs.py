@@ -1,7 +1,8 @@
 """What the GRPO tests train on, with no download: a word-level tokenizer, a tiny random Llama
 (also saved as a model directory) and random rollouts of varied length. Shared by the GRPO tests
-(tests/unit/test_grpo.py) and the agreement test with TRL (tests/unit/test_grpo_trl.py). Needs
-torch and transformers, which the callers check for first (pytest.importorskip).
+(tests/unit/trainer/test_grpo.py) and the agreement test with TRL
+(tests/unit/trainer/test_grpo_trl.py). Needs torch and transformers, which the callers check
+for first (pytest.importorskip).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A private CA and the certificates it signs, written as PEM files: what a self-hosted Temporal
 with mTLS hands its clients (tests/integration/test_temporal_tls.py and
-tests/unit/test_temporal_config.py use them)."""
+tests/unit/runtime/test_temporal_config.py use them)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Our GRPO samples laid out as TRL's `GRPOTrainer._generate_and_score_completions` lays out a
 batch, so that `GRPOTrainer.compute_loss` can run on exactly the batch our trainer sees: shared
-by the agreement test (tests/unit/test_grpo_trl.py) and the throughput benchmark
+by the agreement test (tests/unit/trainer/test_grpo_trl.py) and the throughput benchmark
 (tests/benchmarks/bench_trainer.py).
 Needs torch and trl, imported by the caller's choice (this module imports trl lazily).
 """

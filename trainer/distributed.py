@@ -12,7 +12,8 @@ policy, train on these samples, save) on a control channel and run each in step 
           one unit per decoder layer): 7B at float32 with AdamW (~112 GB) fits 2 x 80 GB
 
 Each rank gets every sample of an update and runs its share of the micro-batches
-(trainer/grpo/_sharding.py `rank_share`), so one update on N ranks gives the weights one process gives.
+(trainer/grpo/_sharding.py `rank_share`), so one update on N ranks gives the weights one process
+gives.
 Rank 0 writes checkpoints and optimiser state in the one-process formats (trainer/policy.py),
 gathered from the shards under FSDP2, so the local provider and vLLM load them unchanged.
 

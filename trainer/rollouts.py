@@ -96,7 +96,8 @@ def deciding_attempts(trace: Trace) -> list[PlanAttempt]:
 def update_samples(groups: Sequence[tuple[Group, int]], tokenizer: Any, cfg: RolloutConfig,
                    temperature: float = 1.0) -> list[Sample]:
     """The samples of an update's groups, with advantages against `cfg.baseline`: each group's
-    own rollouts (GRPO) or every rollout of the update (trainer/grpo/_advantages.py `batch_advantages`)."""
+    own rollouts (GRPO) or every rollout of the update (trainer/grpo/_advantages.py
+    `batch_advantages`)."""
     if cfg.baseline == "group":
         return [s for g, age in groups for s in group_samples(g, age, tokenizer, cfg, temperature)]
     trained = [(g, age) for g, age in groups if g.trainable]

@@ -8,17 +8,17 @@ from conductor_engine.engine.contracts.agent_calls import Citation, Message, Tas
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
 from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.protocol import Provider, provider_module
 from conductor_engine.engine.providers.registry import (
     Capabilities,
     capabilities,
     listed,
-    provider_module,
     web_search_providers,
 )
 
 __all__ = [
     "AgentCallError", "Capabilities", "Citation", "Completion", "CompletionRequest", "Message",
-    "TaskInfo", "Usage",
+    "Provider", "TaskInfo", "Usage",
     "capabilities", "complete", "preload", "provider_module",
 ]
 
@@ -27,9 +27,7 @@ def preload(specs: Iterable[AgentSpec]) -> None:
     """Import the SDKs a pool needs now (a worker's start), not inside the first activity,
     where a second-long import would stall the event loop and every call sharing it."""
     for provider in {s.provider for s in specs}:
-        module = provider_module(provider)
-        if hasattr(module, "preload"):  # a module that imports its SDK on first use
-            module.preload()
+        provider_module(provider).preload()
 
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:

@@ -1,8 +1,10 @@
 """The providers: each name a pool file may give, the module that calls it, and what it can do.
 
-Adding a provider touches two files: its module (with `complete` and its `CAPABILITIES`) and
-this one (its name in ProviderName and _MODULES). Importing a provider module is cheap (each
-imports its SDK on first call, or in its `preload`), so reading a declaration costs no SDK.
+Adding a provider touches three files: its module (a `Provider`, protocol.py: `complete`,
+`preload` and its `CAPABILITIES`), this one (its name in ProviderName and MODULES) and
+protocol.py (the line that has the type checker check the module). Importing a provider module
+is cheap (each imports its SDK on first call, or in its `preload`), so reading a declaration
+costs no SDK.
 
 This module imports nothing of the engine's: the pool reads it while it loads, and base.py,
 which every provider module imports, imports the pool.
@@ -11,8 +13,8 @@ which every provider module imports, imports the pool.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Literal, get_args
 
 TrainedVersions = Literal["checkpoint", "served"]
@@ -43,7 +45,7 @@ class Capabilities:
 
 ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]
 
-_MODULES: dict[str, str] = {
+MODULES: dict[str, str] = {
     "openai": "conductor_engine.engine.providers.openai_provider",
     "openai-compatible": "conductor_engine.engine.providers.openai_provider",
     "anthropic": "conductor_engine.engine.providers.anthropic_provider",
@@ -51,23 +53,22 @@ _MODULES: dict[str, str] = {
     "local": "conductor_engine.engine.providers.local",
     "sim": "conductor_engine.engine.providers.sim",
 }
-assert set(_MODULES) == set(get_args(ProviderName)), "a provider without a module, or vice versa"
-
-def provider_module(provider: str) -> ModuleType:
-    """The module for a provider, imported on first use: a process that only parses plans, or
-    a worker without the local extra, never pays for SDKs it does not use."""
-    return importlib.import_module(_MODULES[provider])
+"""Each provider name's module (protocol.provider_module imports it on first use)."""
+assert set(MODULES) == set(get_args(ProviderName)), "a provider without a module, or vice versa"
 
 
 def capabilities(provider: str) -> Capabilities:
-    """What `provider` can do, as its module declares it."""
-    declared: dict[str, Capabilities] = provider_module(provider).CAPABILITIES
+    """What `provider` can do, as its module declares it. The module is imported here by name,
+    not through protocol.provider_module: the pool calls this while it loads, below the provider
+    modules that protocol.py names; the declaration's type is checked there
+    (`Provider.CAPABILITIES`)."""
+    declared: Mapping[str, Capabilities] = importlib.import_module(MODULES[provider]).CAPABILITIES
     return declared[provider]
 
 
 def web_search_providers() -> list[str]:
     """The providers with a web search tool of their own, in registry order."""
-    return [p for p in _MODULES if capabilities(p).web_search_options is not None]
+    return [p for p in MODULES if capabilities(p).web_search_options is not None]
 
 
 def listed(names: list[str], last: str) -> str:

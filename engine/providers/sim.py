@@ -48,6 +48,10 @@ from conductor_engine.engine.rewards.verifiers import detect_verifier, reference
 CAPABILITIES = {"sim": Capabilities()}
 
 UNSURE = "I am not sure."
+
+
+def preload() -> None:
+    """Nothing to import: a sim agent calls no SDK (the `Provider` protocol asks every module)."""
 _NUMBER = re.compile(r"^\s*([-+]?)(\d[\d,]*)(?:\.(\d+))?\s*(%?)\s*$")
 
 

@@ -1,1 +1,2 @@
-"""Benchmark scripts (run them as `python tests/benchmarks/bench_*.py`; pytest skips them)."""
+"""Benchmark scripts (run one as `python -m tests.benchmarks.bench_NAME` from the repository
+root; pytest skips them)."""

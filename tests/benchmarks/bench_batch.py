@@ -1,6 +1,6 @@
 """Batch throughput: 1,000 three-step tasks at concurrency 100 against the ideal.
 
-    python tests/benchmarks/bench_batch.py [--tasks 1000] [--concurrency 100] [--latency 0.5]
+    python -m tests.benchmarks.bench_batch [--tasks 1000] [--concurrency 100] [--latency 0.5]
 
 Engine: one BatchWorkflow (runtime.client.ConductorClient.submit_batch) on the engine's
 own worker, every task a
@@ -40,37 +40,32 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import psutil
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from temporalio.client import Client  # noqa: E402
-from temporalio.worker import Worker  # noqa: E402
-from temporalio.worker.workflow_sandbox import (  # noqa: E402
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import (
     SandboxedWorkflowRunner,
     SandboxRestrictions,
 )
 
-from conductor_engine.engine.contracts.names import (  # noqa: E402
+from conductor_engine.engine.contracts.names import (
     batch_child_workflow_id,
     batch_workflow_id,
 )
-from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.storage.batch_report import write_report  # noqa: E402
-from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from tests.agent_server import start_agent_server  # noqa: E402
-from tests.benchmarks import _bare_batch  # noqa: E402
-from tests.benchmarks._bare_batch import (  # noqa: E402
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.storage.batch_report import write_report
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from tests.agent_server import start_agent_server
+from tests.benchmarks import _bare_batch
+from tests.benchmarks._bare_batch import (
     BareBatch,
     BareBatchInput,
     BareTask,
     BareTaskInput,
     bare_sleep,
 )
-from tests.benchmarks._harness import (  # noqa: E402
+from tests.benchmarks._harness import (
     answer_after,
     bench_pool,
     ms,
@@ -79,7 +74,7 @@ from tests.benchmarks._harness import (  # noqa: E402
     stack,
     table,
 )
-from tests.benchmarks._phases import PHASES, phases  # noqa: E402
+from tests.benchmarks._phases import PHASES, phases
 
 PLAN = ('{"steps": [{"agent": "a", "subtask": "Read the question.", "access": []}, '
         '{"agent": "b", "subtask": "Work it out.", "access": [0]}, '

@@ -8,7 +8,7 @@ their ratio, and the peak Python memory (tracemalloc, a separate pass so tracing
 slow the timed one) as a share of the file's size: streaming should stay a few percent of the
 file, reading it whole at least 100 %.
 
-    python tests/benchmarks/bench_blob_streaming.py            # --mb N --runs N --s3
+    python -m tests.benchmarks.bench_blob_streaming            # --mb N --runs N --s3
 """
 
 from __future__ import annotations

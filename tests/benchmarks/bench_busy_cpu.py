@@ -1,6 +1,6 @@
 """The local conductor on a busy machine: OpenMP threads that spin against threads that sleep.
 
-    python tests/benchmarks/bench_busy_cpu.py [--plans 3] [--load 2]
+    python -m tests.benchmarks.bench_busy_cpu [--plans 3] [--load 2]
 
 Each configuration runs in a fresh process (OMP_WAIT_POLICY is read once, when torch starts its
 OpenMP runtime): the SmolLM2 conductor writes `--plans` seeded plans for a sim pool's task, one
@@ -22,11 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.benchmarks._harness import table  # noqa: E402
+from tests.benchmarks._harness import table
 
 CHILD = """
 import asyncio, sys, time

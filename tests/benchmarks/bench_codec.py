@@ -1,7 +1,7 @@
 """The cost of encrypting payloads: the engine's data converter with the codec against the same
 converter without it (the pydantic converter and external storage, as every process has them).
 
-    python tests/benchmarks/bench_codec.py [--count 2000] [--repeat 5]
+    python -m tests.benchmarks.bench_codec [--count 2000] [--repeat 5]
 
 Three payload sizes a run carries (a short agent reply, a long one, a step input holding the
 outputs it may see, just under the 256 KiB external-storage threshold), each a pydantic model as
@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from temporalio.converter import DataConverter
 
-from temporalio.converter import DataConverter  # noqa: E402
-
-from conductor_engine.engine.contracts.records import AgentReply  # noqa: E402
-from conductor_engine.engine.settings import Settings  # noqa: E402
-from conductor_engine.engine.storage.payloads import data_converter  # noqa: E402
+from conductor_engine.engine.contracts.records import AgentReply
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.payloads import data_converter
 
 SIZES = {"reply 1 KiB": 1 << 10, "reply 32 KiB": 32 << 10, "input 200 KiB": 200 << 10}
 

@@ -1,6 +1,6 @@
 """The cost of the exact comparison against the float comparison it replaced.
 
-    python tests/benchmarks/bench_exact_compare.py [--tokens 200000] [--repeat 5]
+    python -m tests.benchmarks.bench_exact_compare [--tokens 200000] [--repeat 5]
 
 Two workloads, each timed with the current rules and with the old ones (re-stated below, as
 they were: every token through float() and math.isclose, every number value likewise):
@@ -15,17 +15,11 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.rewards.code_tests import same_output, same_value  # noqa: E402
+from conductor_engine.engine.rewards.code_tests import same_output, same_value
 
 TOLERANCE = 1e-6
 

@@ -1,6 +1,6 @@
 """The yardstick: the exact policy gradient over every plan, on a structured sim pool.
 
-    python tests/benchmarks/bench_exact_gradient.py [--seed 1] [--updates 40]
+    python -m tests.benchmarks.bench_exact_gradient [--seed 1] [--updates 40]
         [--recipe examples/sim/recipe-plans.toml] [--tasks-per-update 0] [--subtask "Solve it"]
         [--threads 1]
 
@@ -65,28 +65,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.contracts.training import (  # noqa: E402
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.training import (
     Recipe,
     interleave_tags,
     split_heldout,
 )
-from conductor_engine.engine.plan.language import (  # noqa: E402
+from conductor_engine.engine.plan.language import (
     PlanError,
     parse_plan,
     plan_json_schema,
 )
-from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
-from conductor_engine.engine.providers.local.chat import render_chat  # noqa: E402
-from conductor_engine.engine.providers.local.grammar import CHOICE_MAX  # noqa: E402
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
-from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers.local.chat import render_chat
+from conductor_engine.engine.providers.local.grammar import CHOICE_MAX
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim_structure import (
     Oracle,
     PlanStep,
     StructuredPoolSpec,
@@ -95,9 +91,11 @@ from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
     structured_pool_toml,
     structured_tasks,
 )
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.trainer.grpo import compute_of, make_optimizer  # noqa: E402
-from conductor_engine.trainer.policy import load_policy  # noqa: E402
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.trainer.grpo import compute_of, make_optimizer
+from conductor_engine.trainer.policy import load_policy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RECIPE = ROOT / "examples" / "sim" / "recipe-plans.toml"
 

@@ -1,9 +1,9 @@
 """The paper's training iteration in one process, with the project's own pieces: rollouts by the
 local provider, rewards from sim agents, a GRPO update, the new version published and picked up.
 
-    python tests/benchmarks/bench_gpu_iteration.py                       # the 7B shape, a GPU
-    python tests/benchmarks/bench_gpu_iteration.py --small               # the code path, CPU
-    python tests/benchmarks/bench_gpu_iteration.py --cache-dir /tmp/bench-gpu-models --json OUT
+    python -m tests.benchmarks.bench_gpu_iteration                       # the 7B shape, a GPU
+    python -m tests.benchmarks.bench_gpu_iteration --small               # the code path, CPU
+    python -m tests.benchmarks.bench_gpu_iteration --cache-dir /tmp/bench-gpu-models --json OUT
 
 The model is bench_gpu_trainer.py's Qwen2.5-7B shape with random bfloat16 weights (no download;
 `--small`: its 2-layer shape), with bench_rollouts.py's byte-level tokenizer so it can spell a
@@ -50,33 +50,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import tests.benchmarks.bench_gpu_trainer as trainer_bench  # noqa: E402
-import tests.benchmarks.bench_rollouts as rollout_bench  # noqa: E402
-from conductor_engine.engine.contracts.agent_calls import TaskInfo  # noqa: E402
-from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema  # noqa: E402
-from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
-from conductor_engine.engine.providers import local, sim  # noqa: E402
-from conductor_engine.engine.providers.base import Completion, CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local import batching, decode  # noqa: E402
-from conductor_engine.engine.providers.local import model as local_model  # noqa: E402
-from conductor_engine.engine.providers.local.chat import prompt_ids  # noqa: E402
-from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
-from conductor_engine.engine.rewards.scoring import score_run  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.trainer.grpo import (  # noqa: E402
+import tests.benchmarks.bench_gpu_trainer as trainer_bench
+import tests.benchmarks.bench_rollouts as rollout_bench
+from conductor_engine.engine.contracts.agent_calls import TaskInfo
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers import local, sim
+from conductor_engine.engine.providers.base import Completion, CompletionRequest
+from conductor_engine.engine.providers.local import batching, decode
+from conductor_engine.engine.providers.local import model as local_model
+from conductor_engine.engine.providers.local.chat import prompt_ids
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.rewards.scoring import score_run
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.trainer.grpo import (
     Sample,
     group_advantages,
     make_optimizer,
     train_step,
 )
-from conductor_engine.trainer.policy import load_policy, save_checkpoint  # noqa: E402
+from conductor_engine.trainer.policy import load_policy, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GOAL_RATIO = 3.0  # generation / bare generate, 7B, batch 64 (issue 48)
 GOAL_ITERATION_S = 45.0  # steady-state iteration, 7B, 256 rollouts (issue 48)

@@ -1,8 +1,8 @@
 """The paper's training shapes on one GPU: one GRPO update as the trainer service runs it, against
 a bare forward+backward of the same tokens.
 
-    python tests/benchmarks/bench_gpu_trainer.py [--shape lora7b|full1.5b|all] [--json OUT]
-    python tests/benchmarks/bench_gpu_trainer.py --small        # both shapes shrunk, CPU, ~20 s
+    python -m tests.benchmarks.bench_gpu_trainer [--shape lora7b|full1.5b|all] [--json OUT]
+    python -m tests.benchmarks.bench_gpu_trainer --small        # both shapes shrunk, CPU, ~20 s
 
 Shapes (issue 31), built from transformers configs with random weights (no download):
 
@@ -65,14 +65,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from conductor_engine.engine.contracts.training import Recipe  # noqa: E402
-from conductor_engine.trainer.grpo import (  # noqa: E402
+from conductor_engine.engine.contracts.training import Recipe
+from conductor_engine.trainer.grpo import (
     Sample,
     StepMetrics,
     collate,
@@ -80,7 +76,9 @@ from conductor_engine.trainer.grpo import (  # noqa: E402
     make_optimizer,
     train_step,
 )
-from conductor_engine.trainer.policy import Policy, load_policy  # noqa: E402
+from conductor_engine.trainer.policy import Policy, load_policy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PAPER_RECIPE = ROOT / "examples" / "recipes" / "paper.toml"
 PAD, UNK, EOS = 0, 1, 2  # the saved tokenizer's special ids; sampled token ids start above them

@@ -1,7 +1,7 @@
 """History bytes: what a batch's or training run's children add to the parent's history, and
 what a task list adds to a workflow input.
 
-    python tests/benchmarks/bench_history_size.py [--children 32] [--output-kb 40]
+    python -m tests.benchmarks.bench_history_size [--children 32] [--output-kb 40]
         [--reasoning-kb 20] [--tasks 5000,20000]
 
 Children. Every child is a conductor run whose plan reply carries `--reasoning-kb` of reasoning
@@ -38,32 +38,28 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.contracts.names import (  # noqa: E402
+from conductor_engine.engine.contracts.names import (
     UPDATE_ACTIVITY,
     batch_workflow_id,
     training_workflow_id,
 )
-from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
-from conductor_engine.engine.contracts.tasks import RunOptions, Task  # noqa: E402
-from conductor_engine.engine.contracts.training import (  # noqa: E402
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
-from conductor_engine.engine.storage.shared_store import close_shared_stores  # noqa: E402
-from conductor_engine.engine.storage.task_list_chunks import put_task_list  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.workflows.batch import BatchInput  # noqa: E402
-from conductor_engine.workflows.conduct import ConductWorkflow  # noqa: E402
-from conductor_engine.workflows.train import TrainInput  # noqa: E402
-from tests.benchmarks._harness import bench_pool, quiet_logs, run, stack, table  # noqa: E402
+from conductor_engine.engine.storage.blobs import LocalBlobStore
+from conductor_engine.engine.storage.shared_store import close_shared_stores
+from conductor_engine.engine.storage.task_list_chunks import put_task_list
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from conductor_engine.workflows.batch import BatchInput
+from conductor_engine.workflows.conduct import ConductWorkflow
+from conductor_engine.workflows.train import TrainInput
+from tests.benchmarks._harness import bench_pool, quiet_logs, run, stack, table
 
 KB = 1024
 AGENTS = ["a", "b"]

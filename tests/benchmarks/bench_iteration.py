@@ -1,6 +1,6 @@
 """Where a training iteration's time goes: the shipped sim recipe, one iteration at a time.
 
-    python tests/benchmarks/bench_iteration.py [--iterations 2] [--seed 1] [--tasks-per-tag 12]
+    python -m tests.benchmarks.bench_iteration [--iterations 2] [--seed 1] [--tasks-per-tag 12]
         [--recipe examples/sim/recipe.toml] [--baseline]
 
 A generated routing pool (`conductor sim pool`, 4 agents, 4 tags), the local SmolLM2-135M
@@ -44,37 +44,35 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from temporalio.service import RPCError
 
-from temporalio.service import RPCError  # noqa: E402
-
-from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
-from conductor_engine.engine.contracts.training import (  # noqa: E402
+from conductor_engine.engine.contracts.names import training_workflow_id
+from conductor_engine.engine.contracts.training import (
     Recipe,
     interleave_tags,
     split_heldout,
 )
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
-from conductor_engine.engine.providers.sim_pool import SimPoolSpec, pool_toml, tasks  # noqa: E402
-from conductor_engine.engine.storage.policies import PolicyRegistry  # noqa: E402
-from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
-from conductor_engine.workflows.train import (  # noqa: E402
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim_pool import SimPoolSpec, pool_toml, tasks
+from conductor_engine.engine.storage.policies import PolicyRegistry
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from conductor_engine.trainer.service import build_trainer_worker
+from conductor_engine.workflows.train import (
     TrainingWorkflow,
     TrainInput,
 )
-from tests.benchmarks._harness import (  # noqa: E402
+from tests.benchmarks._harness import (
     quiet_logs,
     recipe_line,
     run,
     stack,
     table,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PHASES = ("plan generation", "agents, workflow, database, trainer I/O", "old / ref log-probs",
           "forward + backward", "optimiser", "pick-up")
@@ -230,9 +228,10 @@ def _fmt(rows: list[dict[str, Any]], label: str) -> str:
 def child(args: argparse.Namespace, baseline: bool) -> list[dict[str, Any]]:
     """One run in a fresh process (fresh memory, fresh stack), its rows read back."""
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-iteration-{os.getpid()}-{baseline}.json"
-    cmd = [sys.executable, __file__, "--iterations", str(args.iterations), "--seed",
-           str(args.seed), "--tasks-per-tag", str(args.tasks_per_tag), "--recipe",
-           str(args.recipe), "--model", args.model, "--json", str(out)]
+    cmd = [sys.executable, "-m", "tests.benchmarks.bench_iteration", "--iterations",
+           str(args.iterations), "--seed", str(args.seed), "--tasks-per-tag",
+           str(args.tasks_per_tag), "--recipe", str(args.recipe), "--model", args.model,
+           "--json", str(out)]
     subprocess.run(cmd + ["--old-paths"] * baseline, check=True)
     rows: list[dict[str, Any]] = json.loads(out.read_text())
     out.unlink()

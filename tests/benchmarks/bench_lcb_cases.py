@@ -1,7 +1,7 @@
 """The cost of reading LiveCodeBench's compressed private tests without trusting pickle, against
 the obvious baseline, the benchmark's own `json.loads(pickle.loads(zlib.decompress(b64)))`.
 
-    python tests/benchmarks/bench_lcb_cases.py [--cases 200] [--case-kb 4] [--repeat 5]
+    python -m tests.benchmarks.bench_lcb_cases [--cases 200] [--case-kb 4] [--repeat 5]
 
 The payload is `--cases` stdin cases of about `--case-kb` KiB of input each, encoded as the
 publishers do. Both sides decode the same text to the same list; the figure is the best of
@@ -15,18 +15,12 @@ import base64
 import json
 import pickle
 import random
-import sys
 import time
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.tasks.livecodebench import read_cases  # noqa: E402
+from conductor_engine.engine.tasks.livecodebench import read_cases
 
 
 def payload(cases: int, case_kb: int) -> str:

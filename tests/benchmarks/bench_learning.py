@@ -1,6 +1,6 @@
 """How fast the local conductor learns pools nobody tuned to: generated sim pools, held-out tasks.
 
-    python tests/benchmarks/bench_learning.py [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
+    python -m tests.benchmarks.bench_learning [--seeds 1,2,3] [--recipe examples/sim/recipe.toml]
         [--iterations 20] [--tasks-per-tag 8] [--holdout 0.25] [--full] [--via-api]
 
 For each seed: `conductor sim pool` (engine/providers/sim_pool.py) makes 4 look-alike agents, 4 of
@@ -43,43 +43,39 @@ from collections import Counter, defaultdict
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.contracts.agent_calls import TaskInfo  # noqa: E402
-from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
-from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.contracts.training import (  # noqa: E402
+from conductor_engine.engine.contracts.agent_calls import TaskInfo
+from conductor_engine.engine.contracts.names import training_workflow_id
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.training import (
     Recipe,
     interleave_tags,
     split_heldout,
 )
-from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
-from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
-from conductor_engine.engine.eval.systems import CONDUCTOR, system_of  # noqa: E402
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
-from conductor_engine.engine.providers.sim import is_right  # noqa: E402
-from conductor_engine.engine.providers.sim_pool import (  # noqa: E402
+from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows
+from conductor_engine.engine.eval.report import HEADER, cells
+from conductor_engine.engine.eval.systems import CONDUCTOR, system_of
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim import is_right
+from conductor_engine.engine.providers.sim_pool import (
     SimPoolSpec,
     competent,
     pool_toml,
     tasks,
 )
-from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.engine.storage.trace_store import TraceStore  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
-from conductor_engine.workflows.train import (  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from conductor_engine.trainer.service import build_trainer_worker
+from conductor_engine.workflows.train import (
     HeldOutEval,
     TrainingWorkflow,
     TrainInput,
     TrainProgress,
 )
-from tests.agent_server.local_vllm import LocalVllm  # noqa: E402
-from tests.benchmarks._harness import (  # noqa: E402
+from tests.agent_server.local_vllm import LocalVllm
+from tests.benchmarks._harness import (
     Stack,
     iteration_line,
     patiently,
@@ -89,6 +85,8 @@ from tests.benchmarks._harness import (  # noqa: E402
     stack,
     table,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ROUTED_BAR = 0.9
 REWARD_BAR = 0.9

@@ -1,7 +1,7 @@
 """The local provider's batching: G plan requests that arrive together, batched against one by one.
 
-    python tests/benchmarks/bench_local_batching.py [--group-size 8] [--runs 3] [--warmup 1]
-    python tests/benchmarks/bench_local_batching.py --seeded [--model DIR] [--group-size 16]
+    python -m tests.benchmarks.bench_local_batching [--group-size 8] [--runs 3] [--warmup 1]
+    python -m tests.benchmarks.bench_local_batching --seeded [--model DIR] [--group-size 16]
 
 A training iteration asks the local conductor for G plans of one task at once (a GRPO group). The
 engine's generation queue (engine/providers/local/batching.py) runs the requests that wait together
@@ -32,18 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conductor_engine.engine.plan.language import plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers import local
+from conductor_engine.engine.providers.base import CompletionRequest
+from conductor_engine.engine.providers.local import batching
+from conductor_engine.engine.providers.local.chat import prompt_ids
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.tasks.files import load_tasks
 
-from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
-from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
-from conductor_engine.engine.providers import local  # noqa: E402
-from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local import batching  # noqa: E402
-from conductor_engine.engine.providers.local.chat import prompt_ids  # noqa: E402
-from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 GOAL = 2.0  # batched plans/s over one-by-one plans/s, for a group of 8
 

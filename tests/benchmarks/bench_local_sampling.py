@@ -1,6 +1,6 @@
 """The local provider's sampler: inverse-CDF sampling against transformers' torch.multinomial.
 
-    python tests/benchmarks/bench_local_sampling.py [--runs 3] [--warmup 1]
+    python -m tests.benchmarks.bench_local_sampling [--runs 3] [--warmup 1]
 
 A training iteration samples many plans at temperature 1.0 at once. transformers draws each
 token with `torch.multinomial`, which on a CPU costs about 90 ms a step for 64 rows of a 49k
@@ -31,18 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conductor_engine.engine.plan.language import plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers import local
+from conductor_engine.engine.providers.base import CompletionRequest
+from conductor_engine.engine.providers.local import batching, sampling
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.tasks.files import load_tasks
+from tests.tiny_policy import build_tiny_policy
 
-from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
-from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
-from conductor_engine.engine.providers import local  # noqa: E402
-from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local import batching, sampling  # noqa: E402
-from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from tests.tiny_policy import build_tiny_policy  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 GOAL = 1.5  # engine plans/s over transformers plans/s, tiny policy, 64 plans a batch
 ENGINE_SAMPLER = sampling.sampling_options

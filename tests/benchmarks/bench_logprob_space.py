@@ -1,10 +1,11 @@
 """How far a server's log-probs are from the trainer's, on the same tokens of real plans.
 
-    CONDUCTOR_DATA_DIR=... python tests/benchmarks/bench_logprob_space.py [--plans 8]
+    CONDUCTOR_DATA_DIR=... python -m tests.benchmarks.bench_logprob_space [--plans 8]
 
 vLLM returns, for each sampled token, its log-probability over the whole vocabulary from the
 raw logits (before the grammar's mask). The trainer scores a plan's decisions over the few
-tokens the grammar allowed there (a choice set, trainer/grpo/_logprobs.py) and leaves forced tokens out.
+tokens the grammar allowed there (a choice set, trainer/grpo/_logprobs.py) and leaves forced
+tokens out.
 This script samples `--plans` real plans from SmolLM2-135M-Instruct with the local provider
 (under the real plan grammar, reasoning first), then scores the same tokens four ways, all on
 this CPU:
@@ -30,11 +31,7 @@ import asyncio
 import copy
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CLIP_LOW, CLIP_HIGH = 0.8, 1.28  # 1 - epsilon_low, 1 + epsilon_high (the recipe's defaults)
 

@@ -1,6 +1,6 @@
 """Engine overhead: a 5-step sequential conductor run against a bare Temporal workflow.
 
-    python tests/benchmarks/bench_overhead.py [--runs 5] [--latency 0.2]
+    python -m tests.benchmarks.bench_overhead [--runs 5] [--latency 0.2]
 
 Engine: ConductWorkflow on the engine's own worker (runtime.worker.build_worker). The
 conductor
@@ -25,7 +25,6 @@ import re
 import sys
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 from pydantic import BaseModel
 from temporalio import activity, workflow
@@ -34,13 +33,9 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from tests.benchmarks._harness import (  # noqa: E402
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from tests.benchmarks._harness import (
     Series,
     answer_after,
     bench_pool,
@@ -52,7 +47,7 @@ from tests.benchmarks._harness import (  # noqa: E402
     stack,
     verdict,
 )
-from tests.benchmarks._phases import print_phases  # noqa: E402
+from tests.benchmarks._phases import print_phases
 
 GOAL = 1.10
 AGENT = "gpt"

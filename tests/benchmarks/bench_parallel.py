@@ -1,6 +1,6 @@
 """Parallelism: a 4-way fan-out plus an aggregator against its critical-path bound.
 
-    python tests/benchmarks/bench_parallel.py [--runs 5] [--latency 0.3]
+    python -m tests.benchmarks.bench_parallel [--runs 5] [--latency 0.3]
 
 The conductor answers at once with the plan
 
@@ -25,19 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.contracts.records import RunResult  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from tests.benchmarks._harness import (  # noqa: E402
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from tests.benchmarks._harness import (
     Series,
     answer_after,
     bench_pool,
@@ -50,7 +45,7 @@ from tests.benchmarks._harness import (  # noqa: E402
     table,
     verdict,
 )
-from tests.benchmarks._phases import print_phases  # noqa: E402
+from tests.benchmarks._phases import print_phases
 
 GOAL = 1.15
 AGENTS = ["gpt-a", "gpt-b", "gpt-c", "gpt-d"]

@@ -7,7 +7,7 @@ obvious baseline: one linear C pass over the same number of characters), and two
 a 2 MB reply against a 1 MB one, and, inside the window the parser reads (MAX_PLAN_CHARS), 2x
 the hostile text after a plan's lists against 1x. About 2 means linear; about 1, bounded.
 
-    python tests/benchmarks/bench_plan_parser.py            # --runs N
+    python -m tests.benchmarks.bench_plan_parser            # --runs N
 """
 
 from __future__ import annotations

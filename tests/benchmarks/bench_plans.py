@@ -1,6 +1,6 @@
 """Does the local conductor learn plans, not only routing? Structured sim pools, held-out tasks.
 
-    python tests/benchmarks/bench_plans.py [--seeds 1,2,3] [--recipe examples/sim/recipe-plans.toml]
+    python -m tests.benchmarks.bench_plans [--seeds 1,2,3] [--recipe examples/sim/recipe-plans.toml]
         [--iterations 40] [--tasks-per-kind 8] [--holdout 0.25] [--full] [--no-eval]
 
 For each seed, `conductor sim pool --structure` (engine/providers/sim_structure.py) makes four
@@ -36,29 +36,25 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.contracts.names import training_workflow_id  # noqa: E402
-from conductor_engine.engine.contracts.tasks import Task  # noqa: E402
-from conductor_engine.engine.contracts.traces import Trace  # noqa: E402
-from conductor_engine.engine.contracts.training import (  # noqa: E402
+from conductor_engine.engine.contracts.names import training_workflow_id
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.traces import Trace
+from conductor_engine.engine.contracts.training import (
     Recipe,
     interleave_tags,
     split_heldout,
 )
-from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows  # noqa: E402
-from conductor_engine.engine.eval.report import HEADER, cells  # noqa: E402
-from conductor_engine.engine.eval.systems import (  # noqa: E402
+from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows
+from conductor_engine.engine.eval.report import HEADER, cells
+from conductor_engine.engine.eval.systems import (
     CONDUCTOR,
     SOLO,
     run_id,
     system_of,
 )
-from conductor_engine.engine.plan.language import Plan, Step  # noqa: E402
-from conductor_engine.engine.providers.pool import Pool  # noqa: E402
-from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
+from conductor_engine.engine.plan.language import Plan, Step
+from conductor_engine.engine.providers.pool import Pool
+from conductor_engine.engine.providers.sim_structure import (
     Oracle,
     PlanStep,
     StructuredPoolSpec,
@@ -67,19 +63,19 @@ from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
     structured_pool_toml,
     structured_tasks,
 )
-from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from conductor_engine.trainer.service import build_trainer_worker  # noqa: E402
-from conductor_engine.workflows.train import (  # noqa: E402
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.worker import build_worker
+from conductor_engine.trainer.service import build_trainer_worker
+from conductor_engine.workflows.train import (
     HeldOutEval,
     TrainingWorkflow,
     TrainInput,
     TrainProgress,
 )
-from tests.benchmarks._harness import (  # noqa: E402
+from tests.benchmarks._harness import (
     Stack,
     iteration_line,
     patiently,
@@ -89,6 +85,8 @@ from tests.benchmarks._harness import (  # noqa: E402
     stack,
     table,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BAR = 0.9
 

@@ -1,7 +1,7 @@
 """The cost of reading a reply's answers with the linear scanners against the regular
 expressions they replaced.
 
-    python tests/benchmarks/bench_reply_parsing.py [--replies 2000] [--repeat 5] [--spaces 20000]
+    python -m tests.benchmarks.bench_reply_parsing [--replies 2000] [--repeat 5] [--spaces 20000]
 
 Two workloads, each timed with the current code (`extract.answer_spans` and the choice rule)
 and with the old patterns (re-stated below, as they were):
@@ -17,18 +17,12 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.rewards.extract import answer_spans  # noqa: E402
-from conductor_engine.engine.rewards.verifiers import chosen_letter  # noqa: E402
+from conductor_engine.engine.rewards.extract import answer_spans
+from conductor_engine.engine.rewards.verifiers import chosen_letter
 
 OLD_ANSWER_LINE = re.compile(
     r"^[ \t>#*_]*(?:final[ \t]+)?answer[ \t*_]*[:：][ \t*_]*(?P<value>.+?)[ \t*_]*$",

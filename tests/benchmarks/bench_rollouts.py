@@ -1,9 +1,9 @@
 """Rollout throughput: plans per second of the local provider against a bare `model.generate` of
 the same prompts and the same number of generated tokens, in the same run.
 
-    python tests/benchmarks/bench_rollouts.py                       # CPU: SmolLM2, 8 plans
-    python tests/benchmarks/bench_rollouts.py --shape 7b --cache-dir /tmp/bench-gpu-models
-    python tests/benchmarks/bench_rollouts.py --shape 1.5b --small  # the GPU path, tiny, on a CPU
+    python -m tests.benchmarks.bench_rollouts                       # CPU: SmolLM2, 8 plans
+    python -m tests.benchmarks.bench_rollouts --shape 7b --cache-dir /tmp/bench-gpu-models
+    python -m tests.benchmarks.bench_rollouts --shape 1.5b --small  # the GPU path, tiny, on a CPU
 
 Ours: a group of `--batch` plan requests (the sim example's first task, the conductor's prompt,
 the plan's JSON schema, temperature 1.0) submitted together to the provider's generation queue
@@ -44,18 +44,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conductor_engine.engine.plan.language import plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
+from conductor_engine.engine.providers import local
+from conductor_engine.engine.providers.base import CompletionRequest
+from conductor_engine.engine.providers.local import batching
+from conductor_engine.engine.providers.local.chat import prompt_ids
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from conductor_engine.engine.tasks.files import load_tasks
 
-from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
-from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
-from conductor_engine.engine.providers import local  # noqa: E402
-from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local import batching  # noqa: E402
-from conductor_engine.engine.providers.local.chat import prompt_ids  # noqa: E402
-from conductor_engine.engine.providers.pool import AgentSpec, Pool  # noqa: E402
-from conductor_engine.engine.tasks.files import load_tasks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 GOAL = 0.8  # ours / bare, 7B shape, batch 64, bfloat16 (issue 33)
 TRAINER_SHAPES = {"1.5b": "full1.5b", "7b": "lora7b"}  # bench_gpu_trainer.py's shape names

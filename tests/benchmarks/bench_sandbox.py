@@ -1,6 +1,6 @@
 """The code sandbox's costs per verified answer, each against its obvious baseline, in one run.
 
-    python tests/benchmarks/bench_sandbox.py [--runs 20]
+    python -m tests.benchmarks.bench_sandbox [--runs 20]
 
 1. Isolation: a two-case function-call task verified end to end (runner start, candidate import,
    calls, strictly validated events, the parent's comparison) through the backend in force,
@@ -22,14 +22,9 @@ import statistics
 import struct
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.rewards import sandbox, verify  # noqa: E402
-from conductor_engine.engine.rewards.sandbox import run  # noqa: E402
+from conductor_engine.engine.rewards import sandbox, verify
+from conductor_engine.engine.rewards.sandbox import run
 
 REFERENCE = json.dumps({"function": "add", "cases": [{"args": [1, 2], "expected": 3},
                                                     {"args": [-1, 1], "expected": 0}]})

@@ -1,7 +1,7 @@
 """`conductor serve` throughput: requests/s through the OpenAI-compatible server against the same
 runs submitted directly through ConductorClient, in the same run.
 
-    python tests/benchmarks/bench_serve.py [--requests 50] [--concurrency 10] [--latency 0.2]
+    python -m tests.benchmarks.bench_serve [--requests 50] [--concurrency 10] [--latency 0.2]
                                            [--rounds 3]
 
 Both sides run the same tasks (built by the server's own chat_task from the same messages) on
@@ -26,26 +26,21 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue
-from pathlib import Path
 
 import httpx
 import openai
 import uvicorn
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.storage.policies import PolicyRegistry  # noqa: E402
-from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store  # noqa: E402
-from conductor_engine.runtime.client import ConductorClient  # noqa: E402
-from conductor_engine.runtime.serve.app import create_app  # noqa: E402
-from conductor_engine.runtime.serve.catalog import ModelCatalog  # noqa: E402
-from conductor_engine.runtime.serve.conversation import chat_task  # noqa: E402
-from conductor_engine.runtime.serve.guard import ServeLimits, uvicorn_config  # noqa: E402
-from conductor_engine.runtime.serve.wire import ChatRequest  # noqa: E402
-from conductor_engine.runtime.worker import build_worker  # noqa: E402
-from tests.benchmarks._harness import (  # noqa: E402
+from conductor_engine.engine.storage.policies import PolicyRegistry
+from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
+from conductor_engine.runtime.client import ConductorClient
+from conductor_engine.runtime.serve.app import create_app
+from conductor_engine.runtime.serve.catalog import ModelCatalog
+from conductor_engine.runtime.serve.conversation import chat_task
+from conductor_engine.runtime.serve.guard import ServeLimits, uvicorn_config
+from conductor_engine.runtime.serve.wire import ChatRequest
+from conductor_engine.runtime.worker import build_worker
+from tests.benchmarks._harness import (
     bench_pool,
     free_port,
     quiet_logs,
@@ -53,7 +48,7 @@ from tests.benchmarks._harness import (  # noqa: E402
     stack,
     table,
 )
-from tests.benchmarks.bench_batch import AGENTS, serve_agents  # noqa: E402
+from tests.benchmarks.bench_batch import AGENTS, serve_agents
 
 KEY = "sk-bench-serve"
 

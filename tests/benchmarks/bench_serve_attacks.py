@@ -1,7 +1,7 @@
 """`conductor serve` under attack: a keyed client's latency while hostile clients run, against
 its latency with none, in the same run.
 
-    python tests/benchmarks/bench_serve_attacks.py [--quiet-s 3]
+    python -m tests.benchmarks.bench_serve_attacks [--quiet-s 3]
 
 The real `conductor serve` (a subprocess, under an open-file limit of 1,024, as a default
 shell has it) on the benchmark stack's Temporal and PostgreSQL. A keyed client asks GET
@@ -25,15 +25,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.runtime.serve.access import API_KEYS_ENV  # noqa: E402
-from tests.benchmarks._harness import free_port, ms, quiet_logs, run, stack, table  # noqa: E402
-from tests.cli import CONDUCTOR, stack_env  # noqa: E402
-from tests.conftest import make_pool, write_pool  # noqa: E402
-from tests.serve_attacks import (  # noqa: E402
+from conductor_engine.runtime.serve.access import API_KEYS_ENV
+from tests.benchmarks._harness import free_port, ms, quiet_logs, run, stack, table
+from tests.cli import CONDUCTOR, stack_env
+from tests.conftest import make_pool, write_pool
+from tests.serve_attacks import (
     answers_while,
     endless_header,
     get_models,

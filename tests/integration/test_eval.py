@@ -61,7 +61,8 @@ async def test_conductor_eval_compares_the_conductor_with_every_baseline(
 
     agent_server.set_responder("conductor", route)
     name = f"eval-{uuid.uuid4().hex[:6]}"
-    # a terminal of 80 columns: the table must stay whole (tests/unit/test_cli_render.py)
+    # a terminal of 80 columns: the table must stay whole
+    # (tests/unit/runtime/cli/test_cli_render.py)
     env = {**stack_env(settings, write_pool(pool, tmp_path / "pool.toml")), "COLUMNS": "80"}
     async with running_worker(client, settings, pool):
         proc = await asyncio.create_subprocess_exec(

@@ -22,8 +22,9 @@ from tests.cli import run_conductor, stack_env
 from tests.conftest import make_pool, write_pool
 from tests.plans import plan_json
 
+# TRL's GRPOConfig names, flat, as a TRL user writes them
+# (tests/unit/engine/contracts/test_recipe_trl_names.py)
 RECIPE = """
-# TRL's GRPOConfig names, flat, as a TRL user writes them (tests/unit/test_recipe_trl_names.py)
 report_to = "tensorboard"
 learning_rate = 1e-3
 per_device_train_batch_size = 8

@@ -25,7 +25,8 @@ class Compute:
     full policy and for a LoRA adapter: at lr 1e-6 Adam's first step moves a weight by about
     1e-6, and bfloat16's spacing at a weight of 0.02 is 2^-13 (1.2e-4), so bfloat16 weights
     would round the move away, while float32's there is 2^-29 (1.9e-9)
-    (tests/unit/test_grpo.py shows both). The LM head and the log-softmax stay out of autocast
+    (tests/unit/trainer/test_grpo.py shows both). The LM head and the log-softmax stay out of
+    autocast
     (per_token_logprobs).
 
     auto_checkpointing: decide gradient checkpointing per micro-batch, on only when its

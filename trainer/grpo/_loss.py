@@ -1,7 +1,8 @@
 """The GRPO loss, the method itself: what is minimised, with its equations.
 
 The objective is TRL's `GRPOTrainer` loss for `loss_type` in {grpo, dr_grpo, dapo}, with the same
-names and meanings (tests/unit/test_grpo_trl.py checks loss and gradients against TRL itself).
+names and meanings (tests/unit/trainer/test_grpo_trl.py checks loss and gradients against TRL
+itself).
 For one completion o_i of a group, sampled by the behaviour policy pi_old, with token log-probs
 
     logp_it = log pi(o_it | q, o_i<t)        (the policy being trained)

