@@ -87,6 +87,18 @@ def test_a_misspelt_option_in_a_task_file_is_a_line_error_naming_the_option_mean
     assert proc.returncode == 1 and "did you mean 'max_steps'?" in proc.stderr, proc.stderr
 
 
+def test_an_engine_field_in_a_task_files_options_is_one_line_saying_where_it_lives(
+        tmp_path: Path) -> None:
+    """A task file cannot make its runs look like training rollouts: `sample` is refused."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": "q", "options": {"sampel": 3}}) + "\n")
+    proc = run_conductor("tasks", "check", str(path))
+    [line] = [ln for ln in proc.stderr.splitlines() if "field options" in ln]
+    assert proc.returncode == 1 and line.startswith(f"{path}:1: field options:"), proc.stderr
+    assert line.endswith("unknown RunOptions field 'sampel'; if you meant 'sample': the engine "
+                         "sets it on a training run's tasks (Task.sampling.sample)"), line
+
+
 def test_a_misspelt_recipe_key_stops_the_command_with_one_line(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("[loss]\nlerning_rate = 1e-5\n")
