@@ -72,7 +72,7 @@ class PlanActivities:
         except PoolError as e:  # the same on every attempt: fail the run once, saying why
             raise ApplicationError(str(e), type="UnknownAgent", non_retryable=True) from e
         ids = [a.id for a in agents]
-        opts = req.task.options
+        opts, sampling = req.task.options, req.task.sampling
         json_mode = (conductor.structured_output
                      and capabilities(conductor.provider).structured_output)
         # the paper's think-then-plan under a schema: the reasoning field comes first, bounded
@@ -82,7 +82,7 @@ class PlanActivities:
                 req.task.question, agents, max_steps=opts.max_steps, json_mode=json_mode,
                 reasoning_max_chars=reasoning,
                 context=req.task.context, previous=[(p.plan, p.answer) for p in req.previous],
-                last_error=req.last_error, outer_question=req.task.outer_question,
+                last_error=req.last_error, outer_question=req.task.frame.outer_question,
             ),
             temperature=opts.temperature,
             top_p=conductor.params.top_p,
@@ -91,8 +91,8 @@ class PlanActivities:
                 ids, opts.max_steps, allow_empty=req.allow_empty,
                 subtask_max_chars=opts.subtask_max_chars, reasoning_max_chars=reasoning,
             ) if json_mode else None,
-            seed=plan_seed(req, label) if opts.seeded else None,
-            explore=opts.explore, explore_importance=opts.explore_importance,
+            seed=plan_seed(req, label) if sampling.seeded else None,
+            explore=sampling.explore, explore_importance=sampling.explore_importance,
         )
         started = time.monotonic()
         try:
@@ -179,6 +179,6 @@ def plan_seed(req: PlanRequest, label: str) -> int:
     policy version, round, attempt; never a clock or a run id), so a rollout is the same plan
     however busy the machine is, while the rollouts of a group draw apart."""
     t = req.task
-    key = "\x1f".join(map(str, ("plan", t.id, t.depth, t.options.sample, label, req.round,
+    key = "\x1f".join(map(str, ("plan", t.id, t.frame.depth, t.sampling.sample, label, req.round,
                                   req.attempt)))
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 2**53

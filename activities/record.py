@@ -60,7 +60,7 @@ class RecordActivities:
         except UNAVAILABLE as e:
             raise ApplicationError(f"trace store unavailable: {e}",
                                    type="TraceStoreUnavailable") from e
-        if req.task.depth == 0:  # a self-call's sub-run is part of its parent's run
+        if req.task.frame.depth == 0:  # a self-call's sub-run is part of its parent's run
             metrics.record_run(
                 activity.metric_meter(), conductor=trace.policy.name,
                 policy_version=trace.policy.version, status=trace.status,

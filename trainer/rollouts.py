@@ -67,7 +67,7 @@ def in_sample_order(group: Group) -> Group:
     """The group with its rollouts in sample order: the store lists them by finishing time,
     which depends on the machine's load, and the order of the samples decides the micro-batches
     and so the last bits of the update."""
-    traces = sorted(group.traces, key=lambda t: (t.task.options.sample, t.workflow_id))
+    traces = sorted(group.traces, key=lambda t: (t.task.sampling.sample, t.workflow_id))
     return revised(group, traces=traces)
 
 

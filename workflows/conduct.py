@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
     from conductor_engine.engine.contracts.strict import revised
-    from conductor_engine.engine.contracts.tasks import Task, VisibleStep
+    from conductor_engine.engine.contracts.tasks import Task, VisibleStep, self_call_frame
     from conductor_engine.engine.tasks.checks import oversize_error
     from conductor_engine.engine.text import shorten
 
@@ -103,7 +103,7 @@ class ConductWorkflow:
 
     @workflow.run
     async def run(self, task: Task) -> RunResult:
-        if task.depth == 0 and (too_large := oversize_error(task)) is not None:
+        if task.frame.depth == 0 and (too_large := oversize_error(task)) is not None:
             # Clients refuse such a task; one started some other way (the `temporal` CLI, an
             # older client) would carry it into payloads past the storage driver's cap, fail
             # that workflow task, and be retried forever. Fail now, with the reason, and leave
@@ -135,7 +135,7 @@ class ConductWorkflow:
             raise
         self._tally(workflow.time() - started)
         await self._score_and_record(task, started_at)
-        if task.options.result == "summary" and task.depth == 0:
+        if task.options.result == "summary" and task.frame.depth == 0:
             # a batch's or training run's child: its parent's history keeps only a summary
             # (the whole run is in the trace just recorded); a self-call's step needs it whole
             return result.summary()
@@ -305,7 +305,7 @@ class ConductWorkflow:
         label = f"step {i + 1}/{len(rnd.steps)}"
         try:
             self_call = rec.agent == attempt.conductor_id
-            if self_call and task.depth < task.options.self_call_depth:
+            if self_call and task.frame.depth < task.options.self_call_depth:
                 await self._self_call(task, rec, visible, attempt)
             else:
                 await self._call_agent(task, rec, visible, attempt, label)
@@ -331,9 +331,9 @@ class ConductWorkflow:
                 round=rec.round, index=rec.index,
                 task=TaskInfo(
                     task_id=task.id, tags=task.tags, reference=task.reference,
-                    verifier=task.verifier, sample=task.options.sample, parts=task.parts,
+                    verifier=task.verifier, sample=task.sampling.sample, parts=task.parts,
                 ),
-                outer_question=task.outer_question, background=self._background(task, rec),
+                outer_question=task.frame.outer_question, background=self._background(task, rec),
             ),
             result_type=AgentReply,
             start_to_close_timeout=timedelta(seconds=timeout),
@@ -359,14 +359,13 @@ class ConductWorkflow:
         child = Task(
             id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask,
             context=[*self._background(task, rec), *visible],
-            depth=task.depth + 1,
             options=revised(task.options, refinement_rounds=0, plan=None),
-            outer_question=task.outer_question or task.question, agents=task.agents,
+            frame=self_call_frame(task), sampling=task.sampling, agents=task.agents,
         )
         rec.child_workflow_id = child_id
         res = await workflow.execute_child_workflow(
             ConductWorkflow.run, child, id=child_id,
-            static_summary=f"self-call · depth {child.depth} · {shorten(rec.subtask, 120)}",
+            static_summary=f"self-call · depth {child.frame.depth} · {shorten(rec.subtask, 120)}",
         )
         if res.status != "completed" or res.answer is None:
             # The sub-plan never parsed: let the conductor model answer the subtask directly.

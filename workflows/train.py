@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.strict import revised
     from conductor_engine.engine.contracts.task_list_refs import TaskList
-    from conductor_engine.engine.contracts.tasks import Task
+    from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
     from conductor_engine.engine.contracts.training import (
         Recipe,
         UpdateRequest,
@@ -294,16 +294,15 @@ class TrainingWorkflow:
         async def rollout(task: Task, sample: int) -> None:
             if (task.id, sample) in drawn:  # the run's agents: the group's, or its own draw
                 task = revised(task, agents=drawn[task.id, sample])
-            update: dict[str, object] = {
-                "temperature": inp.temperature, "policy_version": p.label, "sample": sample,
-                "result": "summary",  # the trainer reads the whole run from its trace
-                "seeded": True}  # the same rollouts whatever the load
+            options = revised(  # the trainer reads the whole run from its trace: a summary
+                task.options, temperature=inp.temperature, policy_version=p.label,
+                result="summary")
             if one_attempt:
-                update["max_plan_attempts"] = 1
-            if inp.recipe.rollouts.explore:  # absent otherwise: histories before it replay alike
-                update["explore"] = inp.recipe.rollouts.explore
-                update["explore_importance"] = inp.recipe.rollouts.explore_importance
-            task = revised(task, options=revised(task.options, **update))
+                options = revised(options, max_plan_attempts=1)
+            cfg = inp.recipe.rollouts
+            sampling = rollout_sampling(sample, explore=cfg.explore,
+                                        explore_importance=cfg.explore_importance)
+            task = revised(task, options=options, sampling=sampling)
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             res = _collected(await children.run(task, wid, f"rollout {sample} · {inp.name} "
                                                            f"it{p.iteration}"))
@@ -352,8 +351,9 @@ class TrainingWorkflow:
 
         async def one(task: Task) -> None:
             options = revised(task.options, temperature=cfg.temperature, policy_version=label,
-                              sample=0, result="summary", seeded=True, max_plan_attempts=1)
-            task = revised(task, id=f"heldout~{task.id}", batch=batch, options=options)
+                              result="summary", max_plan_attempts=1)
+            task = revised(task, id=f"heldout~{task.id}", batch=batch, options=options,
+                           sampling=rollout_sampling(0))
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
             res = _collected(await children.run(task, wid, f"held out · {inp.name} {label}"))
             reason = "run_failed" if res is None else _unscored(res)  # None: before a reset

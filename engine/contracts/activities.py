@@ -59,7 +59,7 @@ class AgentCallInput(BaseModel):
     outer_question: str | None = Field(
         default=None,
         description="in a self-call's sub-plan: the question of the whole job (Task."
-        "outer_question), so the agent answers its part knowing the whole",
+        "frame.outer_question), so the agent answers its part knowing the whole",
     )
     background: list[VisibleStep] = Field(
         default_factory=list,

@@ -24,7 +24,7 @@ class TaskInfo(BaseModel):
     tags: list[str] = Field(default_factory=list)
     reference: str | None = None
     verifier: str | None = None
-    sample: int = Field(default=0, ge=0, description="which rollout of a group (RunOptions)")
+    sample: int = Field(default=0, ge=0, description="which rollout of a group (Task.sampling)")
     attempt: int = Field(default=1, ge=1, description="the activity attempt, from 1")
     parts: list[str] = Field(
         default_factory=list,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, model_validator
@@ -57,10 +57,13 @@ def names_of(cls: type[BaseModel]) -> frozenset[str]:
     return frozenset(names)
 
 
-def known_names(cls: type[BaseModel], data: Any, also: Collection[str] = ()) -> Any:
+def known_names(cls: type[BaseModel], data: Any, also: Collection[str] = (),
+                elsewhere: Mapping[str, str] | None = None) -> Any:
     """`data` unchanged when every key of it is a name of `cls` (or in `also`); else a
     ValueError naming the first unknown key and the closest known name, one line a person can
-    act on (pydantic's own `extra="forbid"` says only "Extra inputs are not permitted")."""
+    act on (pydantic's own `extra="forbid"` says only "Extra inputs are not permitted").
+    `elsewhere` maps names that are not `cls`'s to where they live instead; a key that is (or
+    is close to) one of them is told so, rather than offered an unrelated name."""
     if not isinstance(data, dict):
         return data
     names = names_of(cls)
@@ -68,22 +71,32 @@ def known_names(cls: type[BaseModel], data: Any, also: Collection[str] = ()) -> 
     if not unknown:
         return data
     known = names | set(also)
+    elsewhere = elsewhere or {}
     name = str(unknown[0])
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+    close = difflib.get_close_matches(name, sorted(known | elsewhere.keys()), n=1)
+    if name in elsewhere:
+        hint = f": {elsewhere[name]}"
+    elif close and close[0] in elsewhere:
+        hint = f"; if you meant {close[0]!r}: {elsewhere[close[0]]}"
+    elif close:
+        hint = f"; did you mean {close[0]!r}?"
+    else:
+        hint = f"; known: {', '.join(sorted(known))}"
     more = f" (also unknown: {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else ""
-    raise ValueError(f"unknown {cls.__name__} field {name!r}; {hint}{more}")
+    raise ValueError(f"unknown {cls.__name__} field {name!r}{hint}{more}")
 
 
 class Strict(BaseModel):
     """A model a user or a file sets: an unknown name is an error (`known_names`), never a
     setting silently left at its default. `also_known` names keys a subclass's own
-    before-validator moves elsewhere."""
+    before-validator moves elsewhere; `elsewhere` names that belong to another model, each
+    with where it lives (the message says so)."""
 
     model_config = ConfigDict(extra="forbid")
     also_known: ClassVar[Collection[str]] = ()
+    elsewhere: ClassVar[Mapping[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _known_names(cls, data: Any) -> Any:
-        return known_names(cls, data, cls.also_known)
+        return known_names(cls, data, cls.also_known, cls.elsewhere)

@@ -101,7 +101,7 @@ class Trace(BaseModel):
     ) -> Trace:
         return cls(
             workflow_id=result.workflow_id, run_id=result.run_id,
-            parent_workflow_id=parent_workflow_id, depth=task.depth, task=task, policy=policy,
+            parent_workflow_id=parent_workflow_id, depth=task.frame.depth, task=task, policy=policy,
             status=result.status, answer=result.answer, error=result.error,
             failure=result.failure, reward=reward,
             rounds=result.rounds, totals=result.totals,

@@ -16,7 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from conductor_engine.activities.agent import AgentActivities
 from conductor_engine.engine.contracts.activities import AgentCallInput
-from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.tasks import RolloutSampling, Task
 from conductor_engine.engine.providers import CompletionRequest, Message, TaskInfo, complete
 from conductor_engine.engine.providers import sim as sim_provider
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError, SimSettings
@@ -269,10 +269,10 @@ async def test_a_run_with_sim_agents_scores_the_competent_agent_1_and_the_weak_o
     agent_server.set_responder("conductor", lambda prompt: plan_json(
         ("bravo", "Guess first.", []), ("alpha", "Work out 7 x 8.", "all"))
         if "[two]" in prompt else plan_json(("bravo", "Work out 7 x 8.", [])))
-    options = RunOptions(sample=3)
+    sampling = RolloutSampling(sample=3)
     two_steps = Task(question="What is 7 x 8? [two]", reference="56", verifier="math",
-                     tags=["math"], options=options)
-    weak_only = Task(question="What is 7 x 8?", reference="56", tags=["math"], options=options)
+                     tags=["math"], sampling=sampling)
+    weak_only = Task(question="What is 7 x 8?", reference="56", tags=["math"], sampling=sampling)
     async with running_worker(client, settings, rehearsal_pool(agent_server)):
         res = await conductor.run(two_steps)
         weak = await conductor.run(weak_only)
@@ -287,7 +287,7 @@ async def test_a_run_with_sim_agents_scores_the_competent_agent_1_and_the_weak_o
 
     trace = await trace_store.get(res.workflow_id)
     assert trace is not None and trace.reward is not None and trace.reward.value == 1.0
-    assert trace.answer == "56" and trace.task.options.sample == 3
+    assert trace.answer == "56" and trace.task.sampling.sample == 3
     assert [s.output for s in trace.steps] == ["57", "56"]
 
     assert weak.answer == "57" and weak.reward is not None and weak.reward.value == 0.5

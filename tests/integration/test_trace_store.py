@@ -20,7 +20,8 @@ from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.rewards import Reward, Verdict
-from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.contracts.tasks import RunOptions, SelfCallFrame, Task
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.rewards.rollouts import as_rollout
 from conductor_engine.engine.settings import Settings
@@ -563,7 +564,7 @@ async def test_a_row_postgres_refuses_for_good_is_a_non_retryable_trace_rejected
     from temporalio.testing import ActivityEnvironment
 
     trace = make_trace(f"big-{uuid.uuid4().hex[:6]}")
-    req = RecordRequest(task=trace.task.model_copy(update={"depth": 2**40}),  # depth: integer
+    req = RecordRequest(task=revised(trace.task, frame=SelfCallFrame(depth=2**40)),  # bigint
                         result=_result_of(trace), started_at=trace.started_at,
                         finished_at=trace.finished_at)
     record = RecordActivities(settings, make_pool(agent_server), trace_store).record

@@ -22,7 +22,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
-from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.contracts.tasks import RolloutSampling, RunOptions, Task
 from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
@@ -228,9 +229,8 @@ async def test_a_lora_update_of_the_real_local_model_is_published_and_serves_the
     tasks = sim_tasks()[:3]
     async with training_stack(client, settings, pool) as conductor:
         # rollouts first, as ordinary runs: three groups of four under the base model
-        runs = [t.model_copy(update={"options": t.options.model_copy(update={"sample": i})})
-                for t in tasks for i in range(4)]
-        ids = [await conductor.submit(t, workflow_id=f"{name}/{t.id}/{t.options.sample}")
+        runs = [revised(t, sampling=RolloutSampling(sample=i)) for t in tasks for i in range(4)]
+        ids = [await conductor.submit(t, workflow_id=f"{name}/{t.id}/{t.sampling.sample}")
                for t in runs]
         results = await asyncio.gather(*(conductor.result(i) for i in ids))
         assert all(r.rounds[0].attempts[0].policy_version == "base" for r in results)
@@ -495,7 +495,7 @@ async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_i
     for g in groups:
         for t in g.traces:
             drawn = group_agents(inp.agents, cfg, seed=7, name=inp.name, iteration=0,
-                                 task_id=g.task_id, sample=t.task.options.sample)
+                                 task_id=g.task_id, sample=t.task.sampling.sample)
             assert drawn is not None and 1 <= len(drawn) <= 2
             assert t.task.agents == drawn
             system = t.rounds[0].attempts[0].prompt[0].content

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from conductor_engine.engine.contracts.records import PlanAttempt, RoundRecord
 from conductor_engine.engine.contracts.strict import revised
-from conductor_engine.engine.contracts.tasks import RunOptions, Task
+from conductor_engine.engine.contracts.tasks import RolloutSampling, RunOptions, Task
 from conductor_engine.engine.contracts.training import Recipe
 from conductor_engine.engine.settings import Settings, SettingsError
 from conductor_engine.engine.tasks.files import load_jsonl
@@ -21,10 +21,32 @@ from tests.paths import ROOT
 
 NOT_SOURCE = {"tests", "site", "build", "dist"}
 
-def test_a_misspelt_run_option_is_refused_with_the_name_it_meant() -> None:
-    with pytest.raises(ValidationError, match="unknown RunOptions field 'sampel'; did you mean "
-                                              "'sample'"):
+def _message(error: pytest.ExceptionInfo[ValidationError]) -> str:
+    [only] = error.value.errors()
+    assert "\n" not in only["msg"], only["msg"]
+    return only["msg"]
+
+
+def test_a_misspelt_run_option_is_refused_in_one_line_with_the_name_it_meant() -> None:
+    with pytest.raises(ValidationError) as e:
+        RunOptions(max_step=3)  # type: ignore[call-arg]
+    assert _message(e).endswith("unknown RunOptions field 'max_step'; did you mean 'max_steps'?")
+
+
+def test_what_the_engine_sets_is_no_run_option_and_the_refusal_says_where_it_lives() -> None:
+    with pytest.raises(ValidationError) as e:
         RunOptions(sampel=3)  # type: ignore[call-arg]
+    assert _message(e).endswith(
+        "unknown RunOptions field 'sampel'; if you meant 'sample': the engine sets it on a "
+        "training run's tasks (Task.sampling.sample)")
+    for name in ("sample", "seeded", "explore", "explore_importance"):
+        with pytest.raises(ValidationError) as e:
+            RunOptions.model_validate({name: 1})
+        assert f"(Task.sampling.{name})" in _message(e)
+    with pytest.raises(ValidationError, match="unknown SelfCallFrame field 'dpeth'"):
+        Task.model_validate({"question": "q", "frame": {"dpeth": 1}})
+    with pytest.raises(ValidationError, match="unknown RolloutSampling field 'sampel'"):
+        Task.model_validate({"question": "q", "sampling": {"sampel": 1}})
 
 
 def test_unknown_names_are_refused_on_tasks_and_every_recipe_section() -> None:
@@ -65,6 +87,18 @@ def test_a_misspelt_option_in_a_task_file_is_a_line_error_naming_the_option_mean
     assert proc.returncode == 1 and "did you mean 'max_steps'?" in proc.stderr, proc.stderr
 
 
+def test_an_engine_field_in_a_task_files_options_is_one_line_saying_where_it_lives(
+        tmp_path: Path) -> None:
+    """A task file cannot make its runs look like training rollouts: `sample` is refused."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": "q", "options": {"sampel": 3}}) + "\n")
+    proc = run_conductor("tasks", "check", str(path))
+    [line] = [ln for ln in proc.stderr.splitlines() if "field options" in ln]
+    assert proc.returncode == 1 and line.startswith(f"{path}:1: field options:"), proc.stderr
+    assert line.endswith("unknown RunOptions field 'sampel'; if you meant 'sample': the engine "
+                         "sets it on a training run's tasks (Task.sampling.sample)"), line
+
+
 def test_a_misspelt_recipe_key_stops_the_command_with_one_line(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("[loss]\nlerning_rate = 1e-5\n")
@@ -81,8 +115,10 @@ def test_revised_validates_what_model_copy_would_let_through() -> None:
     options = RunOptions()
     with pytest.raises(TypeError, match="RunOptions has no field 'sampel'"):
         revised(options, sampel=3)
+    with pytest.raises(ValidationError, match="max_steps"):
+        revised(options, max_steps=-5)
     with pytest.raises(ValidationError, match="sample"):
-        revised(options, sample=-5)
+        revised(RolloutSampling(), sample=-5)
     task = Task(question="Which is larger?", reference="2; 3", parts=["a", "b"])
     with pytest.raises(ValidationError, match="parts names 2 parts but the answer has 1"):
         revised(task, reference="2")  # the model's own validators run on the result
@@ -93,9 +129,9 @@ def test_revised_keeps_the_rest_the_class_and_the_fields_set() -> None:
         note: str = ""
 
     mine = Mine(max_steps=3)
-    changed = revised(mine, sample=2)
-    assert type(changed) is Mine and (changed.max_steps, changed.sample) == (3, 2)
-    assert changed.model_fields_set == {"max_steps", "sample"}
+    changed = revised(mine, temperature=0.5)
+    assert type(changed) is Mine and (changed.max_steps, changed.temperature) == (3, 0.5)
+    assert changed.model_fields_set == {"max_steps", "temperature"}
     task = Task(question="q")  # its id is a default: it must not be drawn again
     assert revised(task, batch="b").id == task.id
 
