@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +22,9 @@ from conductor_engine.engine.contracts.tasks import (
     rollout_sampling,
     self_call_frame,
 )
+from tests.paths import TESTS
 
-HISTORIES = Path(__file__).resolve().parents[1] / "integration" / "histories"
+HISTORIES = TESTS / "integration" / "histories"
 
 
 def _child_inputs(history: str) -> list[dict[str, Any]]:
