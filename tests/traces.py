@@ -23,7 +23,7 @@ def make_trace(task_id: str, *, version: str = "v1", reward: float = 1.0,
     now = finished or datetime.now(UTC)
     steps = [
         StepRecord(round=0, index=i, agent=a, subtask=f"Subtask {i} of the plan.", access=acc,
-                   saw=list(range(i)) if acc == "all" else [], status="done",
+                   sees=list(range(i)) if acc == "all" else [], status="done",
                    output=output if i == 2 else f"partial result {i} " * 20, model=a,
                    seconds=1.5, attempts=1)
         for i, (a, acc) in enumerate([("gpt", []), ("claude", []), ("gemini", "all")])

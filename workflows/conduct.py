@@ -268,7 +268,7 @@ class ConductWorkflow:
             rnd.steps.append(
                 StepRecord(
                     round=rnd.index, index=i, agent=step.agent, subtask=step.subtask,
-                    access=step.access, saw=step.sees(i),
+                    access=step.access, sees=step.sees(i),
                 )
             )
         tasks: list[asyncio.Task[None]] = []
@@ -292,12 +292,12 @@ class ConductWorkflow:
         attempt: PlanAttempt,
     ) -> None:
         rec = rnd.steps[i]
-        if rec.saw:
-            await asyncio.gather(*(tasks[j] for j in rec.saw))
+        if rec.sees:
+            await asyncio.gather(*(tasks[j] for j in rec.sees))
         visible = [
             VisibleStep(index=j, agent=rnd.steps[j].agent, subtask=rnd.steps[j].subtask,
                         output=rnd.steps[j].output)
-            for j in rec.saw
+            for j in rec.sees
         ]
         rec.status = "running"
         self._details()
@@ -443,7 +443,7 @@ class ConductWorkflow:
                 "|---|---|---|---|---|---|---|",
             ]
             for s in rnd.steps:
-                sees = saw_label(s.saw)
+                sees = saw_label(s.sees)
                 lines.append(
                     f"| {s.index + 1} | {s.agent} | {shorten(s.subtask, 50).replace('|', '/')} "
                     f"| {sees} | {s.status} | {s.usage.input_tokens}/{s.usage.output_tokens} "

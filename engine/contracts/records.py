@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_serializer, field_validator
+from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_validator
 
 from conductor_engine.engine.contracts.agent_calls import Citation, Message, Usage
 from conductor_engine.engine.contracts.limits import CHILD_SUMMARY_TEXT_CHARS
@@ -87,7 +87,11 @@ class StepRecord(BaseModel):
     agent: str
     subtask: str
     access: Access
-    saw: list[int] = Field(default_factory=list)
+    sees: list[int] = Field(
+        default_factory=list, validation_alias=AliasChoices("sees", "saw"),
+        description="the earlier steps it was shown; read as `saw` too, the name in traces and "
+        "histories written before",
+    )
     status: Literal["pending", "running", "done", "failed"] = "pending"
     output: str = ""
     model: str = ""

@@ -167,7 +167,7 @@ def task_markdown(t: Trace) -> str:
         lines.append(f"## Round {rnd.index + 1}")
         for s in rnd.steps:
             lines += ["", f"### Step {s.index + 1} · {s.agent}", "",
-                      f"*Subtask:* {s.subtask}  ", f"*Sees:* steps {saw_label(s.saw)} · "
+                      f"*Subtask:* {s.subtask}  ", f"*Sees:* steps {saw_label(s.sees)} · "
                       f"{s.usage.input_tokens}/{s.usage.output_tokens} tokens · "
                       f"{s.seconds:.1f}s · {s.attempts} attempt(s)", ""]
             lines.append(s.output if s.status == "done" else f"**{s.status}:** {s.error}")

@@ -87,7 +87,7 @@ def record_rows(rnd: RoundRecord) -> list[StepRow]:
     came to ("none" for a first step granted "all"), as `conductor history` shows it."""
     return [
         StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
-                subtask=s.subtask, sees=saw_label(s.saw),
+                subtask=s.subtask, sees=saw_label(s.sees),
                 status=s.status, output=s.error or s.output, input_tokens=s.usage.input_tokens,
                 output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
                 attempts=s.attempts, self_call=bool(s.child_workflow_id))
@@ -99,7 +99,7 @@ def trail_rows(rnd: TrailRound) -> list[StepRow]:
     """A round of a Trail (Temporal history): steps still pending or running included."""
     return [
         StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
-                subtask=s.subtask, sees=saw_label(s.saw), status=s.status,
+                subtask=s.subtask, sees=saw_label(s.sees), status=s.status,
                 output=s.output or "", input_tokens=s.usage.input_tokens,
                 output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
                 attempts=s.attempts, self_call=bool(s.child_workflow_id),

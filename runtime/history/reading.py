@@ -220,7 +220,7 @@ class _Builder:
             step = self.step(rnd.index, i)
             step.agent, step.subtask, step.access = s.agent, s.subtask, s.access
             if not step.visible:
-                step.saw = s.sees(i)
+                step.sees = s.sees(i)
 
     async def _agent_call(self, act: ActivityEvents) -> None:
         req: AgentCallInput = await _decode(
@@ -229,7 +229,7 @@ class _Builder:
         out = await _outcome(self.dc, act, AgentReply)
         step = self.step(req.round, req.index)
         step.agent, step.subtask, step.question = req.agent, req.subtask, req.question
-        step.visible, step.saw = req.visible, [v.index for v in req.visible]
+        step.visible, step.sees = req.visible, [v.index for v in req.visible]
         step.status, step.attempts = out.status, out.attempts
         step.errors += out.errors
         step.seconds = _seconds(act.scheduled, act.closed)
@@ -258,7 +258,7 @@ class _Builder:
             task: Task | None = await _decode(self.dc, attrs.input, Task,
                                               f"the self-call task of {child.workflow_id}")
             if task is not None:
-                step.visible, step.saw = task.context, [v.index for v in task.context]
+                step.visible, step.sees = task.context, [v.index for v in task.context]
         if step.status == "pending":
             step.status = "running"
         if child.closed is None:

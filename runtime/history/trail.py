@@ -41,7 +41,7 @@ class TrailStep(BaseModel):
     subtask: str
     question: str = Field(default="", description="the task's question, as the agent got it")
     access: Access | None = None
-    saw: list[int] = Field(default_factory=list)
+    sees: list[int] = Field(default_factory=list)
     visible: list[VisibleStep] = Field(
         default_factory=list, description="the earlier steps the agent was shown, with outputs"
     )

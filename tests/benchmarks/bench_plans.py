@@ -121,7 +121,7 @@ class Judge:
         steps = [s for r in t.rounds for s in r.steps]
         if not steps or any(s.agent not in self.agents for s in steps):
             return None, 0.0
-        plan = [PlanStep(agent=s.agent, sees=list(s.saw)) for s in steps]
+        plan = [PlanStep(agent=s.agent, sees=list(s.sees)) for s in steps]
         if len(plan) > 2:  # the tasks allow two steps; a longer plan would be refused
             return plan, 0.0
         parts = self.parts[_plain(t.task.id)]

@@ -132,7 +132,7 @@ async def test_the_trail_from_history_matches_the_recorded_trace(
     assert trace is not None and trail.run_id == trace.run_id
     assert trail.status == "completed" and trail.run_status == trace.status == "completed"
     assert trail.task is not None and trail.task.question == trace.task.question
-    fields = ("agent", "subtask", "saw", "output", "usage", "attempts")
+    fields = ("agent", "subtask", "sees", "output", "usage", "attempts")
     assert [[getattr(s, f) for f in fields] for s in trail.steps] == [
         [getattr(s, f) for f in fields] for s in trace.steps]
     assert trail.steps[1].attempts == 2 and trail.steps[1].usage.output_tokens == 6
@@ -157,12 +157,12 @@ async def test_a_failed_step_shows_the_error_of_each_attempt(
     trail = await step_trail(client, wid)
     assert trail.status == "failed" and "step 2/3 (claude) failed" in (trail.error or "")
     step1, step2, step3 = trail.steps
-    assert step1.status == "done" and step3.status == "pending" and step3.saw == [0, 1]
+    assert step1.status == "done" and step3.status == "pending" and step3.sees == [0, 1]
     assert step2.status == "failed" and step2.attempts == 2
     assert [(e.attempt, e.non_retryable) for e in step2.errors] == [(1, False), (2, True)]
     assert "429" in step2.errors[0].message and "401" in step2.errors[1].message
     assert "TEST_ANTHROPIC_KEY" in step2.errors[1].message
-    assert step2.visible[0].output == "2^10 = 1024" and step2.saw == [0]
+    assert step2.visible[0].output == "2^10 = 1024" and step2.sees == [0]
 
 
 async def test_a_running_run_shows_live_attempts_and_a_terminated_one_resumes(
@@ -212,7 +212,7 @@ async def test_a_self_call_step_is_its_child_workflow_answer(
     step = trail.steps[0]
     assert step.child_workflow_id and trail.self_calls == [step.child_workflow_id]
     assert step.status == "done" and step.question == "Which is larger?"
-    fields = ("agent", "output", "usage", "attempts", "child_workflow_id", "saw")
+    fields = ("agent", "output", "usage", "attempts", "child_workflow_id", "sees")
     assert [[getattr(s, f) for f in fields] for s in trail.steps] == [
         [getattr(s, f) for f in fields] for s in trace.steps]
     child = await step_trail(client, step.child_workflow_id)

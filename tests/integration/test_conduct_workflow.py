@@ -39,7 +39,7 @@ async def test_plan_runs_as_a_dag_with_independent_steps_in_parallel(
     assert res.status == "completed" and res.answer == "1024 is larger"
     steps = res.steps
     assert [s.agent for s in steps] == ["gpt", "claude", "gemini"]
-    assert [s.saw for s in steps] == [[], [], [0, 1]]
+    assert [s.sees for s in steps] == [[], [], [0, 1]]
     # steps 1 and 2 are independent, so both were scheduled before either finished: read from
     # the run's history, whatever the load (a wall-clock bound would fail on a busy machine)
     events = (await client.get_workflow_handle(res.workflow_id).fetch_history()).events

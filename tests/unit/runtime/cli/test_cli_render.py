@@ -80,10 +80,10 @@ def test_result_and_history_say_the_same_of_what_a_step_sees(
     """A first step granted "all" sees no earlier step: `conductor result` once said "all" there
     while `conductor history` said "none" for the same step."""
     grants = [("all", []), ([], []), ("all", [0, 1])]
-    steps = [StepRecord(round=0, index=i, agent="gpt", subtask="s", access=acc, saw=saw)
+    steps = [StepRecord(round=0, index=i, agent="gpt", subtask="s", access=acc, sees=saw)
              for i, (acc, saw) in enumerate(grants)]
     trail = TrailRound(index=0, steps=[
-        TrailStep(round=0, index=i, agent="gpt", subtask="s", access=acc, saw=saw)
+        TrailStep(round=0, index=i, agent="gpt", subtask="s", access=acc, sees=saw)
         for i, (acc, saw) in enumerate(grants)])
     seen = [r.sees for r in record_rows(RoundRecord(index=0, steps=steps))]
     assert seen == [r.sees for r in trail_rows(trail)] == ["none", "none", "1,2"]
@@ -470,7 +470,7 @@ def _long_step(i: int, status: str = "done") -> StepRecord:
     return StepRecord(round=0, index=i, agent="claude-sonnet-4", access="all",
                       subtask="Check each intermediate result of the previous step carefully "
                               "and report any arithmetic mistakes you find.",
-                      saw=list(range(i)), status=status, output="The products 17 x 23 = 391 "
+                      sees=list(range(i)), status=status, output="The products 17 x 23 = 391 "
                       "and 391 / 17 = 23 agree, so the answer stands.", model="m",
                       seconds=12.25, attempts=3, cost_usd=0.01234)
 
@@ -481,7 +481,7 @@ def test_run_trace_and_history_step_tables_split_no_word(width: int) -> None:
 
     rnd = RoundRecord(index=0, steps=[_long_step(i) for i in range(3)])
     trail = TrailRound(index=0, steps=[TrailStep(
-        round=0, index=s.index, agent=s.agent, subtask=s.subtask, access=s.access, saw=s.saw,
+        round=0, index=s.index, agent=s.agent, subtask=s.subtask, access=s.access, sees=s.sees,
         status="done", output=s.output, attempts=s.attempts, cost_usd=s.cost_usd,
         errors=[AttemptError(attempt=1, message="HTTP 429 rate limited, retried")])
         for s in rnd.steps])
