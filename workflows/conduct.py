@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         SCORE_ACTIVITY,
         self_call_id,
     )
-    from conductor_engine.engine.contracts.plans import saw_label
+    from conductor_engine.engine.contracts.plans import sees_label
     from conductor_engine.engine.contracts.records import (
         AgentReply,
         PlanAttempt,
@@ -443,7 +443,7 @@ class ConductWorkflow:
                 "|---|---|---|---|---|---|---|",
             ]
             for s in rnd.steps:
-                sees = saw_label(s.sees)
+                sees = sees_label(s.sees)
                 lines.append(
                     f"| {s.index + 1} | {s.agent} | {shorten(s.subtask, 50).replace('|', '/')} "
                     f"| {sees} | {s.status} | {s.usage.input_tokens}/{s.usage.output_tokens} "

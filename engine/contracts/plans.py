@@ -24,13 +24,13 @@ DEFAULT_REASONING_MAX_CHARS = 2000
 Access = Literal["all"] | list[int]
 
 
-def saw_label(saw: Sequence[int], access: Access | None = None) -> str:
+def sees_label(sees: Sequence[int], access: Access | None = None) -> str:
     """Earlier steps as people read them: 1-based numbers ("1,3"), or "none". Given an access
     list of "all", the word "all" instead, for views that show what a step was granted rather
     than what that came to. The one place this label is written."""
     if access == "all":
         return "all"
-    return ",".join(str(i + 1) for i in saw) or "none"
+    return ",".join(str(i + 1) for i in sees) or "none"
 
 
 class Step(BaseModel):
@@ -44,7 +44,7 @@ class Step(BaseModel):
 
     def access_label(self) -> str:
         """This step's access list as people read it: "all", "none" or "1,3"."""
-        return saw_label([] if self.access == "all" else sorted(set(self.access)), self.access)
+        return sees_label([] if self.access == "all" else sorted(set(self.access)), self.access)
 
 
 class Plan(BaseModel):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor_engine.engine.contracts.agent_calls import Citation
-from conductor_engine.engine.contracts.plans import saw_label
+from conductor_engine.engine.contracts.plans import sees_label
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.rewards.rollouts import LeftOutReason, left_out_reason
 
@@ -167,7 +167,7 @@ def task_markdown(t: Trace) -> str:
         lines.append(f"## Round {rnd.index + 1}")
         for s in rnd.steps:
             lines += ["", f"### Step {s.index + 1} · {s.agent}", "",
-                      f"*Subtask:* {s.subtask}  ", f"*Sees:* steps {saw_label(s.sees)} · "
+                      f"*Subtask:* {s.subtask}  ", f"*Sees:* steps {sees_label(s.sees)} · "
                       f"{s.usage.input_tokens}/{s.usage.output_tokens} tokens · "
                       f"{s.seconds:.1f}s · {s.attempts} attempt(s)", ""]
             lines.append(s.output if s.status == "done" else f"**{s.status}:** {s.error}")

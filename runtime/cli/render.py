@@ -24,7 +24,7 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from conductor_engine.engine.contracts.plans import saw_label
+from conductor_engine.engine.contracts.plans import sees_label
 from conductor_engine.engine.text import shorten
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class StepRow:
     steps: int  # how many steps its round has
     agent: str
     subtask: str
-    sees: str  # the earlier steps it was given: saw_label
+    sees: str  # the earlier steps it was given: sees_label
     status: str
     output: str  # what it answered, or (in a record) why it failed
     input_tokens: int
@@ -87,7 +87,7 @@ def record_rows(rnd: RoundRecord) -> list[StepRow]:
     came to ("none" for a first step granted "all"), as `conductor history` shows it."""
     return [
         StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
-                subtask=s.subtask, sees=saw_label(s.sees),
+                subtask=s.subtask, sees=sees_label(s.sees),
                 status=s.status, output=s.error or s.output, input_tokens=s.usage.input_tokens,
                 output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
                 attempts=s.attempts, self_call=bool(s.child_workflow_id))
@@ -99,7 +99,7 @@ def trail_rows(rnd: TrailRound) -> list[StepRow]:
     """A round of a Trail (Temporal history): steps still pending or running included."""
     return [
         StepRow(round=rnd.index, index=s.index, steps=len(rnd.steps), agent=s.agent,
-                subtask=s.subtask, sees=saw_label(s.sees), status=s.status,
+                subtask=s.subtask, sees=sees_label(s.sees), status=s.status,
                 output=s.output or "", input_tokens=s.usage.input_tokens,
                 output_tokens=s.usage.output_tokens, cost_usd=s.cost_usd, seconds=s.seconds,
                 attempts=s.attempts, self_call=bool(s.child_workflow_id),

@@ -1,4 +1,4 @@
-"""The CLI's one step table: the saw label, shortening, and escaping of model-written text."""
+"""The CLI's one step table: the sees label, shortening, and escaping of model-written text."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.testing import CliRunner
 
-from conductor_engine.engine.contracts.plans import Step, saw_label
+from conductor_engine.engine.contracts.plans import Step, sees_label
 from conductor_engine.engine.contracts.records import (
     PlanAttempt,
     RoundRecord,
@@ -61,9 +61,9 @@ def _text(table: object, width: int = 200) -> str:
     return console.file.getvalue()
 
 
-def test_the_saw_label_names_steps_from_one() -> None:
-    assert saw_label([]) == "none" and saw_label([0, 2]) == "1,3"
-    assert saw_label([0, 1], "all") == "all" and saw_label([0, 1], [0, 1]) == "1,2"
+def test_the_sees_label_names_steps_from_one() -> None:
+    assert sees_label([]) == "none" and sees_label([0, 2]) == "1,3"
+    assert sees_label([0, 1], "all") == "all" and sees_label([0, 1], [0, 1]) == "1,2"
     assert Step(agent="a", subtask="s", access="all").access_label() == "all"
     assert Step(agent="a", subtask="s", access=[2, 0, 2]).access_label() == "1,3"
     assert Step(agent="a", subtask="s", access=[]).access_label() == "none"
