@@ -50,7 +50,7 @@ class AgentActivities:
                 f"{e}; add it to the worker's pool file", type="UnknownAgent", non_retryable=True
             ) from e
         request = CompletionRequest(
-            messages=agent_messages(req.question, req.subtask, req.visible,
+            messages=agent_messages(req.question, req.subtask, req.seen,
                                     outer_question=req.outer_question,
                                     background=req.background),
             temperature=spec.params.temperature,
@@ -94,5 +94,5 @@ def _task_info(req: AgentCallInput, provider: str, attempt: int) -> TaskInfo | N
         return None
     if provider == "sim":
         return revised(req.task, attempt=attempt,
-                       seen=[v.output for v in (*req.background, *req.visible)])
+                       seen=[v.output for v in (*req.background, *req.seen)])
     return revised(req.task, attempt=attempt)

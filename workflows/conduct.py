@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.rewards import Reward
     from conductor_engine.engine.contracts.search_attributes import AGENTS, POLICY_VERSION, REWARD
     from conductor_engine.engine.contracts.strict import revised
-    from conductor_engine.engine.contracts.tasks import Task, VisibleStep, self_call_frame
+    from conductor_engine.engine.contracts.tasks import SeenStep, Task, self_call_frame
     from conductor_engine.engine.tasks.checks import oversize_error
     from conductor_engine.engine.text import shorten
 
@@ -294,8 +294,8 @@ class ConductWorkflow:
         rec = rnd.steps[i]
         if rec.sees:
             await asyncio.gather(*(tasks[j] for j in rec.sees))
-        visible = [
-            VisibleStep(index=j, agent=rnd.steps[j].agent, subtask=rnd.steps[j].subtask,
+        seen = [
+            SeenStep(index=j, agent=rnd.steps[j].agent, subtask=rnd.steps[j].subtask,
                         output=rnd.steps[j].output)
             for j in rec.sees
         ]
@@ -306,9 +306,9 @@ class ConductWorkflow:
         try:
             self_call = rec.agent == attempt.conductor_id
             if self_call and task.frame.depth < task.options.self_call_depth:
-                await self._self_call(task, rec, visible, attempt)
+                await self._self_call(task, rec, seen, attempt)
             else:
-                await self._call_agent(task, rec, visible, attempt, label)
+                await self._call_agent(task, rec, seen, attempt, label)
         except (ActivityError, ChildWorkflowError) as e:
             rec.status, rec.error = "failed", _cause(e)
             self._details()
@@ -320,14 +320,14 @@ class ConductWorkflow:
         self._details()
 
     async def _call_agent(
-        self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt,
+        self, task: Task, rec: StepRecord, seen: list[SeenStep], attempt: PlanAttempt,
         label: str,
     ) -> None:
         timeout = attempt.agent_timeouts.get(rec.agent, DEFAULT_AGENT_TIMEOUT_S)
         reply = await workflow.execute_activity(
             AGENT_ACTIVITY,
             AgentCallInput(
-                agent=rec.agent, question=task.question, subtask=rec.subtask, visible=visible,
+                agent=rec.agent, question=task.question, subtask=rec.subtask, seen=seen,
                 round=rec.round, index=rec.index,
                 task=TaskInfo(
                     task_id=task.id, tags=task.tags, reference=task.reference,
@@ -347,7 +347,7 @@ class ConductWorkflow:
         rec.model, rec.attempts = reply.model, reply.attempt
 
     async def _self_call(
-        self, task: Task, rec: StepRecord, visible: list[VisibleStep], attempt: PlanAttempt
+        self, task: Task, rec: StepRecord, seen: list[SeenStep], attempt: PlanAttempt
     ) -> None:
         """The conductor gave a step to itself: plan and run it as a child workflow.
 
@@ -358,7 +358,7 @@ class ConductWorkflow:
         child_id = self_call_id(workflow.info().workflow_id, rec.round, rec.index)
         child = Task(
             id=self_call_id(task.id, rec.round, rec.index), question=rec.subtask,
-            context=[*self._background(task, rec), *visible],
+            context=[*self._background(task, rec), *seen],
             options=revised(task.options, refinement_rounds=0, plan=None),
             frame=self_call_frame(task), sampling=task.sampling, agents=task.agents,
         )
@@ -369,7 +369,7 @@ class ConductWorkflow:
         )
         if res.status != "completed" or res.answer is None:
             # The sub-plan never parsed: let the conductor model answer the subtask directly.
-            await self._call_agent(task, rec, visible, attempt, f"step {rec.index + 1}")
+            await self._call_agent(task, rec, seen, attempt, f"step {rec.index + 1}")
             rec.usage = rec.usage + res.totals.usage
             rec.cost_usd += res.totals.cost_usd
             return
@@ -377,7 +377,7 @@ class ConductWorkflow:
         rec.model, rec.attempts = "self-call", 1
 
     @staticmethod
-    def _background(task: Task, rec: StepRecord) -> list[VisibleStep]:
+    def _background(task: Task, rec: StepRecord) -> list[SeenStep]:
         """What of the parent's context a step of a self-call's sub-plan may see: all of it
         for a step whose access is "all" (it may read everything before it, and the parent
         step's view came before), none otherwise (an explicit list names this plan's steps

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from conductor_engine.engine.contracts.agent_calls import TaskInfo
 from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.records import RunResult, RunStatus
 from conductor_engine.engine.contracts.rewards import RewardWeights
-from conductor_engine.engine.contracts.tasks import Task, VisibleStep
+from conductor_engine.engine.contracts.tasks import SeenStep, Task
 
 
 class PreviousRound(BaseModel):
@@ -48,7 +48,11 @@ class AgentCallInput(BaseModel):
     agent: str
     question: str
     subtask: str
-    visible: list[VisibleStep] = Field(default_factory=list)
+    seen: list[SeenStep] = Field(
+        default_factory=list, validation_alias=AliasChoices("seen", "visible"),
+        description="the earlier steps the step sees; read as `visible` too, the name in "
+        "histories written before",
+    )
     round: int = 0
     index: int = 0
     task: TaskInfo | None = Field(
@@ -61,7 +65,7 @@ class AgentCallInput(BaseModel):
         description="in a self-call's sub-plan: the question of the whole job (Task."
         "frame.outer_question), so the agent answers its part knowing the whole",
     )
-    background: list[VisibleStep] = Field(
+    background: list[SeenStep] = Field(
         default_factory=list,
         description="in a self-call's sub-plan: what the parent step could see (Task.context), "
         "granted to a step whose access is \"all\"",

@@ -83,7 +83,7 @@ class RunOptions(Strict):
     )
 
 
-class VisibleStep(BaseModel):
+class SeenStep(BaseModel):
     """An earlier step as another step (or a self-call's sub-plan) gets to see it."""
 
     index: int
@@ -168,7 +168,7 @@ class Task(Strict):
     )
     batch: str | None = Field(default=None, description="the batch this run belongs to, if any")
     options: RunOptions = Field(default_factory=RunOptions)
-    context: list[VisibleStep] = Field(
+    context: list[SeenStep] = Field(
         default_factory=list,
         description="background the conductor sees when it plans (and steps whose access is "
         "\"all\"): a chat's earlier messages (`conductor serve`), or what a self-call's parent "

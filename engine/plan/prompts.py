@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.plans import Plan
-from conductor_engine.engine.contracts.tasks import VisibleStep
+from conductor_engine.engine.contracts.tasks import SeenStep
 from conductor_engine.engine.providers.pool import AgentSpec
 
 CONDUCTOR_ROLE = """\
@@ -82,7 +82,7 @@ def conductor_messages(
     max_steps: int,
     json_mode: bool,
     reasoning_max_chars: int | None = None,
-    context: Sequence[VisibleStep] = (),
+    context: Sequence[SeenStep] = (),
     previous: Sequence[tuple[Plan, str]] = (),
     last_error: str | None = None,
     outer_question: str | None = None,
@@ -136,15 +136,15 @@ def conductor_messages(
     return [Message(role="system", content=system), Message(role="user", content="\n\n".join(parts))]
 
 
-def _steps(steps: Sequence[VisibleStep]) -> str:
+def _steps(steps: Sequence[SeenStep]) -> str:
     return "\n\n".join(
         f"[step {s.index}, {s.agent}] Subtask: {s.subtask}\nResponse: {s.output}" for s in steps
     )
 
 
 def agent_messages(
-    question: str, subtask: str, visible: Sequence[VisibleStep],
-    *, outer_question: str | None = None, background: Sequence[VisibleStep] = (),
+    question: str, subtask: str, seen: Sequence[SeenStep],
+    *, outer_question: str | None = None, background: Sequence[SeenStep] = (),
 ) -> list[Message]:
     """An agent's prompt: the overall task, what it may see of earlier steps, its subtask.
 
@@ -159,8 +159,8 @@ def agent_messages(
     if background:
         parts.append("Background from earlier work on the job that you may use:\n"
                      + _steps(background))
-    if visible:
-        parts.append("Work done so far by other members that you may use:\n" + _steps(visible))
+    if seen:
+        parts.append("Work done so far by other members that you may use:\n" + _steps(seen))
     parts.append(f"Your subtask:\n{subtask}")
     parts.append("Answer the subtask directly and completely.")
     return [Message(role="user", content="\n\n".join(parts))]

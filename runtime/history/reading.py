@@ -219,7 +219,7 @@ class _Builder:
         for i, s in enumerate(plan.steps):
             step = self.step(rnd.index, i)
             step.agent, step.subtask, step.access = s.agent, s.subtask, s.access
-            if not step.visible:
+            if not step.seen:
                 step.sees = s.sees(i)
 
     async def _agent_call(self, act: ActivityEvents) -> None:
@@ -229,7 +229,7 @@ class _Builder:
         out = await _outcome(self.dc, act, AgentReply)
         step = self.step(req.round, req.index)
         step.agent, step.subtask, step.question = req.agent, req.subtask, req.question
-        step.visible, step.sees = req.visible, [v.index for v in req.visible]
+        step.seen, step.sees = req.seen, [v.index for v in req.seen]
         step.status, step.attempts = out.status, out.attempts
         step.errors += out.errors
         step.seconds = _seconds(act.scheduled, act.closed)
@@ -254,11 +254,11 @@ class _Builder:
         step.scheduled_event_id = step.scheduled_event_id or child.initiated.event_id
         step.scheduled_by_event_id = (step.scheduled_by_event_id
                                       or attrs.workflow_task_completed_event_id)
-        if not step.visible:  # the child's task carries what the parent step could see
+        if not step.seen:  # the child's task carries what the parent step could see
             task: Task | None = await _decode(self.dc, attrs.input, Task,
                                               f"the self-call task of {child.workflow_id}")
             if task is not None:
-                step.visible, step.sees = task.context, [v.index for v in task.context]
+                step.seen, step.sees = task.context, [v.index for v in task.context]
         if step.status == "pending":
             step.status = "running"
         if child.closed is None:

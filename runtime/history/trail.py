@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from conductor_engine.engine.contracts.agent_calls import Usage
 from conductor_engine.engine.contracts.plans import Access, Plan
 from conductor_engine.engine.contracts.rewards import Reward
-from conductor_engine.engine.contracts.tasks import Task, VisibleStep
+from conductor_engine.engine.contracts.tasks import SeenStep, Task
 
 ExecutionStatus = Literal[
     "running", "completed", "failed", "cancelled", "terminated", "timed_out", "continued_as_new"
@@ -42,7 +42,7 @@ class TrailStep(BaseModel):
     question: str = Field(default="", description="the task's question, as the agent got it")
     access: Access | None = None
     sees: list[int] = Field(default_factory=list)
-    visible: list[VisibleStep] = Field(
+    seen: list[SeenStep] = Field(
         default_factory=list, description="the earlier steps the agent was shown, with outputs"
     )
     status: StepStatus = "pending"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from conductor_engine.engine.contracts.tasks import RunOptions, Task, VisibleStep
+from conductor_engine.engine.contracts.tasks import RunOptions, SeenStep, Task
 from conductor_engine.engine.tasks.checks import check_size, check_storable
 from conductor_engine.runtime.serve.wire import ChatRequest
 
@@ -30,7 +30,7 @@ def chat_task(request: ChatRequest, policy_version: str | None) -> Task:
     if not last.text.strip():
         raise BadRequest("the last message is empty: it is the task, so it needs text",
                          "messages")
-    context = [VisibleStep(index=i, agent=m.role, subtask=f"message {i + 1} of the conversation",
+    context = [SeenStep(index=i, agent=m.role, subtask=f"message {i + 1} of the conversation",
                            output=m.text)
                for i, m in enumerate(request.messages[:-1]) if m.text.strip()]
     options = RunOptions(policy_version=policy_version)

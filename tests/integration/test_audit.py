@@ -138,7 +138,7 @@ async def test_the_trail_from_history_matches_the_recorded_trace(
     assert trail.steps[1].attempts == 2 and trail.steps[1].usage.output_tokens == 6
     assert [e.message for e in trail.steps[1].errors] == [
         "agent claude: rate limited (HTTP 429): slow down; will be retried"]
-    assert trail.steps[2].visible[1].output == "10^3 = 1000"
+    assert trail.steps[2].seen[1].output == "10^3 = 1000"
     assert trail.answer == trace.answer and trail.reward == trace.reward
     assert trail.reward is not None and trail.reward.value == 1.0
     assert trail.usage == trace.totals.usage
@@ -162,7 +162,7 @@ async def test_a_failed_step_shows_the_error_of_each_attempt(
     assert [(e.attempt, e.non_retryable) for e in step2.errors] == [(1, False), (2, True)]
     assert "429" in step2.errors[0].message and "401" in step2.errors[1].message
     assert "TEST_ANTHROPIC_KEY" in step2.errors[1].message
-    assert step2.visible[0].output == "2^10 = 1024" and step2.sees == [0]
+    assert step2.seen[0].output == "2^10 = 1024" and step2.sees == [0]
 
 
 async def test_a_running_run_shows_live_attempts_and_a_terminated_one_resumes(

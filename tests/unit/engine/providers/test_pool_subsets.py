@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from conductor_engine.activities.plan import task_agents
-from conductor_engine.engine.contracts.tasks import Task, VisibleStep
+from conductor_engine.engine.contracts.tasks import SeenStep, Task
 from conductor_engine.engine.contracts.training import RolloutConfig, group_agents
 from conductor_engine.engine.plan.language import PlanError, parse_plan
 from conductor_engine.engine.plan.prompts import agent_messages, conductor_messages
@@ -169,7 +169,7 @@ def test_bounds_clamp_to_the_pool_and_min_over_max_is_refused() -> None:
 
 # --- self-call context --------------------------------------------------------------------
 
-BACKGROUND = [VisibleStep(index=0, agent="gpt", subtask="Recall.", output="NOTE: ^ is power")]
+BACKGROUND = [SeenStep(index=0, agent="gpt", subtask="Recall.", output="NOTE: ^ is power")]
 
 
 def test_a_self_call_childs_conductor_prompt_holds_the_job_the_part_and_the_background() -> None:
