@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from conductor_engine.activities.errors import to_application_error
-from conductor_engine.activities.held_answers import held_or_called, until_storable
+from conductor_engine.activities.stashed_answers import stashed_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.agent_calls import TaskInfo
@@ -34,7 +34,7 @@ from conductor_engine.engine.settings import Settings
 class AgentActivities:
     def __init__(self, pool: Pool, settings: Settings | None = None) -> None:
         self.pool = pool
-        self.settings = settings  # where large answers go (activities/held_answers.py)
+        self.settings = settings  # where large answers go (activities/stashed_answers.py)
 
     @activity.defn(name=AGENT_ACTIVITY)
     async def call_agent(self, req: AgentCallInput) -> AgentReply:
@@ -61,7 +61,7 @@ class AgentActivities:
         )
         started = time.monotonic()
         try:
-            completion = await heartbeating(held_or_called(lambda: complete(spec, request)))
+            completion = await heartbeating(stashed_or_called(lambda: complete(spec, request)))
         except AgentCallError as e:
             log.warning("agent call failed", error=e.message, retryable=e.retryable)
             metrics.record_error(activity.metric_meter(), agent=spec.id, provider=spec.provider,

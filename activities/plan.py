@@ -14,7 +14,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from conductor_engine.activities.errors import to_application_error
-from conductor_engine.activities.held_answers import held_or_called, until_storable
+from conductor_engine.activities.stashed_answers import stashed_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import PlanRequest
 from conductor_engine.engine.contracts.heartbeat import heartbeats
@@ -96,7 +96,7 @@ class PlanActivities:
         )
         started = time.monotonic()
         try:
-            completion = await held_or_called(lambda: complete(conductor, request))
+            completion = await stashed_or_called(lambda: complete(conductor, request))
         except AgentCallError as e:
             failure = adapter_lost(conductor, e) or e
             log.warning("conductor call failed", error=failure.message,

@@ -100,7 +100,7 @@ async def test_an_answer_that_could_not_be_handed_to_temporal_is_not_bought_agai
     agent_server, settings: Settings, tmp_path: Path,
 ) -> None:
     """The attempt that received the answer fails (its result could not be stored); the next
-    attempt takes the answer the worker holds (activities/held_answers.py) instead of a new call."""
+    attempt takes the answer the worker stashed (activities/stashed_answers.py), no new call."""
     settings = settings.model_copy(update={"payload_threshold": THRESHOLD,
                                            "blob_dir": tmp_path / "blobs"})
     store = FailsFirstPayloadPut(tmp_path / "blobs")

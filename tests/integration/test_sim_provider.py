@@ -162,7 +162,7 @@ async def test_the_agent_activity_passes_the_task_and_its_attempt_to_the_sim_age
     by_attempt = {}
     for attempt in (1, 2, 3, 4, 5, 6):
         # each attempt as one that follows a failed call (a separate activity id here: an
-        # answer a worker received is held for a retry of the same activity, held_answers.py)
+        # answer a worker received is stashed for a retry of the same activity, stashed_answers.py)
         env.info = dataclasses.replace(env.info, attempt=attempt, activity_id=f"a{attempt}")
         reply = await env.run(AgentActivities(pool).call_agent, AgentCallInput(
             agent="alpha", question="q", subtask="s", task=info(attempt=1)))

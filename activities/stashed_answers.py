@@ -9,9 +9,9 @@ unreachable the result cannot be written, so the SDK fails the attempt. Two defe
 - `until_storable`: before returning a result that large, the activity waits for the blob store
   to answer (heartbeating, so Temporal does not take it for dead), until little of its
   start-to-close time is left;
-- `HeldAnswers`: every answer is kept in the worker's memory (least recently used first out,
+- `StashedAnswers`: every answer is kept in the worker's memory (least recently used first out,
   bounded in bytes) under its activity's identity (workflow, run, activity id); a later attempt
-  of the same activity on this worker takes the held answer instead of calling the model again.
+  of the same activity on this worker takes the stashed answer instead of calling the model again.
 
 A retry that lands on another worker, or follows the death of this one, calls again: that is
 Temporal's at-least-once guarantee for a call in flight, and the README's fault table says so.
@@ -34,8 +34,8 @@ from conductor_engine.engine.providers import Completion
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store
 
-MAX_HELD_BYTES = 256 * 2**20
-"""What the held answers may take, counted as their text's length: a few hundred ordinary
+MAX_STASHED_BYTES = 256 * 2**20
+"""What the stashed answers may take, counted as their text's length: a few hundred ordinary
 answers, or a handful of very large ones."""
 
 MARGIN_S = 5.0
@@ -44,10 +44,10 @@ MARGIN_S = 5.0
 Key = tuple[str, str, str]
 
 
-class HeldAnswers:
+class StashedAnswers:
     """Answers by activity identity, least recently used dropped first beyond `max_bytes`."""
 
-    def __init__(self, max_bytes: int = MAX_HELD_BYTES) -> None:
+    def __init__(self, max_bytes: int = MAX_STASHED_BYTES) -> None:
         self.max_bytes = max_bytes
         self._answers: OrderedDict[Key, Completion] = OrderedDict()
         self._bytes = 0
@@ -68,8 +68,8 @@ class HeldAnswers:
             self._bytes -= len(dropped.text)
 
 
-held = HeldAnswers()
-"""This process's held answers (every worker of the process shares them)."""
+stashed = StashedAnswers()
+"""This process's stashed answers (every worker of the process shares them)."""
 
 
 def activity_key() -> Key:
@@ -77,18 +77,18 @@ def activity_key() -> Key:
     return info.workflow_id or "", info.workflow_run_id or "", info.activity_id
 
 
-async def held_or_called(call: Callable[[], Awaitable[Completion]]) -> Completion:
+async def stashed_or_called(call: Callable[[], Awaitable[Completion]]) -> Completion:
     """The answer an earlier attempt of this activity received on this worker, else `call()`'s
     (kept for a later attempt)."""
     info = activity.info()
     key = activity_key()
-    if info.attempt > 1 and (answer := held.get(key)) is not None:
+    if info.attempt > 1 and (answer := stashed.get(key)) is not None:
         structlog.get_logger().info(
             "answer reused", workflow_id=key[0], activity_id=key[2], attempt=info.attempt,
             note="an earlier attempt received it but could not hand it to Temporal")
         return answer
     answer = await call()
-    held.keep(key, answer)
+    stashed.keep(key, answer)
     return answer
 
 
@@ -98,7 +98,7 @@ _STORES: dict[int, BlobStore] = {}
 async def until_storable(result: BaseModel, settings: Settings | None) -> None:
     """Return once the blob store answers, when `result` is large enough to need it; give up
     MARGIN_S before the attempt's start-to-close timeout (the SDK then fails the attempt, and
-    the next one takes the held answer). Heartbeats while it waits."""
+    the next one takes the stashed answer). Heartbeats while it waits."""
     if settings is None or len(result.model_dump_json()) < settings.payload_threshold:
         return
     store = _STORES.setdefault(id(settings), blob_store(settings))
