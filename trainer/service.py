@@ -57,7 +57,7 @@ from conductor_engine.engine.storage.policies import (
 from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.trainer.replay import replay_groups
+from conductor_engine.trainer.reconstruct import reconstruct_groups
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,
@@ -119,8 +119,8 @@ class Trainer:
         if not stats.groups:
             return _nothing_to_train(req, stats, started)
         held = await self._hold(req, registry, store)
-        groups = await asyncio.to_thread(  # a served conductor's records (trainer/replay.py)
-            replay_groups, groups, held.policy.model, held.policy.tokenizer)
+        groups = await asyncio.to_thread(  # a served conductor's records (trainer/reconstruct.py)
+            reconstruct_groups, groups, held.policy.model, held.policy.tokenizer)
         stats = group_stats(groups)
         samples = update_samples(groups, held.policy.tokenizer, req.recipe.rollouts,
                                  req.recipe.loss.temperature)

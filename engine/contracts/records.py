@@ -47,8 +47,8 @@ class PlanAttempt(BaseModel):
     )
     json_schema: dict[str, Any] | None = Field(
         default=None, description="the plan grammar's JSON schema, kept when the backend "
-        "returned token ids but not the grammar's records: the trainer replays it over them "
-        "(engine/providers/local/replay.py)",
+        "returned token ids but not the grammar's records: the trainer reconstructs them from "
+        "(engine/providers/local/reconstruct.py)",
     )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
@@ -58,7 +58,7 @@ class PlanAttempt(BaseModel):
     def _schema_as_text(self, schema: dict[str, Any] | None) -> str | None:
         """The schema as JSON text: a trace is a jsonb document, and jsonb reorders object keys
         (shortest first), while the grammar writes properties in the schema's order. Stored as
-        an object, a replay would expect `steps` before `reasoning`, and reject every plan."""
+        an object, reconstruction would expect `steps` before `reasoning`, and reject every plan."""
         return None if schema is None else json.dumps(schema)
 
     @field_validator("json_schema", mode="before")

@@ -107,8 +107,8 @@ def _vllm_extras(spec: AgentSpec, request: CompletionRequest) -> dict[str, Any]:
 
     `structured_outputs.json` with `disable_any_whitespace` is what vLLM's xgrammar backend
     compiles with the call the local provider makes (compact JSON, grammar.compile_grammar), so
-    a served conductor samples under the very grammar the trainer replays its ids through
-    (engine/providers/local/replay.py). `response_format` would leave whitespace free, and
+    a served conductor samples under the very grammar the trainer walks its ids through
+    (engine/providers/local/reconstruct.py). `response_format` would leave whitespace free, and
     both at once are two constraints, which vLLM refuses."""
     extras: dict[str, Any] = {"return_token_ids": True, "return_tokens_as_token_ids": True}
     if request.json_schema is not None and spec.structured_output:

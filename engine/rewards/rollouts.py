@@ -46,7 +46,7 @@ LeftOutReason = Literal[
     "no_reward",       # no reward value: no reference, or the score activity failed
     "plan_retried",    # a stored run whose refinement round needed several plan attempts
     "unreadable",      # the stored trace could not be read (missing blob, invalid document)
-    "grammar_rejected",  # a served plan's token ids break the plan grammar (trainer/replay.py)
+    "grammar_rejected",  # a served plan's token ids break the plan grammar (trainer/reconstruct.py)
     "too_few_left",    # a usable run whose group kept fewer than MIN_GROUP runs
 ]
 

@@ -22,8 +22,8 @@ served here is drawn exactly as the local provider would draw it, and only the w
 differs. Two differences from vLLM, both outside what the trainer reads:
 
 - the local sampler jumps forward over text the grammar forces, writing that text's own tokens,
-  where vLLM samples them one by one (any split the grammar allows): the replay records both
-  (engine/providers/local/replay.py);
+  where vLLM samples them one by one (any split the grammar allows): reconstruction records both
+  (engine/providers/local/reconstruct.py);
 - `logprobs` are the local sampler's (renormalised over a choice set where the grammar allowed
   a few tokens), not vLLM's full-vocabulary ones; the trainer drops a served plan's log-probs and
   recomputes them either way (docs/how-to/served-conductor.md).

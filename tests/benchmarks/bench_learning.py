@@ -25,7 +25,7 @@ are seeded, so the same seeds print the same curves on a busy machine, only slow
 production: the pool's conductor becomes `provider = "openai-compatible"` pointed at a server
 that plays vLLM with the same local model (tests/agent_server/local_vllm.py: structured outputs,
 served token ids, runtime LoRA routes). Rollouts then take the API path (structured outputs ->
-served ids -> forced tokens and choice sets replayed by the trainer -> behaviour log-probs
+served ids -> forced tokens and choice sets reconstructed by the trainer -> behaviour log-probs
 recomputed), and each published version is loaded through `/v1/load_lora_adapter`; the pools,
 seeds and figures are the local path's, so the two runs compare line for line.
 """

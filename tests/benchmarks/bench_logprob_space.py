@@ -16,7 +16,7 @@ this CPU:
   default `logprobs` are;
 - `server bf16` (with `--bf16`): the same in bfloat16, as a GPU server runs it (slow on a CPU
   without bfloat16 instructions: minutes a plan);
-- `trainer`: trainer.grpo.per_token_logprobs on the replayed records (float32).
+- `trainer`: trainer.grpo.per_token_logprobs on the reconstructed records (float32).
 
 It prints, per kind of position (choice, free text), the mean and largest |difference| to the
 trainer's log-probs and the share of tokens whose importance ratio exp(trainer - other) falls
@@ -101,7 +101,7 @@ def main() -> None:
     import torch
 
     from conductor_engine.engine.providers.local.chat import prompt_ids
-    from conductor_engine.engine.providers.local.replay import Records, Vocabulary
+    from conductor_engine.engine.providers.local.reconstruct import Records, Vocabulary
     from conductor_engine.trainer.grpo import Sample
 
     torch.manual_seed(0)
@@ -114,14 +114,14 @@ def main() -> None:
     gaps: dict[str, list[float]] = {}
     equal = 0
     for request, c in zip(requests, done, strict=True):
-        replayed = vocab.replay(request.json_schema, c.token_ids)
-        assert isinstance(replayed, Records)
-        equal += replayed == Records(c.forced_positions, c.choice_tokens)
+        rebuilt = vocab.reconstruct(request.json_schema, c.token_ids)
+        assert isinstance(rebuilt, Records)
+        equal += rebuilt == Records(c.forced_positions, c.choice_tokens)
         prompt = prompt_ids(loaded.tokenizer, request)
-        forced = set(replayed.forced_positions)
+        forced = set(rebuilt.forced_positions)
         sample = Sample(prompt_ids=prompt, completion_ids=c.token_ids, advantage=1.0,
                         forced=[k in forced for k in range(len(c.token_ids))],
-                        choices=replayed.choice_tokens or None)
+                        choices=rebuilt.choice_tokens or None)
         trainer = trainer_logprobs(model, sample, pad)
         sides = {"recorded": c.logprobs,
                  "server fp32": full_vocabulary(model, prompt, c.token_ids)}
@@ -130,11 +130,11 @@ def main() -> None:
         for k in range(len(c.token_ids)):
             if k in forced:
                 continue
-            kind = "choice" if k in replayed.choice_tokens else "free"
+            kind = "choice" if k in rebuilt.choice_tokens else "free"
             for side, values in sides.items():
                 gaps.setdefault(f"{side} vs trainer, {kind}", []).append(trainer[k] - values[k])
     tokens = sum(len(c.token_ids) for c in done)
-    print(f"{len(done)} plans of SmolLM2-135M-Instruct, {tokens} tokens; replayed records equal "
+    print(f"{len(done)} plans of SmolLM2-135M-Instruct, {tokens} tokens; rebuilt records equal "
           f"the recorded ones on {equal} of {len(done)}")
     print(f"{'log-probs compared':<34} {'tokens':>6} {'mean |d|':>10} {'max |d|':>10} "
           f"{'ratio out of clip':>10}")

@@ -7,7 +7,7 @@ No servers; a few seconds. Each case is timed `--number` times, best of `--repea
 are microseconds a call for both, their ratio, and, for scale, the revised change against
 serialising the same model to JSON once (which every Temporal payload and trace write does):
 - batch child: a task's options and the task (workflows/batch.py, workflows/conduct.py);
-- replayed trace: a 3-step trace with its round replaced (trainer/replay.py);
+- reconstructed trace: a 3-step trace with its round replaced (trainer/reconstruct.py);
 - group of 8: a rollout group with its traces reordered (trainer/rollouts.py);
 - small reward: a reward with its verdict's reasons cut (engine/contracts/records.py).
 """
@@ -43,7 +43,7 @@ def _cases() -> list[tuple[str, Callable[[], Any], Callable[[], Any], Callable[[
          lambda: task.model_copy(update={"batch": "b", "options": task.options.model_copy(
              update={"result": "summary"})}),
          task.model_dump_json),
-        ("replayed trace (rounds)", lambda: revised(trace, rounds=rounds),
+        ("reconstructed trace (rounds)", lambda: revised(trace, rounds=rounds),
          lambda: trace.model_copy(update={"rounds": rounds}), trace.model_dump_json),
         ("group of 8 (traces)", lambda: revised(group, traces=traces),
          lambda: group.model_copy(update={"traces": traces}), group.model_dump_json),

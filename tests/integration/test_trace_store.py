@@ -79,9 +79,9 @@ async def test_writing_a_trace_twice_keeps_one_row_and_reads_back_equal(
 async def test_a_served_plans_schema_reads_back_with_its_properties_in_order(
     trace_store: TraceStore,
 ) -> None:
-    """The trainer replays a served plan's grammar from the schema on its attempt, and the
+    """The trainer reconstructs a served plan's records from the schema on its attempt, and the
     grammar writes properties in the schema's order; a jsonb object would come back with its
-    keys reordered (`steps` before `reasoning`) and every replay would reject the plan."""
+    keys reordered (`steps` before `reasoning`) and every reconstruction would reject the plan."""
     schema = {"type": "object", "properties": {"reasoning": {"type": "string"},
                                                "steps": {"type": "array"}},
               "required": ["reasoning", "steps"]}

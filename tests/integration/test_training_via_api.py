@@ -1,7 +1,7 @@
 """Training through the API path end to end: the conductor served behind the OpenAI-compatible
 wire (tests/agent_server/local_vllm.py plays vLLM with the local model), on the real Temporal dev
 server and PostgreSQL. Plans come back as token ids under `structured_outputs`; the trainer
-replays the plan grammar over them (forced tokens, choice sets) and recomputes the behaviour
+reconstructs the grammar's records from them (forced tokens, choice sets), recomputes the behaviour
 log-probs; each published version is loaded through vLLM's runtime LoRA route and serves the
 next iteration's rollouts (issue 33, item 4)."""
 
@@ -36,7 +36,7 @@ from tests.rollout_groups import read_groups
 
 
 @pytest.mark.slow
-async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_records(
+async def test_a_conductor_served_behind_the_openai_wire_trains_on_reconstructed_records(
     client: Client, settings: Settings, tiny_policy_dir: Path, tmp_path: Path,
     trace_store: TraceStore,
 ) -> None:
@@ -46,8 +46,8 @@ async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_reco
     published as a LoRA adapter, is loaded by its route and samples iteration 2."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from conductor_engine.engine.providers.local.replay import Vocabulary
-    from conductor_engine.trainer.replay import needs_replay, replay_trace
+    from conductor_engine.engine.providers.local.reconstruct import Vocabulary
+    from conductor_engine.trainer.reconstruct import needs_reconstruction, reconstruct_trace
     from conductor_engine.trainer.rollouts import attempt_sample, deciding_attempts
 
     settings = trainer_settings(settings)
@@ -75,7 +75,7 @@ async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_reco
         served = server.served()
         loads = server.lora_calls()
 
-    # what the trainer built from the base version's rollouts: replayed records in every sample
+    # what the trainer built from the base version's rollouts: reconstructed records in every sample
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
     vocab = Vocabulary.of(AutoModelForCausalLM.from_pretrained(tiny_policy_dir), tokenizer)
     groups = await read_groups(trace_store, PolicyRef(name=name, version="base"), size=4,
@@ -84,10 +84,10 @@ async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_reco
     assert len(traces) == 16
     for trace in traces:
         attempt = deciding_attempts(trace)[-1]
-        assert needs_replay(attempt), "a served plan carries ids and its schema, no records"
-        replayed = replay_trace(trace, vocab)
-        assert not isinstance(replayed, str), replayed
-        sample = attempt_sample(deciding_attempts(replayed)[-1], tokenizer, 1.0)
+        assert needs_reconstruction(attempt), "a served plan carries ids and its schema, no records"
+        rebuilt = reconstruct_trace(trace, vocab)
+        assert not isinstance(rebuilt, str), rebuilt
+        sample = attempt_sample(deciding_attempts(rebuilt)[-1], tokenizer, 1.0)
         assert sample is not None and sample.forced is not None and any(sample.forced)
         assert sample.choices, f"no choice set in {attempt.raw_text!r}"
         assert sample.behaviour_logprobs is None  # recomputed by the trainer, not the server's
@@ -111,7 +111,7 @@ async def test_a_conductor_served_behind_the_openai_wire_trains_on_replayed_reco
 async def test_the_wire_server_refuses_what_it_would_sample_under_another_grammar() -> None:
     """A schema sent as `response_format`, or as structured outputs with free whitespace, is
     refused (400) rather than sampled under the local provider's compact grammar, which the
-    trainer's replay would then reject; a model name it does not hold is vLLM's 404."""
+    trainer's reconstruction would then reject; a model name it does not hold is vLLM's 404."""
     import httpx
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}

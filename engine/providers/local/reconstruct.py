@@ -1,9 +1,9 @@
-"""The plan grammar replayed over sampled token ids: the records GrammarMask writes while it
+"""The plan grammar walked over sampled token ids: the records GrammarMask writes while it
 samples (forced steps, choice sets), derived afterwards from the ids alone.
 
 Forced tokens and choice sets are facts of the grammar and of the tokens, not of who sampled
 them, so a plan that a server (vLLM) sampled under the same grammar gets the records a local
-plan gets and trains the same way (trainer/rollouts.py). The replay walks an xgrammar matcher
+plan gets and trains the same way (trainer/rollouts.py). The reconstruction walks a matcher
 over the ids and, at each step, asks what GrammarMask asks before sampling:
 
 - the grammar forces text there and the token is that text's own first token: forced (the
@@ -15,7 +15,7 @@ A server that does not jump forward may write forced text in another split (`{` 
 such a token is no longer forced text but one of the few the grammar allowed, so it is recorded
 as what it was, a choice over them, or free text. A token the grammar does not allow at all, or
 tokens after the grammar has ended, mean the server was not constrained by this grammar: the
-replay says where (`Rejected`), and the trainer leaves the run out.
+reconstruction says where (`Rejected`), and the trainer leaves the run out.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Vocabulary:
 
         return first
 
-    def replay(self, schema: dict[str, Any], token_ids: list[int]) -> Records | Rejected:
+    def reconstruct(self, schema: dict[str, Any], token_ids: list[int]) -> Records | Rejected:
         """The grammar's records along `token_ids`, or where the grammar rejects them."""
         import torch
         import xgrammar as xgr

@@ -1,5 +1,5 @@
 """Forced tokens and choice sets are facts of the plan grammar and the token ids, not of who
-sampled them (issue 33): replaying the grammar over a local plan's ids gives back the records
+sampled them (issue 33): walking the grammar over a local plan's ids gives back the records
 the local sampler wrote; a plan served by vLLM under the same grammar becomes a Sample with
 forced tokens and choices; a served plan whose ids break the grammar is left out of its group,
 with its reason. Against the real local model (SmolLM2-135M-Instruct) and its tokenizer."""
@@ -28,7 +28,7 @@ from conductor_engine.engine.contracts.training import RolloutConfig  # noqa: E4
 from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
 from conductor_engine.engine.plan.prompts import conductor_messages  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
-from conductor_engine.engine.providers.local.replay import (  # noqa: E402
+from conductor_engine.engine.providers.local.reconstruct import (  # noqa: E402
     Records,
     Rejected,
     Vocabulary,
@@ -56,16 +56,16 @@ def compact(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Local plans: the replay gives back what the sampler recorded
+# Local plans: the reconstruction gives back what the sampler recorded
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-async def test_replayed_records_equal_the_ones_the_local_sampler_recorded(
+async def test_reconstructed_records_equal_the_ones_the_local_sampler_recorded(
     first_load: Any, vocab: Vocabulary,
 ) -> None:
     """Real plans of the real conductor, reasoning-first and bare, sampled together as one
-    batch: on every one, the replay's forced positions and choice sets are the recorded ones."""
+    batch: on every one, its reconstructed forced positions and choice sets are those recorded."""
     from conductor_engine.engine.providers import local
 
     spec = AgentSpec(id="smollm2", provider="local", model=local.SMOLLM2)
@@ -85,8 +85,8 @@ async def test_replayed_records_equal_the_ones_the_local_sampler_recorded(
         assert request.json_schema is not None and done.token_ids is not None
         assert done.choice_tokens, f"no choice recorded in {done.text!r}"
         assert done.forced_positions is not None
-        replayed = vocab.replay(request.json_schema, done.token_ids)
-        assert replayed == Records(done.forced_positions, done.choice_tokens), done.text
+        rebuilt = vocab.reconstruct(request.json_schema, done.token_ids)
+        assert rebuilt == Records(done.forced_positions, done.choice_tokens), done.text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def as_group(*attempts: PlanAttempt) -> Group:
 async def test_a_plan_served_by_vllm_becomes_a_sample_with_forced_tokens_and_choices(
     agent_server: AgentServer, first_load: Any, vocab: Vocabulary,
 ) -> None:
-    from conductor_engine.trainer.replay import replay_groups
+    from conductor_engine.trainer.reconstruct import reconstruct_groups
     from conductor_engine.trainer.rollouts import group_samples
 
     tokenizer = first_load.tokenizer
@@ -158,7 +158,7 @@ async def test_a_plan_served_by_vllm_becomes_a_sample_with_forced_tokens_and_cho
     assert attempt.json_schema == schema and attempt.forced_positions is None
 
     other = attempt.model_copy(update={"token_ids": ids})  # a second rollout of the group
-    [(group, _)] = replay_groups([(as_group(attempt, other), 0)], first_load.model, tokenizer)
+    [(group, _)] = reconstruct_groups([(as_group(attempt, other), 0)], first_load.model, tokenizer)
     assert not group.left_out
     samples = group_samples(group, 0, tokenizer, RolloutConfig(group_size=2), 1.0)
     assert len(samples) == 2
@@ -167,7 +167,7 @@ async def test_a_plan_served_by_vllm_becomes_a_sample_with_forced_tokens_and_cho
     assert sample.forced is not None and sample.forced[0] and sample.forced[-1]
     # the agent of each step, its access: decisions over the grammar's few allowed tokens
     assert sample.choices and all(ids[k] in allowed for k, allowed in sample.choices.items())
-    records = vocab.replay(schema, ids)
+    records = vocab.reconstruct(schema, ids)
     assert isinstance(records, Records)
     assert sorted(sample.choices) == sorted(records.choice_tokens)
     # full-vocabulary log-probs are not the trainer's space: recomputed
@@ -181,7 +181,7 @@ async def test_a_served_plan_whose_ids_break_the_grammar_is_left_out_with_its_re
     """A server that ignored the structured-output request writes JSON in another layout (here
     compact): valid JSON, a valid plan, but not this grammar's text, so the records would
     describe a distribution it was not sampled from."""
-    from conductor_engine.trainer.replay import replay_groups
+    from conductor_engine.trainer.reconstruct import reconstruct_groups
     from conductor_engine.trainer.rollouts import group_stats
 
     tokenizer = first_load.tokenizer
@@ -193,10 +193,11 @@ async def test_a_served_plan_whose_ids_break_the_grammar_is_left_out_with_its_re
     assert broken.plan is not None  # the plan itself parses: only the grammar can tell
     fine = broken.model_copy(update={"token_ids": good})
 
-    rejected = vocab.replay(broken.json_schema or {}, squeezed)
+    rejected = vocab.reconstruct(broken.json_schema or {}, squeezed)
     assert rejected == Rejected(3, squeezed[3], '":"')  # `{"reasoning` then `":"`, no space
     with structlog.testing.capture_logs() as logs:
-        groups = replay_groups([(as_group(fine, fine, broken), 0)], first_load.model, tokenizer)
+        groups = reconstruct_groups([(as_group(fine, fine, broken), 0)], first_load.model,
+                                    tokenizer)
     [line] = [e["event"] for e in logs if e["log_level"] == "warning"]  # one line, saying why
     assert line.startswith("1 rollout left out: the plan grammar rejects their token ids")
     assert str(rejected) in line and "structured_outputs" in line
@@ -212,6 +213,6 @@ async def test_tokens_after_the_grammar_has_ended_are_rejected(vocab: Vocabulary
     tokenizer = vocab.tokenizer
     schema = plan_json_schema(["alpha", "bravo"], 2, reasoning_max_chars=300)
     ids = [*tokenizer(json.dumps(PLAN), add_special_tokens=False)["input_ids"], vocab.stop_ids[0]]
-    assert isinstance(vocab.replay(schema, ids), Records)
-    extra = vocab.replay(schema, [*ids, ids[0]])
+    assert isinstance(vocab.reconstruct(schema, ids), Records)
+    extra = vocab.reconstruct(schema, [*ids, ids[0]])
     assert extra == Rejected(len(ids), ids[0], tokenizer.decode([ids[0]]))

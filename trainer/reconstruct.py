@@ -1,15 +1,15 @@
-"""The plan grammar's records for rollouts a server sampled: replayed here, before the groups
+"""The plan grammar's records for rollouts a server sampled: reconstructed here, before the groups
 become samples, so that a plan vLLM wrote trains exactly like one the local model wrote.
 
 The local provider records forced steps and choice sets while it samples; a served conductor
 (`openai-compatible`, vLLM) returns only token ids and log-probs, with the schema it was asked
-to follow kept on the plan attempt (`PlanAttempt.json_schema`). The trainer replays that grammar
-over the ids (engine/providers/local/replay.py) because it is where the ids mean something: it
+to follow kept on the plan attempt (`PlanAttempt.json_schema`). The trainer walks that grammar
+over the ids (engine/providers/local/reconstruct.py) because it is where the ids mean something: it
 holds the tokenizer of the policy the server serves, torch and xgrammar are already loaded, and
 the rollout path (the plan activity of an API conductor, which holds no model) stays free of
 them.
 
-A replayed attempt's server log-probs are dropped: vLLM's are over the whole vocabulary, the
+A reconstructed attempt's server log-probs are dropped: vLLM's are over the whole vocabulary, the
 trainer's over each choice set, and the choice set's share of the vocabulary is not in the
 response. Its update takes the first step's own log-probs as behaviour log-probs, as TRL does
 by default (docs/how-to/served-conductor.md measures the gap).
@@ -30,7 +30,7 @@ import structlog
 from conductor_engine.engine.contracts.records import PlanAttempt
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import Trace
-from conductor_engine.engine.providers.local.replay import Rejected, Vocabulary
+from conductor_engine.engine.providers.local.reconstruct import Rejected, Vocabulary
 from conductor_engine.engine.rewards.rollouts import Group, LeftOut
 
 log = structlog.get_logger(__name__)
@@ -52,17 +52,17 @@ def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
         return vocab
 
 
-def needs_replay(attempt: PlanAttempt) -> bool:
+def needs_reconstruction(attempt: PlanAttempt) -> bool:
     """A served conductor's attempt: token ids and the schema, but no records of its own."""
     return (attempt.token_ids is not None and attempt.json_schema is not None
             and attempt.forced_positions is None)
 
 
-def replay_groups(groups: list[tuple[Group, int]], model: Any,
+def reconstruct_groups(groups: list[tuple[Group, int]], model: Any,
                   tokenizer: Any) -> list[tuple[Group, int]]:
-    """The groups with every served attempt's records replayed, and the runs whose ids the
+    """The groups with every served attempt's records reconstructed, and the runs whose ids the
     grammar rejects moved to `left_out`; one warning line when there are any."""
-    if not any(needs_replay(a) for g, _ in groups for t in g.traces
+    if not any(needs_reconstruction(a) for g, _ in groups for t in g.traces
                for r in t.rounds for a in r.attempts[-1:]):
         return groups
     vocab = vocabulary(model, tokenizer)
@@ -72,13 +72,13 @@ def replay_groups(groups: list[tuple[Group, int]], model: Any,
         kept: list[Trace] = []
         left = list(group.left_out)
         for trace in group.traces:
-            replayed = replay_trace(trace, vocab)
-            if isinstance(replayed, str):
+            rebuilt = reconstruct_trace(trace, vocab)
+            if isinstance(rebuilt, str):
                 left.append(LeftOut(workflow_id=trace.workflow_id, run_id=trace.run_id,
-                                    reason="grammar_rejected", detail=replayed))
-                rejected.append(f"{trace.workflow_id}: {replayed}")
+                                    reason="grammar_rejected", detail=rebuilt))
+                rejected.append(f"{trace.workflow_id}: {rebuilt}")
             else:
-                kept.append(replayed)
+                kept.append(rebuilt)
         out.append((revised(group, traces=kept, left_out=left), age))
     if rejected:
         runs = f"{len(rejected)} rollout{'s' if len(rejected) > 1 else ''}"
@@ -88,17 +88,17 @@ def replay_groups(groups: list[tuple[Group, int]], model: Any,
     return out
 
 
-def replay_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
-    """The trace with its deciding attempts' records replayed (their log-probs dropped), or
+def reconstruct_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
+    """The trace with its deciding attempts' records reconstructed (their log-probs dropped), or
     why the grammar rejects one of them."""
     rounds = []
     for rnd in trace.rounds:
         attempt = rnd.attempts[-1] if rnd.attempts else None
-        if attempt is None or not needs_replay(attempt):
+        if attempt is None or not needs_reconstruction(attempt):
             rounds.append(rnd)
             continue
         assert attempt.json_schema is not None and attempt.token_ids is not None
-        records = vocab.replay(attempt.json_schema, attempt.token_ids)
+        records = vocab.reconstruct(attempt.json_schema, attempt.token_ids)
         if isinstance(records, Rejected):
             return f"round {rnd.index} plan attempt {attempt.attempt}: {records}"
         done = revised(attempt, forced_positions=records.forced_positions,
