@@ -75,7 +75,7 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass
-class _Held:
+class _Kept:
     """The policy this process holds: which version, loaded as which policy config."""
 
     name: str
@@ -91,7 +91,7 @@ class Trainer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._held: _Held | None = None
+        self._kept: _Kept | None = None
         self._lock = asyncio.Lock()
         self.loads = 0  # policies loaded from the registry or the base: what holding saves
         self.trackers = Trackers(settings.data_dir)  # the recipe's report_to
@@ -118,26 +118,26 @@ class Trainer:
         stats = group_stats(groups)
         if not stats.groups:
             return _nothing_to_train(req, stats, started)
-        held = await self._hold(req, registry, store)
+        kept = await self._hold(req, registry, store)
         groups = await asyncio.to_thread(  # a served conductor's records (trainer/reconstruct.py)
-            reconstruct_groups, groups, held.policy.model, held.policy.tokenizer)
+            reconstruct_groups, groups, kept.policy.model, kept.policy.tokenizer)
         stats = group_stats(groups)
-        samples = update_samples(groups, held.policy.tokenizer, req.recipe.rollouts,
+        samples = update_samples(groups, kept.policy.tokenizer, req.recipe.rollouts,
                                  req.recipe.loss.temperature)
-        self._held = None  # the weights are about to change: unusable until published
-        step = await asyncio.to_thread(on_ranks, self.ranks, "train", held, req, samples)
+        self._kept = None  # the weights are about to change: unusable until published
+        step = await asyncio.to_thread(on_ranks, self.ranks, "train", kept, req, samples)
         await asyncio.to_thread(give_back_memory)  # the update's activations, freed
         consumed = [run for g, _ in groups for run in g.runs]  # left out ones too: decided
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
                    "rollout_tokens": stats.tokens, "left_out": stats.left_out}
-        version = await self._save(held, req, store, metrics)
+        version = await self._save(kept, req, store, metrics)
         try:
             published = await registry.publish(version, consumed, blobs=store.blobs)
         except TraceAlreadyConsumed as e:
             raise ApplicationError(str(e), type="TraceAlreadyConsumed") from e  # retry: reselect
-        held.version = published.version
-        self._held = held
+        kept.version = published.version
+        self._kept = kept
         await prune_after_publish(registry, store.blobs, req.name, req.recipe.checkpoints,
                                   caches=[self.settings.data_dir / "policies",
                                           self.settings.lora_root])
@@ -152,13 +152,13 @@ class Trainer:
         return result
 
     async def _hold(self, req: UpdateRequest, registry: PolicyRegistry,
-                    store: TraceStore) -> _Held:
+                    store: TraceStore) -> _Kept:
         """The policy at `req.parent` with its optimiser state: kept from the last update when it
         is that version (`_holds`), else loaded from the registry (or the base model for
         version 0)."""
-        if self._held is not None and _holds(self._held, req):
-            return self._held
-        self._held = None
+        if self._kept is not None and _holds(self._kept, req):
+            return self._kept
+        self._kept = None
         self.loads += 1
         if req.parent == 0:
             return await asyncio.to_thread(on_ranks, self.ranks, "load", None, req, None, None)
@@ -179,16 +179,16 @@ class Trainer:
         with tempfile.TemporaryDirectory(prefix=prefix, dir=self.settings.data_dir) as tmp:
             yield Path(tmp)
 
-    async def _save(self, held: _Held, req: UpdateRequest, store: TraceStore,
+    async def _save(self, kept: _Kept, req: UpdateRequest, store: TraceStore,
                     metrics: dict[str, Any]) -> PolicyVersion:
         """Checkpoint and optimiser state into the blob store; the version row to publish."""
         with self._scratch("conductor-ckpt-") as out:
-            paths = await asyncio.to_thread(on_ranks, self.ranks, "save", held, out)
+            paths = await asyncio.to_thread(on_ranks, self.ranks, "save", kept, out)
             files = {p.name: await store.blobs.put_file(p) for p in paths}  # streamed
             optimizer = await store.blobs.put_file(out / "optimizer.safetensors")
         return PolicyVersion(
             name=req.name, version=req.parent + 1, parent=req.parent,
-            base_model=req.recipe.policy.base, kind=held.policy.kind, files=files,
+            base_model=req.recipe.policy.base, kind=kept.policy.kind, files=files,
             optimizer=optimizer, metrics=metrics, update_id=req.update_id,
         )
 
@@ -221,8 +221,8 @@ def seeded(req: UpdateRequest, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
 
-def _holds(held: _Held, req: UpdateRequest) -> bool:
-    """Whether the held model and optimiser are exactly what `req` would load: the same policy
+def _holds(kept: _Kept, req: UpdateRequest) -> bool:
+    """Whether the kept model and optimiser are exactly what `req` would load: the same policy
     at the same version, built from the same PolicyConfig (base, LoRA shape, device, dtype,
     checkpointing), which alone decides the weights' layout and the optimiser's parameters.
 
@@ -231,19 +231,19 @@ def _holds(held: _Held, req: UpdateRequest) -> bool:
     it made every update reload the checkpoint and the optimiser state from the blob store.
     `loss` is read afresh by every step, and its one optimiser setting, the learning rate, is
     set on the optimiser before each step (`_set_learning_rate`)."""
-    return (held.name == req.name and held.version == req.parent
-            and held.config == req.recipe.policy)
+    return (kept.name == req.name and kept.version == req.parent
+            and kept.config == req.recipe.policy)
 
 
 def _set_learning_rate(optimizer: Any, loss: LossConfig) -> None:
-    """The recipe's learning rate on every param group, before each update: a held optimiser
+    """The recipe's learning rate on every param group, before each update: a kept optimiser
     follows a changed recipe, and a reloaded one does not keep the rate saved with its state
     (load_state_dict restores the param groups as they were)."""
     for group in optimizer.param_groups:
         group["lr"] = loss.learning_rate
 
 
-def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | None) -> _Held:
+def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | None) -> _Kept:
     from conductor_engine.trainer.distributed import prepare
     from conductor_engine.trainer.grpo import make_optimizer
     from conductor_engine.trainer.policy import load_optimizer, load_policy
@@ -255,44 +255,44 @@ def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | N
         load_optimizer(optimizer, optimizer_state, model=policy.trained)
     log.info("policy loaded", policy=req.name, version=version_label(req.parent),
              kind=policy.kind, device=str(policy.device))
-    return _Held(req.name, req.parent, req.recipe.policy, policy, optimizer)
+    return _Kept(req.name, req.parent, req.recipe.policy, policy, optimizer)
 
 
-def _train(held: _Held, samples: list[Any], recipe: Recipe) -> Any:
+def _train(kept: _Kept, samples: list[Any], recipe: Recipe) -> Any:
     from conductor_engine.trainer.grpo import train_step
     from conductor_engine.trainer.policy import reference_model
 
-    if recipe.loss.beta > 0 and held.reference is None:
-        if held.policy.trained is not held.policy.model and held.policy.kind == "full":
+    if recipe.loss.beta > 0 and kept.reference is None:
+        if kept.policy.trained is not kept.policy.model and kept.policy.kind == "full":
             raise PolicyError("beta > 0 with full fine-tuning on several GPUs is not supported "
                               "yet (no sharded frozen reference): set beta = 0, or lora = true")
-        held.reference = reference_model(held.policy)
-    _set_learning_rate(held.optimizer, recipe.loss)
-    return train_step(held.policy.trained, held.optimizer, samples, recipe.loss,
-                      ref_model=held.reference, pad_id=held.policy.pad_id)
+        kept.reference = reference_model(kept.policy)
+    _set_learning_rate(kept.optimizer, recipe.loss)
+    return train_step(kept.policy.trained, kept.optimizer, samples, recipe.loss,
+                      ref_model=kept.reference, pad_id=kept.policy.pad_id)
 
 
 # ------------------------------------------------------------------------- several ranks
-# Each command is run by every rank on its own copy of the policy (`_Held`), rank 0 first
+# Each command is run by every rank on its own copy of the policy (`_Kept`), rank 0 first
 # sending it; its arguments travel pickled (samples, a request, paths: never weights).
 
 
-def _command_load(_: _Held | None, req: UpdateRequest, checkpoint: Path | None,
-                  optimizer_state: Path | None) -> _Held:
+def _command_load(_: _Kept | None, req: UpdateRequest, checkpoint: Path | None,
+                  optimizer_state: Path | None) -> _Kept:
     return seeded(req, _load, req, checkpoint, optimizer_state)
 
 
-def _command_train(held: _Held, req: UpdateRequest, samples: list[Any]) -> Any:
-    return seeded(req, _train, held, samples, req.recipe)
+def _command_train(kept: _Kept, req: UpdateRequest, samples: list[Any]) -> Any:
+    return seeded(req, _train, kept, samples, req.recipe)
 
 
-def _command_save(held: _Held, out: Path) -> list[Path]:
+def _command_save(kept: _Kept, out: Path) -> list[Path]:
     """The checkpoint and optimiser state into `out` (by rank 0, gathered from every rank's
     shards under FSDP2); returns the checkpoint's files."""
     from conductor_engine.trainer.policy import save_checkpoint, save_optimizer
 
-    paths = save_checkpoint(held.policy, out / "checkpoint")
-    save_optimizer(held.optimizer, out / "optimizer.safetensors", model=held.policy.trained)
+    paths = save_checkpoint(kept.policy, out / "checkpoint")
+    save_optimizer(kept.optimizer, out / "optimizer.safetensors", model=kept.policy.trained)
     return paths
 
 
@@ -300,11 +300,11 @@ _COMMANDS: dict[str, Callable[..., Any]] = {
     "load": _command_load, "train": _command_train, "save": _command_save}
 
 
-def on_ranks(ranks: Any, command: str, held: _Held | None, *args: Any) -> Any:
+def on_ranks(ranks: Any, command: str, kept: _Kept | None, *args: Any) -> Any:
     """Run `command` here, after sending it to the other ranks when there are any."""
     if ranks is not None:
         ranks.send((command, args))
-    return _COMMANDS[command](held, *args)
+    return _COMMANDS[command](kept, *args)
 
 
 def follow() -> None:
@@ -313,18 +313,18 @@ def follow() -> None:
     from conductor_engine.trainer.distributed import setup
 
     ranks = setup()
-    held: _Held | None = None
+    kept: _Kept | None = None
     log.info("trainer rank following rank 0", rank=ranks.rank, world=ranks.world)
     while (command := ranks.receive()) is not None:
         name, args = command
         try:
-            result = _COMMANDS[name](held, *args)
+            result = _COMMANDS[name](kept, *args)
         except Exception:  # rank 0 met it too (a recipe it cannot train) and reports it
             log.exception("trainer rank command failed", rank=ranks.rank, command=name)
-            held = None  # rank 0 drops its policy after a failure too: it sends a load next
+            kept = None  # rank 0 drops its policy after a failure too: it sends a load next
             continue
         if name == "load":
-            held = result
+            kept = result
     log.info("trainer rank stopped", rank=ranks.rank)
 
 

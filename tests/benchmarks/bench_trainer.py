@@ -328,7 +328,7 @@ def timed_trainer(settings: Any, reload_every_update: bool) -> Any:
         async def _hold(self, req: Any, registry: Any, store: Any) -> Any:
             started = time.perf_counter()
             if reload_every_update:
-                self._held = None
+                self._kept = None
             held = await super()._hold(req, registry, store)
             self.getting.append(time.perf_counter() - started)
             return held

@@ -56,7 +56,7 @@ async def test_the_next_update_keeps_the_held_policy_unless_the_policy_config_ch
     assert trainer.loads == 1, "an update with other task_ids reloaded the policy"
 
     # what it holds is exactly what a trainer loading v2 from the registry gets
-    held = trainer._held
+    held = trainer._kept
     assert held is not None and held.version == 2
     fresh = Trainer(settings)
     reloaded = await fresh._hold(
@@ -75,8 +75,8 @@ async def test_the_next_update_keeps_the_held_policy_unless_the_policy_config_ch
     await update(2, recipe(tiny_policy_dir, TASKS[2], learning_rate=5e-4, loss_type="grpo",
                            epsilon_high=0.28))
     assert trainer.loads == 1
-    assert trainer._held is not None
-    assert {g["lr"] for g in trainer._held.optimizer.param_groups} == {5e-4}
+    assert trainer._kept is not None
+    assert {g["lr"] for g in trainer._kept.optimizer.param_groups} == {5e-4}
 
     # another policy config: the model is built differently, so it is loaded again
     changed = recipe(tiny_policy_dir, TASKS[3])
