@@ -104,10 +104,10 @@ def leftovers() -> list[str]:
         time.sleep(0.1)
 
 
-def assert_held(results: dict[str, dict[str, Any]], host: Host, configuration: str,
+def assert_contained(results: dict[str, dict[str, Any]], host: Host, configuration: str,
                 capsys: pytest.CaptureFixture[str]) -> None:
     """Every attack scored 0 as the candidate's own failure (a verifier error would take the
-    answer out of its group: a way to escape a bad score), and the suite says how many held."""
+    answer out of its group: a way to escape a bad score), and the suite counts those contained."""
     assert set(results) == set(ATTACKS)
     won = {name: r["reason"] for name, r in results.items()
            if r["score"] != 0.0 or r["correct"] is not False}
@@ -115,7 +115,7 @@ def assert_held(results: dict[str, dict[str, Any]], host: Host, configuration: s
                 if r["reason"].startswith("verifier error")}
     with capsys.disabled():
         print(f"\nattack suite, {configuration}: {len(results)} tried, "
-              f"{len(results) - len(won) - len(excluded)} held")
+              f"{len(results) - len(won) - len(excluded)} contained")
     assert won == {}, f"attacks that scored: {won}"
     assert excluded == {}, f"attacks that turned their failure into a verifier error: {excluded}"
     for name, r in results.items():
@@ -144,7 +144,7 @@ def test_attacks_fail_as_root_through_our_namespaces(
     assert iso.backend == "namespaces", iso.problems
     results = run_all(host.context())
     assert results["host home"]["details"]["isolation"]["user"] == "uid 65534"
-    assert_held(results, host, "root, namespaces", capsys)
+    assert_contained(results, host, "root, namespaces", capsys)
 
 
 @needs_root
@@ -155,7 +155,7 @@ def test_attacks_fail_as_an_unprivileged_user(
         pytest.skip("bubblewrap is not installed")
     out = as_unprivileged(backend, host)
     assert out["isolation"]["backend"] == backend, out["isolation"]
-    assert_held(out["results"], host, f"uid 65534, {backend}", capsys)
+    assert_contained(out["results"], host, f"uid 65534, {backend}", capsys)
 
 
 @needs_root
