@@ -43,8 +43,9 @@ def history(
     as_json: Annotated[bool, typer.Option("--json", help="the trail as JSON")] = False,
     full: FullOpt = False,
 ) -> None:
-    """A run's step trail from its Temporal history alone: what each agent was asked, saw and
-    answered, tokens, cost, attempts and errors. Works for running and failed runs too."""
+    """A run's step trail from its Temporal history alone: what each agent was asked, the
+    earlier steps it sees, what it answered, tokens, cost, attempts and errors. Works for
+    running and failed runs too."""
     from conductor_engine.runtime.history import HistoryError, step_trail
 
     settings = load_settings()
