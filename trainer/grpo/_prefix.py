@@ -71,9 +71,9 @@ def _hidden_with_shared_prefix(hf: Any, batch: Batch, shared: int,
     a fraction of the compute.
 
     Under gradient checkpointing, transformers drops a cache a layer would write (its backward
-    replay would append the keys twice). So the prefix, one row, runs without checkpointing
+    recompute would append the keys twice). So the prefix, one row, runs without checkpointing
     (its activations are 1/B of the rows'), and the rows read the prefix through a cache that
-    is never written (`_ReadOnlyPrefix`): replaying a layer reads the same keys again, which
+    is never written (`_ReadOnlyPrefix`): recomputing a layer reads the same keys again, which
     is what lets a layer keep its cache under checkpointing (`_can_checkpoint_with_cache`).
     """
     p, b = batch.prompt_len, batch.input_ids.shape[0]

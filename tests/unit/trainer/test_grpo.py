@@ -200,7 +200,7 @@ def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
             activation_checkpointing_kwargs={"use_reentrant": False})
     mlp_calls = [0]
     act = model.model.layers[0].mlp.act_fn
-    run = act.forward  # counted by hand: module hooks do not fire in a checkpoint's replay
+    run = act.forward  # counted by hand: module hooks do not fire in a checkpoint's recompute
 
     def counted(x: Any) -> Any:
         mlp_calls[0] += 1
@@ -215,7 +215,7 @@ def test_per_token_logprobs_and_gradients_equal_separate_full_passes(
     got = per_token_logprobs(model, batch, temperature=0.7)
     got.sum().backward()
     passes = 2 if shared and prefix == "cache" else 1  # the prefix, then the rows; or one
-    assert mlp_calls[0] == passes + (1 if checkpointing else 0)  # the rows' pass, replayed
+    assert mlp_calls[0] == passes + (1 if checkpointing else 0)  # the rows' pass, recomputed
     fast = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     want = full_pass_logprobs(model, samples, 0.7)
