@@ -14,9 +14,10 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.runtime.history.events import group_events
 from conductor_engine.runtime.history.reading import _Builder
+from tests.paths import TESTS
 from tests.traces import make_trace
 
-HISTORIES = Path(__file__).parents[1] / "integration" / "histories"
+HISTORIES = TESTS / "integration" / "histories"
 
 
 def test_a_trace_stored_with_saw_reads_its_steps_as_sees() -> None:
