@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from conductor_engine.engine.contracts.plans import DEFAULT_MAX_STEPS, Plan
+from conductor_engine.engine.contracts.policy_versions import VersionPin
 from conductor_engine.engine.contracts.rewards import RewardWeights
 from conductor_engine.engine.contracts.strict import Strict
 
@@ -53,8 +54,8 @@ class RunOptions(Strict):
         "for the detailed instructions the paper credits (20 steps of the most still fit the "
         "parser's window)",
     )
-    policy_version: str | None = Field(
-        default=None, pattern=r"^(base|latest|v?[0-9]{1,9})$",
+    policy_version: VersionPin | None = Field(
+        default=None,
         description="pin the conductor's policy version for this run (training pins each "
         "iteration's rollouts); None follows the pool file",
     )
