@@ -14,13 +14,13 @@ as a number still reads), and writes the label.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, PlainSerializer
 
-BASE = "base"
+BASE: Final = "base"
 """The label of version 0: the base model the pool file names, before any update."""
-LATEST = "latest"
+LATEST: Final = "latest"
 """The pin that follows the newest published version (base until one is)."""
 
 _LABEL = re.compile(r"^v?([0-9]{1,9})$")  # ASCII digits, bounded: int() of 5,000 raises

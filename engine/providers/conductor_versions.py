@@ -6,7 +6,11 @@ asks; this module knows how."""
 
 from __future__ import annotations
 
-from conductor_engine.engine.contracts.policy_versions import VersionPin, version_label
+from conductor_engine.engine.contracts.policy_versions import (
+    VersionPin,
+    parse_version,
+    version_label,
+)
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
@@ -49,8 +53,7 @@ class ConductorVersions:
         way a provider serves versions is its declared `trained_versions`.
         """
         conductor = self.pool.conductor
-        pin = conductor.policy_version if pinned is None else pinned
-        wanted = pin if isinstance(pin, int) else None  # None: LATEST, the newest
+        wanted = parse_version(conductor.policy_version if pinned is None else pinned)
         if wanted == 0 or (wanted is None and self.settings is None):
             return conductor, version_label(0)
         store = await shared_store(self._settings())
