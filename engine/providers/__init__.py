@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from conductor_engine.engine.contracts.agent_calls import Citation, Message, TaskInfo, Usage
+from conductor_engine.engine.contracts.agents import AgentSpec
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
-from conductor_engine.engine.contracts.agents import AgentSpec
 from conductor_engine.engine.providers.prices import call_cost
 from conductor_engine.engine.providers.registry import (
     Capabilities,
