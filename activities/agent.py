@@ -21,13 +21,14 @@ from conductor_engine.activities.stashed_answers import stashed_or_called, until
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import AgentCallInput
 from conductor_engine.engine.contracts.agent_calls import TaskInfo
-from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import AGENT_ACTIVITY
 from conductor_engine.engine.contracts.records import AgentReply
 from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.heartbeat import heartbeating
 from conductor_engine.engine.plan.prompts import agent_messages
 from conductor_engine.engine.providers import AgentCallError, CompletionRequest, complete
 from conductor_engine.engine.providers.pool import Pool, PoolError
+from conductor_engine.engine.rewards.verifiers import answer_key
 from conductor_engine.engine.settings import Settings
 
 
@@ -88,11 +89,14 @@ class AgentActivities:
 
 def _task_info(req: AgentCallInput, provider: str, attempt: int) -> TaskInfo | None:
     """The call's TaskInfo with this attempt; a sim agent also gets the earlier answers its
-    step may read (`seen`), which its review rate acts on. No other provider gets them: they
-    are in its prompt already."""
+    step may read (`seen`), which its review rate acts on, and how the verifier reads the
+    reference (`key`), which its answers follow. No other provider gets them: the answers are
+    in its prompt already, and the reference is never shown to a model."""
     if req.task is None:
         return None
     if provider == "sim":
+        reference = req.task.reference
         return revised(req.task, attempt=attempt,
-                       seen=[v.output for v in (*req.background, *req.seen)])
+                       seen=[v.output for v in (*req.background, *req.seen)],
+                       key=answer_key(reference, req.task.verifier) if reference else None)
     return revised(req.task, attempt=attempt)

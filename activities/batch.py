@@ -10,10 +10,10 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import BATCH_REPORT_ACTIVITY, READ_TASKS_ACTIVITY
 from conductor_engine.engine.contracts.task_list_refs import TaskSlice
 from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.heartbeat import heartbeats
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.batch_report import write_report
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobNotFound, blob_store

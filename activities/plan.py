@@ -17,9 +17,10 @@ from conductor_engine.activities.errors import to_application_error
 from conductor_engine.activities.stashed_answers import stashed_or_called, until_storable
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import PlanRequest
-from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
+from conductor_engine.engine.contracts.policy_versions import VersionPin
 from conductor_engine.engine.contracts.records import PlanAttempt
+from conductor_engine.engine.heartbeat import heartbeats
 from conductor_engine.engine.plan.language import PlanError, parse_plan, plan_json_schema
 from conductor_engine.engine.plan.prompts import conductor_messages
 from conductor_engine.engine.providers import (
@@ -40,7 +41,7 @@ class PlanActivities:
         self.settings = settings
         self.conductors = ConductorVersions(pool, settings)
 
-    async def conductor_at(self, pinned: str | None) -> tuple[AgentSpec, str]:
+    async def conductor_at(self, pinned: VersionPin | None) -> tuple[AgentSpec, str]:
         """The conductor spec serving the wanted policy version, and that version's label
         (engine/providers/conductor_versions.py)."""
         return await self.conductors.at(pinned)

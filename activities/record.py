@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from conductor_engine.engine import observability as metrics
 from conductor_engine.engine.contracts.activities import RecordRequest
 from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
+from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace, policy_of
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
@@ -48,7 +49,7 @@ class RecordActivities:
         trace = Trace.from_run(
             req.task, req.result,
             policy=policy_of(req.result, PolicyRef(name=conductor.id,
-                                                   version=conductor.policy_version)),
+                                                   version=version_label(conductor.policy_version))),
             started_at=req.started_at, finished_at=req.finished_at,
             reward=req.result.reward, parent_workflow_id=req.parent_workflow_id,
         )

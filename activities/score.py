@@ -9,9 +9,9 @@ import asyncio
 from temporalio import activity
 
 from conductor_engine.engine.contracts.activities import ScoreRequest
-from conductor_engine.engine.contracts.heartbeat import heartbeats
 from conductor_engine.engine.contracts.names import SCORE_ACTIVITY
 from conductor_engine.engine.contracts.rewards import Reward
+from conductor_engine.engine.heartbeat import heartbeats
 from conductor_engine.engine.rewards import score_run
 
 

@@ -29,7 +29,7 @@ import structlog
 from pydantic import BaseModel
 from temporalio import activity
 
-from conductor_engine.engine.contracts.heartbeat import heartbeats
+from conductor_engine.engine.heartbeat import heartbeats
 from conductor_engine.engine.providers import Completion
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError, blob_store

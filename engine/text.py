@@ -1,7 +1,15 @@
 """Model-written text shown to people: on one line and bounded, wherever it is shown (the CLI's
-tables, a run's Markdown summary, a verifier's reason)."""
+tables, a run's Markdown summary, a verifier's reason); and text normalised for comparison, the
+way the `exact` verifier and the sim agents compare answers."""
 
 from __future__ import annotations
+
+import re
+import string
+import unicodedata
+
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+_PUNCTUATION = set(string.punctuation) | {"“", "”", "‘", "’", "«", "»", "。", "，", "：", "–", "—"}
 
 
 def shorten(text: str, limit: int | None) -> str:
@@ -23,3 +31,12 @@ def encodable(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD-style: Unicode NFKC, lower case, punctuation and the articles a/an/the removed,
+    whitespace collapsed. "The Eiffel Tower." and "eiffel tower" compare equal."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join(" " if ch in _PUNCTUATION else ch for ch in text)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -26,6 +26,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from conductor_engine.engine.contracts.activities import RecordRequest
+from conductor_engine.engine.contracts.batches import BatchInput, BatchProgress
 from conductor_engine.engine.contracts.limits import concurrency_error
 from conductor_engine.engine.contracts.names import (
     BATCH_WORKFLOW,
@@ -48,6 +49,7 @@ from conductor_engine.engine.contracts.search_attributes import (
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.training_runs import TrainInput, TrainProgress
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import blob_store
@@ -59,10 +61,6 @@ from conductor_engine.engine.training import TrainingPlan
 from conductor_engine.runtime.connection import ConnectError, connect_temporal
 
 __all__ = ["ConductorClient", "ConnectError", "RunFailed", "TaskTooLarge", "connect_temporal"]
-
-if TYPE_CHECKING:
-    from conductor_engine.workflows.batch import BatchProgress
-    from conductor_engine.workflows.train import TrainInput, TrainProgress
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -268,8 +266,6 @@ class ConductorClient:
         a concurrency over MAX_CONCURRENCY (engine/contracts/limits.py), or for a task with
         text that cannot be stored (`field tasks.3.id: holds a NUL character ...`), before
         anything is written or started."""
-        from conductor_engine.workflows.batch import BatchInput
-
         problem = concurrency_error(concurrency)
         if problem:
             raise ValueError(problem)
@@ -290,8 +286,6 @@ class ConductorClient:
 
     async def batch_progress(self, name: str) -> tuple[str, BatchProgress | None]:
         """The batch's status and progress (None when no worker answers the query)."""
-        from conductor_engine.workflows.batch import BatchProgress
-
         return await self._progress(batch_workflow_id(name), BatchProgress, f"batch {name!r}")
 
     async def _progress(self, workflow_id: str, kind: type[P], what: str) -> tuple[str, P | None]:
@@ -351,8 +345,6 @@ class ConductorClient:
         """The TrainingWorkflow input for `plan`, from the policy's newest published version
         (the registry's), and the iteration it resumes after when a run of that name stopped
         or failed before (None: a fresh run). Start it with `start_training`."""
-        from conductor_engine.workflows.train import TrainInput
-
         opts, policy = plan.options, pool.conductor.id
         version = await registry.latest_version(policy)
         try:
@@ -375,8 +367,6 @@ class ConductorClient:
 
     async def training_progress(self, name: str) -> tuple[str, TrainProgress | None]:
         """The training run's status and progress (None when no worker answers the query)."""
-        from conductor_engine.workflows.train import TrainProgress
-
         return await self._progress(training_workflow_id(name), TrainProgress,
                                     f"training run {name!r}")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import AliasChoices, BaseModel
+from pydantic import AliasChoices, BaseModel, PlainSerializer
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -139,6 +139,16 @@ def _constraints(field: FieldInfo) -> str:
     return ", ".join(found)
 
 
+def _written_type(field: FieldInfo) -> str:
+    """The type as a file writes the field: a field whose JSON form has a serializer of its own
+    (a policy version: an int in code, "v3" in a file) by that serializer's return type."""
+    for meta in field.metadata:
+        if isinstance(meta, PlainSerializer) and meta.when_used == "json" \
+                and isinstance(meta.return_type, type):
+            return meta.return_type.__name__
+    return _type_name(field.annotation)
+
+
 def _field_default(field: FieldInfo) -> str:
     if field.default_factory is not None:
         try:
@@ -181,7 +191,7 @@ def _model_rows(model: type[BaseModel], env_prefix: str = "") -> list[str]:
         limits = _constraints(field)
         if limits:
             description += f" ({limits})"
-        cells = [f"`{name}`", _type_name(field.annotation), _field_default(field),
+        cells = [f"`{name}`", _written_type(field), _field_default(field),
                  _cell(description.strip())]
         if env_prefix:
             cells.insert(1, f"`{env_prefix}{name.upper()}`")

@@ -28,13 +28,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.records import PlanAttempt
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import RolloutConfig
 from conductor_engine.engine.providers.local.chat import render_chat
 from conductor_engine.engine.rewards.rollouts import Group, merge_counts, rollout_group
-from conductor_engine.engine.storage.policies import version_label
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.trainer.grpo import (
     Sample,

@@ -31,8 +31,8 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from conductor_engine.engine.contracts.heartbeat import heartbeating
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY
+from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.training import (
     LossConfig,
     PolicyConfig,
@@ -40,6 +40,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.heartbeat import heartbeating
 from conductor_engine.engine.providers.local.model import give_back_memory
 from conductor_engine.engine.providers.local.openmp import wait_passively
 from conductor_engine.engine.rewards.rollouts import MIN_GROUP, Group, describe_counts
@@ -52,7 +53,6 @@ from conductor_engine.engine.storage.policies import (
     TraceAlreadyConsumed,
     materialise,
     optimizer_file,
-    version_label,
 )
 from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared_store import shared_store

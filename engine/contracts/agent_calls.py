@@ -15,6 +15,17 @@ class Message(BaseModel):
     content: str
 
 
+class AnswerKey(BaseModel):
+    """How the task's verifier reads its reference: the verifier that judges it ("auto"
+    resolved) and, for a multiple-choice reference, the right letter. The agent activity sets it
+    on a sim agent's TaskInfo from the verifiers themselves (engine/rewards), so a simulated
+    answer is right or wrong exactly as the score will judge it, and the sim provider needs no
+    verifier of its own."""
+
+    verifier: str = Field(description="exact, choice, math or code")
+    letter: str | None = Field(default=None, description="choice: the right letter")
+
+
 class TaskInfo(BaseModel):
     """Which task and which rollout a call belongs to. Only the sim provider reads it (to be
     right or wrong repeatably, against the reference); every other provider ignores it, and no
@@ -35,6 +46,10 @@ class TaskInfo(BaseModel):
         default_factory=list,
         description="the earlier answers this step may read (set by the agent activity for a "
         "sim agent, which reviews them)",
+    )
+    key: AnswerKey | None = Field(
+        default=None, description="how the verifier reads the reference (set by the agent "
+        "activity for a sim agent; None: the sim reads `verifier` as given, exact when unset)",
     )
 
 

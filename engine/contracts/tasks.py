@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from conductor_engine.engine.contracts.plans import DEFAULT_MAX_STEPS, Plan
+from conductor_engine.engine.contracts.policy_versions import VersionPin
 from conductor_engine.engine.contracts.rewards import RewardWeights
 from conductor_engine.engine.contracts.strict import Strict
 
@@ -63,8 +64,8 @@ class RunOptions(Strict):
         "for the detailed instructions the paper credits (20 steps of the most still fit the "
         "parser's window)",
     )
-    policy_version: str | None = Field(
-        default=None, pattern=r"^(base|latest|v?[0-9]{1,9})$",
+    policy_version: VersionPin | None = Field(
+        default=None,
         description="pin the conductor's policy version for this run (a served model name "
         "`conductor@vK`, `conductor eval --policy`; training pins each iteration's rollouts "
         "and held-out runs the same way); None follows the pool file",

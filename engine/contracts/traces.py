@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.policy_versions import BASE
 from conductor_engine.engine.contracts.records import RoundRecord, RunResult, StepRecord, Totals
 from conductor_engine.engine.contracts.rewards import Reward
 from conductor_engine.engine.contracts.tasks import Task
@@ -29,7 +30,7 @@ class PolicyRef(BaseModel):
     """Which conductor wrote the plans: its pool id and weights version."""
 
     name: str
-    version: str = "base"
+    version: str = Field(default=BASE, description="the version's label: \"base\", \"v3\"")
 
 
 class Trace(BaseModel):
@@ -114,7 +115,7 @@ def policy_of(result: RunResult, default: PolicyRef) -> PolicyRef:
     for rnd in result.rounds:
         for a in rnd.attempts:
             if a.conductor_id:
-                return PolicyRef(name=a.conductor_id, version=a.policy_version or "base")
+                return PolicyRef(name=a.conductor_id, version=a.policy_version or BASE)
     return default
 
 

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from conductor_engine.engine.contracts.policy_versions import Version
 from conductor_engine.engine.contracts.strict import Strict
 from conductor_engine.engine.contracts.tasks import Task
 
@@ -309,7 +310,7 @@ class UpdateRequest(BaseModel):
     """One GRPO update: train `name` from version `parent`, publish parent + 1."""
 
     name: str = Field(description="the policy: the conductor's pool id")
-    parent: int = Field(ge=0)
+    parent: Version
     update_id: str = Field(description="idempotency key: a retry of a published update is a no-op")
     recipe: Recipe = Field(default_factory=Recipe)
 
@@ -337,7 +338,7 @@ class UpdateResult(BaseModel):
     """The version an update published (or why it published none)."""
 
     name: str
-    version: int = Field(description="the newest version after this update")
+    version: Version = Field(description="the newest version after this update")
     published: bool
     reason: str | None = None
     groups: int = 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from conductor_engine.engine.contracts.agent_calls import Citation, Message, TaskInfo, Usage
+from conductor_engine.engine.contracts.agents import AgentSpec
 from conductor_engine.engine.providers import errors
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
-from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.prices import call_cost
 from conductor_engine.engine.providers.protocol import Provider, provider_module
 from conductor_engine.engine.providers.registry import (
     Capabilities,
@@ -42,7 +43,7 @@ async def complete(spec: AgentSpec, request: CompletionRequest) -> Completion:
             kind=errors.BAD_REQUEST,
         )
     completion = await provider_module(spec.provider).complete(spec, request)
-    completion.cost_usd = spec.cost_usd(
-        completion.usage.input_tokens, completion.usage.output_tokens
+    completion.cost_usd = call_cost(
+        spec, completion.usage.input_tokens, completion.usage.output_tokens
     )
     return completion

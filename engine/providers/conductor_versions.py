@@ -6,6 +6,11 @@ asks; this module knows how."""
 
 from __future__ import annotations
 
+from conductor_engine.engine.contracts.policy_versions import (
+    VersionPin,
+    parse_version,
+    version_label,
+)
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.providers.base import AgentCallError
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
@@ -22,9 +27,7 @@ from conductor_engine.engine.storage.policies import (
     ServedMarks,
     VersionCache,
     materialise,
-    parse_version,
     served_name,
-    version_label,
 )
 from conductor_engine.engine.storage.shared_store import shared_store
 
@@ -39,7 +42,7 @@ class ConductorVersions:
         self._versions: VersionCache | None = None
         self._served = ServedMarks()
 
-    async def at(self, pinned: str | None) -> tuple[AgentSpec, str]:
+    async def at(self, pinned: VersionPin | None) -> tuple[AgentSpec, str]:
         """The conductor spec serving the wanted policy version, and that version's label.
 
         The task may pin a version (training does, per iteration); otherwise the pool file's
@@ -50,7 +53,7 @@ class ConductorVersions:
         way a provider serves versions is its declared `trained_versions`.
         """
         conductor = self.pool.conductor
-        wanted = parse_version(pinned or conductor.policy_version)
+        wanted = parse_version(conductor.policy_version if pinned is None else pinned)
         if wanted == 0 or (wanted is None and self.settings is None):
             return conductor, version_label(0)
         store = await shared_store(self._settings())

@@ -28,8 +28,7 @@ _TABLE_PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "google": "goo
 
 
 class AgentSpec(Protocol):
-    """What pricing reads of an agent (engine/providers/pool.py's AgentSpec, which calls this
-    module: a protocol here keeps the import one way)."""
+    """What pricing reads of an agent (engine/contracts/agents.py's AgentSpec)."""
 
     @property
     def provider(self) -> str: ...

@@ -6,8 +6,8 @@ protocol.py (the line that has the type checker check the module). Importing a p
 is cheap (each imports its SDK on first call, or in its `preload`), so reading a declaration
 costs no SDK.
 
-This module imports nothing of the engine's: the pool reads it while it loads, and base.py,
-which every provider module imports, imports the pool.
+This module imports nothing of the engine's but the contracts (the provider names): the pool
+reads it while it loads, and base.py, which every provider module imports, imports the pool.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
+
+from conductor_engine.engine.contracts.agents import ProviderName
 
 TrainedVersions = Literal["checkpoint", "served"]
 """How a provider runs a trained policy version of the conductor. "checkpoint": it loads the
@@ -43,7 +45,6 @@ class Capabilities:
     """It honours `CompletionRequest.explore` (and records the mixture's log-probs)."""
 
 
-ProviderName = Literal["openai", "anthropic", "google", "openai-compatible", "local", "sim"]
 
 MODULES: dict[str, str] = {
     "openai": "conductor_engine.engine.providers.openai_provider",

@@ -12,6 +12,9 @@ every run and every machine, while the rollouts of a group (samples 0..G-1) draw
   tests, still fails);
 - wrong: an answer the task's verifier rejects: another letter for `choice`, the reference plus
   one for a numeric reference, "I am not sure." otherwise;
+- which verifier judges the reference (and a choice's letter) is the agent activity's to say,
+  from the verifiers themselves (TaskInfo.key: engine/rewards `answer_key`), so this module
+  needs no verifier of its own;
 - no task or no reference (a self-call's subtask, a call made by hand): a neutral answer.
 
 Context matters (docs/how-to/rehearse-plans.md):
@@ -37,12 +40,11 @@ import asyncio
 import hashlib
 import re
 
-from conductor_engine.engine.contracts.agent_calls import TaskInfo, Usage
+from conductor_engine.engine.contracts.agent_calls import AnswerKey, TaskInfo, Usage
+from conductor_engine.engine.contracts.agents import AgentSpec, SimSettings
 from conductor_engine.engine.providers.base import Completion, CompletionRequest
-from conductor_engine.engine.providers.pool import AgentSpec, SimSettings
 from conductor_engine.engine.providers.registry import Capabilities
-from conductor_engine.engine.rewards.extract import normalize_text
-from conductor_engine.engine.rewards.verifiers import detect_verifier, reference_letter
+from conductor_engine.engine.text import normalize_text
 
 # A sim agent only answers: no JSON mode, no search, and never a conductor to train.
 CAPABILITIES = {"sim": Capabilities()}
@@ -77,12 +79,22 @@ def part_references(task: TaskInfo) -> list[tuple[list[str], str]]:
     return [([tag], answer) for tag, answer in zip(task.parts, answers, strict=True)]
 
 
+def key_of(task: TaskInfo) -> AnswerKey:
+    """How the task's verifier reads its reference: as the agent activity read it with the
+    verifiers (TaskInfo.key), else the task's verifier as given, `exact` when unset or auto (a
+    hand-made TaskInfo; the sim reads no reference itself)."""
+    if task.key is not None:
+        return task.key
+    name = (task.verifier or "exact").strip().lower()
+    return AnswerKey(verifier="exact" if name == "auto" else name)
+
+
 def _seen_right(seen: list[str], k: int, parts: list[tuple[list[str], str]],
-                verifier: str | None) -> bool:
+                key: AnswerKey) -> bool:
     """Whether an earlier answer got part k right (the whole task when it has one part)."""
     reference = parts[k][1]
     if len(parts) == 1:
-        good = {right_answer(reference, verifier).strip(), reference.strip()}
+        good = {right_answer(reference, key).strip(), reference.strip()}
         return any(a.strip() in good or normalize_text(a) == normalize_text(reference)
                    for a in seen)
     for a in seen:
@@ -101,7 +113,7 @@ def outcome(spec: AgentSpec, settings: SimSettings, task: TaskInfo) -> list[bool
     right = []
     for k, (tags, _) in enumerate(parts):
         extra = () if len(parts) == 1 else ("part", k)
-        if (task.seen and _seen_right(task.seen, k, parts, task.verifier)
+        if (task.seen and _seen_right(task.seen, k, parts, key_of(task))
                 and draw("review", *key, k) < settings.review_rate(tags)):
             right.append(True)
             continue
@@ -129,26 +141,20 @@ def _plus_one(reference: str) -> str | None:
     return f"{exact:.{len(frac)}f}{percent}"
 
 
-def _verifier(reference: str, verifier: str | None) -> str:
-    name = (verifier or "auto").strip().lower()
-    return detect_verifier(reference) if name == "auto" else name
-
-
-def right_answer(reference: str, verifier: str | None) -> str:
+def right_answer(reference: str, key: AnswerKey) -> str:
     """An answer to a task with this reference that its verifier accepts (but see `code`)."""
-    if _verifier(reference, verifier) != "math" or _NUMBER.match(reference):
+    if key.verifier != "math" or _NUMBER.match(reference):
         return reference
     if "$" in reference or "\\boxed" in reference or "\\(" in reference or "\\[" in reference:
         return reference
     return f"\\boxed{{{reference}}}"
 
 
-def wrong_answer(reference: str, verifier: str | None) -> str:
-    """An answer to a task with this reference that its verifier does not accept."""
-    name = _verifier(reference, verifier)
-    if name == "choice":
-        letter = reference_letter(reference)
-        return "B" if letter == "A" else "A"
+def wrong_answer(reference: str, key: AnswerKey) -> str:
+    """An answer to a task with this reference that its verifier does not accept (a choice
+    reference whose letter the key does not give gets no letter at all)."""
+    if key.verifier == "choice" and key.letter is not None:
+        return "B" if key.letter == "A" else "A"
     number = _plus_one(reference)
     if number is not None:
         return number
@@ -163,10 +169,10 @@ def answer(spec: AgentSpec, settings: SimSettings, task: TaskInfo | None) -> str
     right = outcome(spec, settings, task)
     parts = part_references(task)
     if len(parts) == 1:
-        if right[0]:
-            return right_answer(task.reference, task.verifier)
-        return wrong_answer(task.reference, task.verifier)
-    return SEPARATOR.join(ref if ok else wrong_answer(ref, "exact")
+        key = key_of(task)
+        return (right_answer if right[0] else wrong_answer)(task.reference, key)
+    exact = AnswerKey(verifier="exact")
+    return SEPARATOR.join(ref if ok else wrong_answer(ref, exact)
                           for (_, ref), ok in zip(parts, right, strict=True))
 
 

@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.providers.sim import SEPARATOR
 from conductor_engine.engine.providers.sim_pool import (
     _BANK,
     DESCRIPTION,
@@ -40,7 +41,6 @@ from conductor_engine.engine.providers.sim_pool import (
 Kind = Literal["one", "review", "split", "generalist"]
 KINDS: tuple[Kind, ...] = ("one", "review", "split", "generalist")
 Shape = Literal["1 step", "draft + review", "split", "2 apart"]
-SEPARATOR = "; "  # engine/providers/sim.py SEPARATOR (no import: sim pulls in the verifiers)
 MAX_TASKS_PER_KIND = 8  # the one and split kinds share tag A's and B's 16 bank items
 
 

@@ -1,8 +1,8 @@
-"""Pulling the final answer out of a model's long reply, and normalising text for comparison.
+"""Pulling the final answer out of a model's long reply.
 
 Models wrap answers in reasoning; verifiers want the answer. These helpers find the forms models
 actually use (`\\boxed{...}`, a final "Answer: ..." line, "the answer is (C)", a fenced code
-block) and normalise text the way SQuAD's evaluation does.
+block); the answer is then compared as SQuAD's evaluation does (engine/text.py normalize_text).
 
 Everything here reads text a policy under RL wrote, so every scan is linear in the reply's
 length: the few regular expressions left have no two adjacent quantifiers that can match the
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import re
-import string
-import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,8 +28,6 @@ _SPACE = re.compile(r"\s+")
 _NEGATION = re.compile(r"(?i:not)\b")
 _MARKUP = re.compile(r"[ \t*_]+")
 _LANG = re.compile(r"[ \t]*([\w+#.-]*)")
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
-_PUNCTUATION = set(string.punctuation) | {"“", "”", "‘", "’", "«", "»", "。", "，", "：", "–", "—"}
 
 
 @dataclass(frozen=True)
@@ -141,15 +137,6 @@ def _skip(text: str, i: int, *, markup: bool) -> int:
     white space."""
     m = (_MARKUP if markup else _SPACE).match(text, i)
     return m.end() if m else i
-
-
-def normalize_text(text: str) -> str:
-    """SQuAD-style: Unicode NFKC, lower case, punctuation and the articles a/an/the removed,
-    whitespace collapsed. "The Eiffel Tower." and "eiffel tower" compare equal."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = "".join(" " if ch in _PUNCTUATION else ch for ch in text)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
 
 
 def _fenced_blocks(text: str) -> list[tuple[str, str]]:

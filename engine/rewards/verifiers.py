@@ -5,7 +5,7 @@ wrong (a hedge must never be right twice). The span is the last `\\boxed{}` valu
 has one, else its last "Answer: X" line or "the answer is X" phrase, else the whole reply; every
 other box, answer line or phrase must agree with it (`extract.answer_spans`).
 
-- `exact`: SQuAD-style normalised text equality (`extract.normalize_text`) of the span. Another
+- `exact`: SQuAD-style normalised text equality (`text.normalize_text`) of the span. Another
   stated answer agrees when it names the span's answer, alone or among other words ("the
   answer is Paris, the capital" agrees with `\\boxed{Paris}`; "London" does not).
 - `choice`: multiple choice, letters A-J. The span must name one letter ("C", "(C)", "C.",
@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from conductor_engine.engine.contracts.agent_calls import AnswerKey
 from conductor_engine.engine.contracts.rewards import Verdict
 from conductor_engine.engine.rewards.code_tests import (
     UNTRUSTED,
@@ -50,7 +51,6 @@ from conductor_engine.engine.rewards.extract import (
     Span,
     answer_spans,
     last_code_block,
-    normalize_text,
     strip_latex_text,
 )
 from conductor_engine.engine.rewards.mathcheck import MathCheckError, check_math
@@ -67,7 +67,7 @@ from conductor_engine.engine.rewards.typed_values import (
     decode,
     with_typed_call,
 )
-from conductor_engine.engine.text import shorten
+from conductor_engine.engine.text import normalize_text, shorten
 
 VERIFIERS: tuple[str, ...] = ("auto", "exact", "choice", "math", "code")
 """Accepted verifier names. "auto" (or None) guesses from the reference: see `detect_verifier`."""
@@ -202,6 +202,15 @@ def verify_exact(answer: str, reference: str, timeout_s: float) -> Verdict:
 
 
 # --- choice -------------------------------------------------------------------------------
+
+
+def answer_key(reference: str, verifier: str | None) -> AnswerKey:
+    """What the verifier `verifier` (None or "auto": `detect_verifier`'s pick) makes of
+    `reference`, for a sim agent to answer it right or wrong on purpose (TaskInfo.key)."""
+    name = (verifier or "auto").strip().lower()
+    name = detect_verifier(reference) if name == "auto" else name
+    return AnswerKey(verifier=name,
+                     letter=reference_letter(reference) if name == "choice" else None)
 
 
 def reference_letter(reference: str) -> str | None:

@@ -14,7 +14,6 @@ version already there, and no trace is consumed twice.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 import uuid
@@ -26,14 +25,11 @@ import asyncpg
 import structlog
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.policy_versions import Version, version_label
 from conductor_engine.engine.storage.blobs import BlobStore
-from conductor_engine.engine.text import shorten
 
 log = structlog.get_logger(__name__)
 
-BASE = "base"
-LATEST = "latest"
-_LABEL = re.compile(r"^v?([0-9]{1,9})$")  # ASCII digits, bounded: int() of 5,000 raises
 RETENTION_LOCK = 0x0C0D_9E7E
 """Advisory lock key: publishing holds it shared, pruning exclusive (engine/storage/retention.py),
 so a blob a version is being published with is never deleted under it."""
@@ -60,24 +56,6 @@ class BlobsMissing(RuntimeError):
     Not a PolicyError: the update is retried, and writes them again."""
 
 
-def version_label(version: int) -> str:
-    """How traces, pool files and vLLM name a version: "base" for 0, else "v3"."""
-    return BASE if version == 0 else f"v{version}"
-
-
-def parse_version(label: str) -> int | None:
-    """"base" → 0, "v3" or "3" → 3, "latest" → None (follow the newest)."""
-    if label == BASE:
-        return 0
-    if label == LATEST:
-        return None
-    match = _LABEL.match(label)
-    if match is None:
-        raise PolicyError(f"policy version {shorten(label, 40)!r} is not 'base', 'latest', or vN "
-                          "like 'v3' (N at most 9 digits)")
-    return int(match.group(1))
-
-
 def served_name(name: str, version: int) -> str:
     """The model name a serving engine (vLLM) knows a version by: `NAME-vK`."""
     return name if version == 0 else f"{name}-{version_label(version)}"
@@ -87,8 +65,8 @@ class PolicyVersion(BaseModel):
     """One published version."""
 
     name: str
-    version: int
-    parent: int
+    version: Version
+    parent: Version
     base_model: str
     kind: Literal["lora", "full"]
     files: dict[str, str] = Field(description="checkpoint file name → blob reference")

@@ -31,6 +31,7 @@ import asyncpg
 import structlog
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.training import CheckpointConfig
 from conductor_engine.engine.storage.blobs import BlobStore, BlobStoreError
 from conductor_engine.engine.storage.policies import (
@@ -38,7 +39,6 @@ from conductor_engine.engine.storage.policies import (
     PolicyError,
     PolicyRegistry,
     PolicyVersion,
-    version_label,
 )
 
 log = structlog.get_logger(__name__)

@@ -37,7 +37,7 @@ from conductor_engine.runtime.client import ConductorClient
 if TYPE_CHECKING:
     from rich.progress import ProgressColumn
 
-    from conductor_engine.workflows.batch import BatchProgress
+    from conductor_engine.engine.contracts.batches import BatchProgress
 
 
 @app.command()

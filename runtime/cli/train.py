@@ -429,12 +429,12 @@ def train_pin(
     pool: PoolOpt = None,
 ) -> None:
     """Pin a version so retention never removes its checkpoint (or unpin it with --off)."""
-    from conductor_engine.engine.storage.policies import PolicyError, parse_version
+    from conductor_engine.engine.contracts.policy_versions import parse_version
 
     settings = load_settings(pool)
     try:
         number = parse_version(version)
-    except PolicyError as e:
+    except ValueError as e:
         raise fail(str(e)) from None
     if not number:
         raise fail(f"{version}: pin a published version vN (the base model is always kept)")
@@ -452,7 +452,7 @@ def train_pin(
 def _pool_pin(settings: Settings, policy: str) -> frozenset[int]:
     """The version the pool file pins for this conductor (`policy_version = "v3"`), which
     prune keeps: runs of that pool need it."""
-    from conductor_engine.engine.storage.policies import parse_version
+    from conductor_engine.engine.contracts.policy_versions import parse_version
 
     conductor = load_pool(settings).conductor
     pinned = parse_version(conductor.policy_version) if conductor.id == policy else None

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from conductor_engine.engine.storage.policies import (
+from conductor_engine.engine.contracts.policy_versions import (
     BASE,
     LATEST,
-    PolicyError,
     parse_version,
     version_label,
 )
@@ -57,7 +56,7 @@ class ModelCatalog:
             return None
         try:
             version = parse_version(label)
-        except PolicyError as e:
+        except ValueError as e:
             raise UnknownModel(f"the model {model!r} does not exist: {e}") from None
         if version is None:
             return LATEST

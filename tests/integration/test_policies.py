@@ -19,9 +19,7 @@ from conductor_engine.engine.storage.policies import (
     StaleParent,
     TraceAlreadyConsumed,
     materialise,
-    parse_version,
     served_name,
-    version_label,
 )
 from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.agent_server import AgentServer
@@ -54,12 +52,9 @@ async def _stored_traces(store: TraceStore, name: str, n: int) -> list[tuple[str
     return keys
 
 
-def test_version_labels_round_trip() -> None:
-    assert [version_label(v) for v in (0, 1, 12)] == ["base", "v1", "v12"]
-    assert [parse_version(s) for s in ("base", "v3", "3", "latest")] == [0, 3, 3, None]
+def test_a_served_version_is_named_after_its_label() -> None:
     assert served_name("conductor", 2) == "conductor-v2"
-    with pytest.raises(PolicyError, match="not 'base', 'latest', or vN"):
-        parse_version("newest")
+    assert served_name("conductor", 0) == "conductor"
 
 
 async def test_publishing_consumes_the_traces_once_and_a_retry_returns_the_same_version(

@@ -34,12 +34,13 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.contracts.training_runs import TrainInput
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.workflows.batch import BatchWorkflow
 from conductor_engine.workflows.conduct import ConductWorkflow
-from conductor_engine.workflows.train import TrainingWorkflow, TrainInput
+from conductor_engine.workflows.train import TrainingWorkflow
 from tests.agent_server import AgentServer, Reply
 from tests.conftest import make_pool, running_worker
 from tests.plans import plan_json

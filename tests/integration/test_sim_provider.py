@@ -21,6 +21,7 @@ from conductor_engine.engine.providers import CompletionRequest, Message, TaskIn
 from conductor_engine.engine.providers import sim as sim_provider
 from conductor_engine.engine.providers.pool import AgentSpec, Pool, PoolError, SimSettings
 from conductor_engine.engine.rewards import score_run
+from conductor_engine.engine.rewards.verifiers import answer_key
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
@@ -41,8 +42,11 @@ def request(task: TaskInfo | None, prompt: str = "Your subtask: answer.") -> Com
 
 def info(task_id: str = "t1", reference: str | None = "42", *, tags: list[str] | None = None,
          verifier: str | None = None, sample: int = 0, attempt: int = 1) -> TaskInfo:
+    """A call's TaskInfo as the agent activity gives a sim agent: with the verifier's reading
+    of the reference (`key`)."""
     return TaskInfo(task_id=task_id, tags=["math"] if tags is None else tags,
-                    reference=reference, verifier=verifier, sample=sample, attempt=attempt)
+                    reference=reference, verifier=verifier, sample=sample, attempt=attempt,
+                    key=answer_key(reference, verifier) if reference else None)
 
 
 async def answer(spec: AgentSpec, task: TaskInfo | None) -> str:
@@ -177,6 +181,32 @@ async def test_the_agent_activity_passes_the_task_and_its_attempt_to_the_sim_age
     assert "simulated" in (await env.run(AgentActivities(pool).call_agent, old)).output
 
 
+async def test_the_agent_activity_gives_the_sim_the_verifiers_reading_of_the_reference() -> None:
+    # The workflow sends the task as given (verifier unset, no key); the activity reads the
+    # reference with the verifiers, so a right answer to a math expression is one math-verify
+    # parses (boxed), which the sim could not know by itself.
+    pool = Pool.model_validate({
+        "conductor": {"id": "conductor", "provider": "local", "model": "m"},
+        "agents": [{"id": "sure", "provider": "sim", "model": "sim",
+                    "sim": {"default_skill": 1.0}},
+                   {"id": "hopeless", "provider": "sim", "model": "sim",
+                    "sim": {"default_skill": 0.0}}],
+    })
+    env = ActivityEnvironment()
+    for reference in ("x^2+1", "(C)", "Paris"):
+        task = TaskInfo(task_id=f"t-{reference}", reference=reference)
+        assert task.key is None
+        for agent, reward in (("sure", 1.0), ("hopeless", 0.5)):
+            env.info = dataclasses.replace(env.info, activity_id=f"{agent}-{reference}")
+            reply = await env.run(AgentActivities(pool).call_agent, AgentCallInput(
+                agent=agent, question="q", subtask="s", task=task))
+            assert score_run("completed", reply.output, reference, None).value == reward, (
+                reference, agent, reply.output)
+    assert sim_provider.answer(pool.get("sure"), SimSettings(default_skill=1.0),
+                               TaskInfo(task_id="t", reference="x^2+1")) == "x^2+1", (
+        "without the key a hand-made TaskInfo reads the reference as exact")
+
+
 # --- the pool file ------------------------------------------------------------------------
 
 
@@ -236,8 +266,9 @@ def test_the_shipped_rehearsal_pool_has_one_competent_agent_per_task_tag() -> No
         assert task.options.max_steps == 1 and task.reference
         competent = next(a for a in pool.agents if a.sim and a.sim.skill(task.tags) > 0.9)
         ref = task.reference
-        right = sim_provider.right_answer(ref, task.verifier)
-        wrong = sim_provider.wrong_answer(ref, task.verifier)
+        key = answer_key(ref, task.verifier)
+        right = sim_provider.right_answer(ref, key)
+        wrong = sim_provider.wrong_answer(ref, key)
         assert score_run("completed", right, ref, task.verifier).value == 1.0, competent.id
         assert score_run("completed", wrong, ref, task.verifier).value == 0.5
 

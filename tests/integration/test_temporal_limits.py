@@ -24,6 +24,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import TerminatedError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from conductor_engine.engine.contracts.batches import BatchInput, BatchProgress
 from conductor_engine.engine.contracts.limits import (
     CHILD_SUMMARY_TEXT_CHARS,
     MAX_CONCURRENCY,
@@ -47,6 +48,7 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
+from conductor_engine.engine.contracts.training_runs import TrainInput, TrainProgress
 from conductor_engine.engine.rewards.rollouts import left_out_reason
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.blobs import BlobCorrupt, BlobStore, LocalBlobStore, blob_store
@@ -60,9 +62,8 @@ from conductor_engine.engine.storage.task_list_chunks import (
 )
 from conductor_engine.runtime.client import ConductorClient, task_queue_of
 from conductor_engine.runtime.history import step_trail
-from conductor_engine.workflows.batch import BatchInput, BatchProgress
 from conductor_engine.workflows.children import StartWaves, start_bytes
-from conductor_engine.workflows.train import TrainInput, TrainProgress, pick_ranges, pick_tasks
+from conductor_engine.workflows.train import pick_ranges, pick_tasks
 from tests.agent_server import AgentServer
 from tests.blob_stores import fresh_bucket
 from tests.cli import run_conductor

@@ -36,6 +36,7 @@ from conductor_engine.engine.contracts.training import (
     group_agents,
     split_heldout,
 )
+from conductor_engine.engine.contracts.training_runs import TrainInput, TrainProgress
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.sim_pool import SimPoolSpec, pool_toml
 from conductor_engine.engine.providers.sim_pool import tasks as sim_pool_tasks
@@ -46,7 +47,7 @@ from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.trainer.service import build_trainer_worker
-from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
+from conductor_engine.workflows.train import TrainingWorkflow
 from tests.agent_server import AgentServer, Reply
 from tests.cli import CONDUCTOR
 from tests.conftest import make_pool, running_worker

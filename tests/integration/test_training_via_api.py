@@ -21,10 +21,10 @@ from conductor_engine.engine.contracts.training import (
     Recipe,
     RolloutConfig,
 )
+from conductor_engine.engine.contracts.training_runs import TrainInput, TrainProgress
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry, served_name
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.workflows.train import TrainInput, TrainProgress
 from tests.agent_server.local_vllm import LocalVllm
 from tests.integration.test_training import (
     generated_pool,

@@ -17,10 +17,10 @@ from conductor_engine.engine.rewards.code_tests import same_output
 from conductor_engine.engine.rewards.extract import (
     answer_spans,
     last_code_block,
-    normalize_text,
     strip_latex_text,
 )
 from conductor_engine.engine.rewards.verifiers import chosen_letter, span_letters
+from conductor_engine.engine.text import normalize_text
 
 N = 256 * 1024
 BOUND_S = 1.0

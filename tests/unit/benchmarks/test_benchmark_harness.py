@@ -40,7 +40,7 @@ def test_a_query_that_timed_out_is_asked_again_and_a_real_error_is_raised_at_onc
 
 
 def test_an_iteration_line_counts_the_runs_left_out_of_its_mean() -> None:
-    from conductor_engine.workflows.train import IterationStats
+    from conductor_engine.engine.contracts.training_runs import IterationStats
 
     starved = IterationStats(iteration=0, version="base", rollouts=10, mean_reward=0.85,
                              valid_plan_rate=1.0, left_out={"PlanFailed": 22},

@@ -39,7 +39,7 @@ FORBIDDEN = {
 # hold the values every layer shares (plans, tasks, rewards, agent calls), so they come first
 # after the leaf helpers.
 ENGINE_LAYERS = (
-    ("text", "redaction", "toml_errors", "observability"),
+    ("text", "redaction", "toml_errors", "observability", "heartbeat"),
     ("contracts",),
     ("settings",),
     ("rewards",),

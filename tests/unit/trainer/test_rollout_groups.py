@@ -283,8 +283,8 @@ def test_train_status_and_progress_say_how_many_runs_were_left_out_and_why() -> 
 
     from rich.console import Console
 
+    from conductor_engine.engine.contracts.training_runs import IterationStats
     from conductor_engine.runtime.cli.train import _iteration_line, history_table
-    from conductor_engine.workflows.train import IterationStats
 
     left = {"verifier_error": 4, "step_failed": 1}
     it = IterationStats(iteration=0, version="base", rollouts=7, left_out=left,

@@ -129,7 +129,7 @@ def test_rollouts_are_sampled_at_the_temperature_the_trainer_scores_them_at() ->
     """TRL's `temperature` is its sampling temperature: a recipe that sets it gets rollouts at
     it, and a training input that names another one is refused when it starts (a history
     recorded before still reads), not trained with skewed importance ratios."""
-    from conductor_engine.workflows.train import TrainInput
+    from conductor_engine.engine.contracts.training_runs import TrainInput
 
     recipe = Recipe.model_validate(tomllib.loads("[loss]\ntemperature = 1.4"))
     inp = TrainInput(name="t", policy="conductor", recipe=recipe)

@@ -51,7 +51,7 @@ def test_reading_the_declarations_imports_no_sdk_and_preload_does() -> None:
         "import sys\n"
         "from typing import get_args\n"
         "from conductor_engine.engine.providers import capabilities, preload\n"
-        "from conductor_engine.engine.providers.pool import AgentSpec, ProviderName\n"
+        "from conductor_engine.engine.contracts.agents import AgentSpec, ProviderName\n"
         "sdks = ('openai', 'anthropic', 'google.genai')\n"
         "for name in get_args(ProviderName):\n"
         "    capabilities(name)\n"

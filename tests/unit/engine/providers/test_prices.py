@@ -21,11 +21,11 @@ def test_the_shipped_pool_is_priced_from_the_table() -> None:
         assert prices.input.per_mtok and prices.input.per_mtok > 0
         assert prices.output.per_mtok and prices.output.per_mtok > prices.input.per_mtok
         expected = (1000 * prices.input.per_mtok + 100 * prices.output.per_mtok) / 1e6
-        assert spec.cost_usd(1000, 100) == pytest.approx(expected)
+        assert call_cost(spec, 1000, 100) == pytest.approx(expected)
     for local in (pool.conductor, pool.get("smollm2")):
         prices = agent_prices(local)
         assert (prices.input.per_mtok, prices.input.source) == (0.0, "local")
-        assert local.cost_usd(10_000, 10_000) == 0.0
+        assert call_cost(local, 10_000, 10_000) == 0.0
 
 
 def test_a_pool_file_price_overrides_the_table(tmp_path: Path) -> None:
@@ -40,11 +40,11 @@ def test_a_pool_file_price_overrides_the_table(tmp_path: Path) -> None:
     prices = agent_prices(pool.get("g"))
     assert (prices.input.per_mtok, prices.input.source) == (7.0, "pool file")
     assert prices.output == table.output  # only the input price was given
-    assert pool.get("g").cost_usd(1_000_000, 0) == pytest.approx(7.0)
-    assert pool.get("g").cost_usd(0, 1_000_000) == pytest.approx(table.output.per_mtok)
+    assert call_cost(pool.get("g"), 1_000_000, 0) == pytest.approx(7.0)
+    assert call_cost(pool.get("g"), 0, 1_000_000) == pytest.approx(table.output.per_mtok)
     sim = agent_prices(pool.get("s"))
     assert (sim.input.source, sim.output.per_mtok) == ("pool file", 4.0)
-    assert pool.get("s").cost_usd(500, 300) == pytest.approx((500 * 1.0 + 300 * 4.0) / 1e6)
+    assert call_cost(pool.get("s"), 500, 300) == pytest.approx((500 * 1.0 + 300 * 4.0) / 1e6)
 
 
 def test_a_model_the_table_lacks_is_unknown_and_costs_nothing() -> None:

@@ -26,6 +26,7 @@ from conductor_engine.engine.contracts.records import (
 )
 from conductor_engine.engine.contracts.rewards import Reward, RewardWeights
 from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.training_runs import IterationStats
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.trace_store import TraceSummary
 from conductor_engine.runtime.cli import app
@@ -46,7 +47,6 @@ from conductor_engine.runtime.history import (
     TrailRound,
     TrailStep,
 )
-from conductor_engine.workflows.train import IterationStats
 from tests.paths import DATA, ROOT
 from tests.traces import make_trace
 
@@ -536,7 +536,7 @@ def test_traces_list_and_the_training_table_split_no_word(width: int) -> None:
 def test_the_batch_bar_keeps_its_count_and_time_whole(width: int) -> None:
     from rich.progress import Progress
 
-    from conductor_engine.workflows.batch import BatchProgress
+    from conductor_engine.engine.contracts.batches import BatchProgress
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     bar = Progress(*cli_batches.progress_columns(), console=console, expand=True)

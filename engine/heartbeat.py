@@ -5,7 +5,8 @@ and notices a worker that died mid-activity only when its heartbeats stop (other
 start-to-close timeout: 300 s for a plan). So every activity that may run long (planning, an
 agent call, scoring with a code verifier, a batch report, a GRPO update) runs its work inside
 `heartbeats()`, and the workflow sets a `heartbeat_timeout` where it schedules it. Shared by the
-activities and the trainer's update, which is why it lives below both.
+activities and the trainer's update, which is why it lives in the engine, below both; it is
+behaviour, not a value two layers exchange, so not in the contracts.
 """
 
 from __future__ import annotations
