@@ -45,10 +45,12 @@ with workflow.unsafe.imports_passed_through():
         TRAINER_TASK_QUEUE,
         TRAINING_WORKFLOW,
         UPDATE_ACTIVITY,
+        WARMUP_ACTIVITY,
         heldout_batch,
         heldout_workflow_id,
         rollout_workflow_id,
         update_id,
+        warmup_id,
     )
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.strict import revised
@@ -58,6 +60,8 @@ with workflow.unsafe.imports_passed_through():
         Recipe,
         UpdateRequest,
         UpdateResult,
+        WarmupRequest,
+        WarmupResult,
         group_agents,
     )
     from conductor_engine.engine.rewards.rollouts import (
@@ -75,7 +79,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from conductor_engine.workflows.tasks import read_tasks
 
-Phase = Literal["starting", "rollouts", "update", "heldout", "stopped", "finished"]
+Phase = Literal["starting", "warmup", "rollouts", "update", "heldout", "stopped", "finished"]
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.
@@ -134,6 +138,8 @@ class TrainProgress(BaseModel):
     history: list[IterationStats] = Field(default_factory=list)
     evals: list[HeldOutEval] = Field(
         default_factory=list, description="held-out evaluations, the starting version first")
+    warmup: WarmupResult | None = Field(
+        default=None, description="the warm-up before iteration 0 (Recipe.warmup), once done")
 
     @property
     def label(self) -> str:
@@ -241,6 +247,9 @@ class TrainingWorkflow:
             return p
         if self._evaluates(inp) and not p.evals:  # where training starts from
             await self._heldout(inp)
+        if inp.recipe.warmup.enabled and p.warmup is None and p.iteration == 0 \
+                and not inp.from_traces:  # once: a resumed run carries p.warmup
+            await self._warmup(inp)
         stats = IterationStats(iteration=p.iteration, version=p.label)
         recipe = inp.recipe
         if not inp.from_traces:
@@ -401,6 +410,33 @@ class TrainingWorkflow:
                 if agents is not None:
                     out[task.id, sample] = agents
         return out
+
+    async def _warmup(self, inp: TrainInput) -> None:
+        """The warm-up on scored plans of the training tasks (trainer/warmup.py), on the
+        trainer's queue like an update; GRPO continues from the version it publishes, which
+        the held-out tasks answer first when they are evaluated."""
+        p = self._progress
+        p.phase = "warmup"
+        req = WarmupRequest(
+            name=inp.policy, parent=p.version, recipe=inp.recipe,
+            update_id=warmup_id(workflow.info().workflow_id),
+            task_ids=[t.id for t in inp.tasks], task_list=None if inp.tasks else inp.task_list)
+        result = await workflow.execute_activity(
+            WARMUP_ACTIVITY, req, result_type=WarmupResult,
+            task_queue=inp.trainer_task_queue,
+            start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
+            heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),
+            retry_policy=RetryPolicy(
+                maximum_interval=timedelta(seconds=30),
+                non_retryable_error_types=["StaleParent", "PolicyError"],
+            ),
+            summary=f"warm-up · {inp.policy} {p.label} → v{p.version + 1}",
+        )
+        p.warmup = result
+        if result.published:
+            p.version = result.version
+            if self._evaluates(inp):
+                await self._heldout(inp)
 
     async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:
         p = self._progress
