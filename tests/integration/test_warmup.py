@@ -9,6 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from conductor_engine.engine.contracts.names import training_workflow_id, warmup_id
@@ -32,6 +33,7 @@ from tests.integration.test_training import sim_pool, sim_tasks, trainer_setting
 SAMPLES = 6
 
 
+@pytest.mark.slow  # about 40 s: 24 scored runs, a warm-up, two GRPO iterations, three evaluations
 async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_grpo_from_it(
     client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
 ) -> None:
