@@ -200,6 +200,7 @@ class Trainer:
         samples = [] if held is None else warmup_samples(selection.plans,
                                                          held.policy.tokenizer, cfg)
         if held is None or not samples:
+            self._held = held  # unchanged: GRPO's first update from the same version holds it
             result.reason = (f"no stored run of the {result.tasks} training tasks qualifies "
                              f"(completed, scored{', right' if cfg.correct_only else ''}, "
                              f"reward >= {cfg.min_reward}, a trusted verdict): run a conductor "

@@ -247,8 +247,8 @@ class TrainingWorkflow:
             return p
         if self._evaluates(inp) and not p.evals:  # where training starts from
             await self._heldout(inp)
-        if inp.recipe.warmup.enabled and p.warmup is None and p.iteration == 0 \
-                and not inp.from_traces:  # once: a resumed run carries p.warmup
+        if inp.recipe.warmup.enabled and p.warmup is None and p.iteration == 0:
+            # once: a resumed run carries p.warmup
             await self._warmup(inp)
         stats = IterationStats(iteration=p.iteration, version=p.label)
         recipe = inp.recipe

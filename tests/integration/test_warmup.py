@@ -16,6 +16,7 @@ from conductor_engine.engine.contracts.names import training_workflow_id, warmup
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.traces import StoredRun
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
     LossConfig,
@@ -109,3 +110,37 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     assert [s.version for s in again.history] == ["v1", "v2"]
     history = await registry.history(policy)
     assert [v.metrics.get("phase") for v in history] == ["warmup", None, None]
+
+
+async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_forged_verdict(
+    trace_store: TraceStore,
+) -> None:
+    """`TraceStore.best_runs`, the warm-up's candidates: per task the best completed runs with
+    a reward (higher reward, then cheaper), none whose verdict the candidate could have forged,
+    none of another task (a held-out run of the same task included)."""
+    from tests.unit.test_warmup import scored
+
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    runs = {
+        "forged": scored(a, 1.0, cost=0.0, trusted=False),
+        "best": scored(a, 0.98, cost=0.02, minute=1),
+        "dearer": scored(a, 0.98, cost=0.05),
+        "held-out": scored(f"heldout~{a}", 1.0, cost=0.0),
+        "invalid": scored(b, 1.0, status="invalid_plan"),
+        "wrong": scored(b, 0.25, correct=False),
+        "b": scored(b, 0.9),
+    }
+    for trace in runs.values():
+        await trace_store.write(trace)
+
+    def ids(found: list[StoredRun]) -> list[str]:
+        return [r.workflow_id for r in found]
+
+    assert ids(await trace_store.best_runs([a, b], per_task=1)) == [
+        runs["best"].workflow_id, runs["b"].workflow_id]
+    assert ids(await trace_store.best_runs([a], per_task=5)) == [
+        runs["best"].workflow_id, runs["dearer"].workflow_id]
+    assert ids(await trace_store.best_runs([b], per_task=5, correct_only=True)) == [
+        runs["b"].workflow_id]
+    assert ids(await trace_store.best_runs([b], per_task=5, min_reward=0.95)) == []
+    assert await trace_store.best_runs([a], per_task=1, policies=["nobody"]) == []
