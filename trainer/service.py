@@ -31,7 +31,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY
+from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, WARMUP_ACTIVITY
 from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.training import (
     LossConfig,
@@ -39,6 +39,8 @@ from conductor_engine.engine.contracts.training import (
     Recipe,
     UpdateRequest,
     UpdateResult,
+    WarmupRequest,
+    WarmupResult,
 )
 from conductor_engine.engine.heartbeat import heartbeating
 from conductor_engine.engine.providers.local.model import give_back_memory
@@ -56,8 +58,14 @@ from conductor_engine.engine.storage.policies import (
 )
 from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared_store import shared_store
+from conductor_engine.engine.storage.task_list_chunks import read_all
 from conductor_engine.engine.storage.trace_store import TraceStore
-from conductor_engine.trainer.reconstruct import reconstruct_groups
+from conductor_engine.trainer.reconstruct import (
+    needs_reconstruction,
+    reconstruct_groups,
+    reconstruct_trace,
+    vocabulary,
+)
 from conductor_engine.trainer.rollouts import (
     GroupStats,
     deciding_attempts,
@@ -66,6 +74,7 @@ from conductor_engine.trainer.rollouts import (
     update_samples,
 )
 from conductor_engine.trainer.tracking import SAMPLE_PLANS, SamplePlan, Trackers, iteration_of
+from conductor_engine.trainer.warmup import select_plans, stored_traces, warmup_samples
 
 T = TypeVar("T")
 
@@ -149,6 +158,85 @@ class Trainer:
                  grad_norm=round(step.grad_norm, 4), seconds=round(time.monotonic() - started, 2))
         result = _published(published, started)
         result.reason = step.skipped
+        return result
+
+    async def warm_up(self, req: WarmupRequest) -> WarmupResult:
+        async with self._lock:
+            return await self._warm_up(req)
+
+    async def _warm_up(self, req: WarmupRequest) -> WarmupResult:
+        """Fine-tune `req.parent` on the best scored plans of the training tasks and publish
+        the next version (trainer/warmup.py); no trace is consumed. Nothing is published when
+        no run qualifies, and the result says why."""
+        started = time.monotonic()
+        store = await shared_store(self.settings)
+        registry = PolicyRegistry(store.pool)
+        done = await registry.by_update(req.update_id)
+        if done is not None:  # a retry of a warm-up that was published: report it again
+            return _warmed(done, started)
+        newest = await registry.latest_version(req.name)
+        if newest != req.parent:
+            raise StaleParent(
+                f"the warm-up {req.update_id} trains {req.name!r} from "
+                f"{version_label(req.parent)}, but {version_label(newest)} is the newest")
+        cfg = req.recipe.warmup
+        task_ids = list(req.task_ids)
+        if req.task_list is not None:
+            task_ids += [t.id for t in await read_all(store.blobs, req.task_list)]
+        runs = await store.best_runs(task_ids, per_task=cfg.per_task, min_reward=cfg.min_reward,
+                                     correct_only=cfg.correct_only, policies=cfg.conductors)
+        traces, unreadable = stored_traces(runs)
+        as_update = UpdateRequest(name=req.name, parent=req.parent, update_id=req.update_id,
+                                  recipe=req.recipe)
+        kept = await self._hold(as_update, registry, store) if traces else None
+        if kept is not None and any(needs_reconstruction(a) for t in traces for r in t.rounds
+                                    for a in r.attempts[-1:]):
+            vocab = await asyncio.to_thread(vocabulary, kept.policy.model, kept.policy.tokenizer)
+            rebuilt = [reconstruct_trace(t, vocab) for t in traces]
+            unreadable["grammar_rejected"] = sum(isinstance(t, str) for t in rebuilt)
+            traces = [t for t in rebuilt if not isinstance(t, str)]
+        selection = select_plans(traces, task_ids, cfg)
+        left_out = {**selection.left_out, **{k: v for k, v in unreadable.items() if v}}
+        result = WarmupResult(
+            name=req.name, version=req.parent, published=False, tasks=len(set(task_ids)),
+            tasks_with_plans=selection.tasks, plans=len(selection.plans),
+            conductors=selection.conductors(), mean_reward=selection.mean_reward(),
+            left_out=left_out)
+        samples = [] if kept is None else warmup_samples(selection.plans,
+                                                         kept.policy.tokenizer, cfg)
+        if kept is None or not samples:
+            self._kept = kept  # unchanged: GRPO's first update from the same version keeps it
+            result.reason = (f"no stored run of the {result.tasks} training tasks qualifies "
+                             f"(completed, scored{', right' if cfg.correct_only else ''}, "
+                             f"reward >= {cfg.min_reward}, a trusted verdict): run a conductor "
+                             "over the training tasks with their references first (`conductor "
+                             "batch`), or set [warmup] enabled = false")
+            result.seconds = time.monotonic() - started
+            return result
+        self._kept = None  # the weights are about to change: unusable until published
+        tuned = await asyncio.to_thread(on_ranks, self.ranks, "warmup", kept, as_update,
+                                        samples)
+        await asyncio.to_thread(give_back_memory)
+        result.step, result.logprob_before, result.logprob_after = (
+            tuned.step, tuned.logprob_before, tuned.logprob_after)
+        metrics = {**tuned.step.model_dump(), "phase": "warmup",
+                   "warmup": result.model_dump(exclude={"step", "version", "published",
+                                                        "seconds", "name"})}
+        version = await self._save(kept, as_update, store, metrics)
+        published = await registry.publish(version, [], blobs=store.blobs)
+        kept.version = published.version
+        self._kept = kept
+        await prune_after_publish(registry, store.blobs, req.name, req.recipe.checkpoints,
+                                  caches=[self.settings.data_dir / "policies",
+                                          self.settings.lora_root])
+        result.version, result.published = published.version, True
+        result.seconds = time.monotonic() - started
+        log.info("warm-up published", policy=req.name, version=published.label,
+                 plans=result.plans, tasks=f"{result.tasks_with_plans}/{result.tasks}",
+                 logprob=f"{tuned.logprob_before:.3f} -> {tuned.logprob_after:.3f}",
+                 steps=tuned.step.steps, trained_tokens=tuned.step.tokens,
+                 passed_tokens=tuned.step.passed_tokens,
+                 train_seconds=round(tuned.step.seconds, 2), seconds=round(result.seconds, 2))
         return result
 
     async def _hold(self, req: UpdateRequest, registry: PolicyRegistry,
@@ -286,6 +374,14 @@ def _command_train(kept: _Kept, req: UpdateRequest, samples: list[Any]) -> Any:
     return seeded(req, _train, kept, samples, req.recipe)
 
 
+def _command_warmup(kept: _Kept, req: UpdateRequest, samples: list[Any]) -> Any:
+    from conductor_engine.trainer.warmup import fine_tune
+
+    return seeded(req, lambda: fine_tune(kept.policy.trained, kept.optimizer, samples,
+                                         req.recipe, pad_id=kept.policy.pad_id,
+                                         seed=req.recipe.seed))
+
+
 def _command_save(kept: _Kept, out: Path) -> list[Path]:
     """The checkpoint and optimiser state into `out` (by rank 0, gathered from every rank's
     shards under FSDP2); returns the checkpoint's files."""
@@ -297,7 +393,8 @@ def _command_save(kept: _Kept, out: Path) -> list[Path]:
 
 
 _COMMANDS: dict[str, Callable[..., Any]] = {
-    "load": _command_load, "train": _command_train, "save": _command_save}
+    "load": _command_load, "train": _command_train, "save": _command_save,
+    "warmup": _command_warmup}
 
 
 def on_ranks(ranks: Any, command: str, kept: _Kept | None, *args: Any) -> Any:
@@ -371,6 +468,17 @@ def _published(version: PolicyVersion, started: float) -> UpdateResult:
     )
 
 
+def _warmed(version: PolicyVersion, started: float) -> WarmupResult:
+    """The result of a warm-up that was published already (a retry), from its version row."""
+    from conductor_engine.engine.contracts.training import StepMetrics
+
+    m = version.metrics
+    return WarmupResult.model_validate({
+        **m.get("warmup", {}), "name": version.name, "version": version.version,
+        "published": True, "step": StepMetrics.model_validate(m),
+        "seconds": time.monotonic() - started})
+
+
 class TrainerActivities:
     def __init__(self, settings: Settings) -> None:
         self.trainer = Trainer(settings)
@@ -382,9 +490,17 @@ class TrainerActivities:
         except (StaleParent, PolicyError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
 
+    @activity.defn(name=WARMUP_ACTIVITY)
+    async def warmup_update(self, req: WarmupRequest) -> WarmupResult:
+        try:
+            return await heartbeating(self.trainer.warm_up(req))
+        except (StaleParent, PolicyError) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+
 
 def build_trainer_worker(client: Client, settings: Settings) -> Worker:
     """The trainer service's worker: one update at a time on the settings' trainer queue."""
     activities = TrainerActivities(settings)
     return Worker(client, task_queue=settings.trainer_task_queue,
-                  activities=[activities.grpo_update], max_concurrent_activities=1)
+                  activities=[activities.grpo_update, activities.warmup_update],
+                  max_concurrent_activities=1)

@@ -41,10 +41,12 @@ with workflow.unsafe.imports_passed_through():
         STOP_SIGNAL,
         TRAINING_WORKFLOW,
         UPDATE_ACTIVITY,
+        WARMUP_ACTIVITY,
         heldout_batch,
         heldout_workflow_id,
         rollout_workflow_id,
         update_id,
+        warmup_id,
     )
     from conductor_engine.engine.contracts.policy_versions import version_label
     from conductor_engine.engine.contracts.records import RunResult
@@ -54,6 +56,8 @@ with workflow.unsafe.imports_passed_through():
         Recipe,
         UpdateRequest,
         UpdateResult,
+        WarmupRequest,
+        WarmupResult,
         group_agents,
     )
     from conductor_engine.engine.contracts.training_runs import (
@@ -121,6 +125,9 @@ class TrainingWorkflow:
             return p
         if self._evaluates(inp) and not p.evals:  # where training starts from
             await self._heldout(inp)
+        if inp.recipe.warmup.enabled and p.warmup is None and p.iteration == 0:
+            # once: a resumed run carries p.warmup
+            await self._warmup(inp)
         stats = IterationStats(iteration=p.iteration, version=p.label)
         recipe = inp.recipe
         if not inp.from_traces:
@@ -281,6 +288,33 @@ class TrainingWorkflow:
                 if agents is not None:
                     out[task.id, sample] = agents
         return out
+
+    async def _warmup(self, inp: TrainInput) -> None:
+        """The warm-up on scored plans of the training tasks (trainer/warmup.py), on the
+        trainer's queue like an update; GRPO continues from the version it publishes, which
+        the held-out tasks answer first when they are evaluated."""
+        p = self._progress
+        p.phase = "warmup"
+        req = WarmupRequest(
+            name=inp.policy, parent=p.version, recipe=inp.recipe,
+            update_id=warmup_id(workflow.info().workflow_id),
+            task_ids=[t.id for t in inp.tasks], task_list=None if inp.tasks else inp.task_list)
+        result = await workflow.execute_activity(
+            WARMUP_ACTIVITY, req, result_type=WarmupResult,
+            task_queue=inp.trainer_task_queue,
+            start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
+            heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),
+            retry_policy=RetryPolicy(
+                maximum_interval=timedelta(seconds=30),
+                non_retryable_error_types=["StaleParent", "PolicyError"],
+            ),
+            summary=f"warm-up · {inp.policy} {p.label} → v{p.version + 1}",
+        )
+        p.warmup = result
+        if result.published:
+            p.version = result.version
+            if self._evaluates(inp):
+                await self._heldout(inp)
 
     async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:
         p = self._progress

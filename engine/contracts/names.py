@@ -30,6 +30,8 @@ READ_TASKS_ACTIVITY = "read_tasks"
 """A slice of a batch's or training run's task list from the blob store (activities/batch.py)."""
 UPDATE_ACTIVITY = "grpo_update"
 """One GRPO update, on the trainer task queue (trainer/service.py)."""
+WARMUP_ACTIVITY = "warmup_update"
+"""The warm-up on scored plans before a training run's first update (trainer/warmup.py)."""
 
 # --- workflows, their query and signal ---------------------------------------------------------
 
@@ -124,6 +126,12 @@ def heldout_workflow_id(name: str, chain: str, version: str, task_id: str) -> st
 def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
     """The idempotency key of one training iteration's update, `WORKFLOW_ID/RUN_ID/itN`."""
     return f"{workflow_id}/{first_run_id}/it{iteration}"
+
+
+def warmup_id(workflow_id: str) -> str:
+    """The idempotency key of a training run's warm-up, `WORKFLOW_ID/warmup`: one per run name,
+    so a run resumed after a warm-up that published (but was not recorded) finds it."""
+    return f"{workflow_id}/warmup"
 
 
 _UPDATE_ID = re.compile(r"^train-(?P<name>[^/]+)/[^/]+/it(?P<iteration>\d+)$")

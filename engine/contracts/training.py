@@ -21,6 +21,7 @@ from pydantic import (
 
 from conductor_engine.engine.contracts.policy_versions import Version
 from conductor_engine.engine.contracts.strict import Strict
+from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
 
 
@@ -244,6 +245,37 @@ class CheckpointConfig(Strict):
         "checkpoint: plans in flight, evaluations and serving of a pinned version")
 
 
+class WarmupConfig(Strict):
+    """A warm start before GRPO (`[warmup]`): fine-tune the policy on the best plans already
+    executed and scored on the run's training tasks, publish that as a version, and let GRPO
+    continue from it. A small conductor that almost never samples a multi-step plan cannot be
+    taught one by GRPO, which credits only what its rollouts wrote; plans that paid when a
+    stronger conductor (or an exploring rollout) wrote them can (trainer/warmup.py). Only
+    executed, scored runs are read: never a task's reference or an oracle file."""
+
+    enabled: bool = Field(default=False, description="run the warm-up before iteration 0 (once "
+                          "per training run: a resumed run does not redo it)")
+    per_task: int = Field(default=1, ge=1, le=64, description="the best N runs of each training "
+                          "task trained on: best by reward, ties by the run's cost (cheaper "
+                          "first), then the earlier run")
+    min_reward: float = Field(default=0.0, ge=0.0, description="runs rewarded below this are "
+                              "never trained on")
+    correct_only: bool = Field(default=True, description="only runs whose verdict says the "
+                               "answer was right (a wrong answer's plan teaches its mistakes)")
+    conductors: list[str] | None = Field(
+        default=None, description="only runs these conductors planned (their pool ids, as "
+        "traces record the policy name: a strong API conductor's, to distil its plans); None: "
+        "any conductor's, the policy's own exploring rollouts included")
+    epochs: int = Field(default=3, ge=1, le=1000, description="passes over the selected plans")
+    plans_per_step: int = Field(default=32, ge=1, description="plans per optimiser step (the "
+                                "last step of an epoch takes what is left)")
+    learning_rate: float = Field(default=1e-4, gt=0, description="AdamW's during the warm-up "
+                                 "(the recipe's [loss] learning_rate is GRPO's)")
+    reward_weighted: bool = Field(default=False, description="weigh each plan's cross-entropy by "
+                                  "its run's reward; false: every selected plan weighs 1 "
+                                  "(rejection sampling)")
+
+
 Tracker = Literal["tensorboard", "trackio"]
 
 # TRL's GRPOConfig names a recipe may give flat, at its top level as TRL takes them, and the
@@ -267,6 +299,7 @@ class Recipe(Strict):
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
     heldout: HeldOutConfig = Field(default_factory=HeldOutConfig)
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     report_to: list[Tracker] = Field(
         default_factory=list,
         description="where the trainer logs each update's metrics and sample plans: "
@@ -349,6 +382,43 @@ class UpdateResult(BaseModel):
     left_out: dict[str, int] = Field(
         default_factory=dict,
         description="runs of the chosen groups not trained on, by reason (rewards/rollouts.py)")
+    step: StepMetrics | None = None
+    seconds: float = 0.0
+
+
+class WarmupRequest(BaseModel):
+    """The warm-up (Recipe.warmup): train `name` from version `parent` on the best scored runs
+    of the training tasks, publish parent + 1."""
+
+    name: str = Field(description="the policy: the conductor's pool id")
+    parent: Version
+    update_id: str = Field(description="idempotency key: a retry of a published warm-up is a "
+                           "no-op (engine/contracts/names.py warmup_id)")
+    recipe: Recipe = Field(default_factory=Recipe)
+    task_ids: list[str] = Field(default_factory=list, description="the training tasks inline "
+                                "(a run started with inline tasks)")
+    task_list: TaskList | None = Field(default=None, description="the training tasks in the "
+                                       "blob store; never the held-out ones")
+
+
+class WarmupResult(BaseModel):
+    """What the warm-up trained on and published (or why it published nothing)."""
+
+    name: str
+    version: Version = Field(description="the newest version after the warm-up")
+    published: bool
+    reason: str | None = None
+    tasks: int = Field(default=0, description="training tasks asked for")
+    tasks_with_plans: int = Field(default=0, description="tasks with at least one plan selected")
+    plans: int = Field(default=0, description="plans trained on")
+    conductors: dict[str, int] = Field(default_factory=dict,
+                                       description="plans by the conductor that wrote them")
+    mean_reward: float | None = Field(default=None, description="of the selected runs")
+    left_out: dict[str, int] = Field(default_factory=dict, description="candidate runs not "
+                                     "trained on, by reason")
+    logprob_before: float | None = Field(default=None, description="mean log-prob per trained "
+                                         "token of the selected plans, before")
+    logprob_after: float | None = Field(default=None, description="the same, after")
     step: StepMetrics | None = None
     seconds: float = 0.0
 

@@ -15,9 +15,9 @@ from conductor_engine.engine.contracts.names import TRAINER_TASK_QUEUE
 from conductor_engine.engine.contracts.policy_versions import Version, version_label
 from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.contracts.training import Recipe
+from conductor_engine.engine.contracts.training import Recipe, WarmupResult
 
-Phase = Literal["starting", "rollouts", "update", "heldout", "stopped", "finished"]
+Phase = Literal["starting", "warmup", "rollouts", "update", "heldout", "stopped", "finished"]
 
 
 class IterationStats(BaseModel):
@@ -72,6 +72,8 @@ class TrainProgress(BaseModel):
     history: list[IterationStats] = Field(default_factory=list)
     evals: list[HeldOutEval] = Field(
         default_factory=list, description="held-out evaluations, the starting version first")
+    warmup: WarmupResult | None = Field(
+        default=None, description="the warm-up before iteration 0 (Recipe.warmup), once done")
 
     @property
     def label(self) -> str:

@@ -359,6 +359,39 @@ class TraceStore:
             out.append(StoredGroup(task_id=task_id, policy=policy, runs=list(runs)))
         return out
 
+    async def best_runs(
+        self, task_ids: list[str], *, per_task: int, min_reward: float = 0.0,
+        correct_only: bool = False, policies: list[str] | None = None,
+    ) -> list[StoredRun]:
+        """Up to `per_task` completed root runs of each of these tasks with a reward of at
+        least `min_reward`, best first: reward descending, then cost ascending, then the
+        earlier run (the warm-up's candidates, trainer/warmup.py, which decides which of them
+        are honest). Only these task ids: a held-out task's runs (`heldout~ID`) are never
+        among them. `correct_only`: runs whose verdict said right; `policies`: runs these
+        conductors planned. One indexed query; only the ranked rows' documents are read."""
+        args: list[Any] = [task_ids, min_reward, per_task]
+        where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
+                 "AND task_id = ANY($1) AND reward >= $2 "
+                 # a verdict the candidate could have forged never ranks (code_tests.UNTRUSTED)
+                 "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
+        if correct_only:
+            where += " AND correct"
+        if policies is not None:
+            args.append(policies)
+            where += f" AND policy_name = ANY(${len(args)})"
+        rows = await self.pool.fetch(
+            f"""
+            SELECT workflow_id, run_id, trace FROM (
+                SELECT workflow_id, run_id, trace, task_id, row_number() OVER (
+                    PARTITION BY task_id ORDER BY reward DESC, cost_usd, finished_at,
+                    workflow_id) AS rank
+                FROM traces WHERE {where}) ranked
+            WHERE rank <= $3 ORDER BY task_id, rank
+            """,
+            *args,
+        )
+        return list(await asyncio.gather(*(self._stored_run(r) for r in rows)))
+
     async def _stored_run(self, row: asyncpg.Record) -> StoredRun:
         """One run of a group, read back; a trace that cannot be read comes back with why (and
         is logged) rather than raised, so the caller can leave it out of its group."""

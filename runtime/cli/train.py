@@ -23,7 +23,7 @@ from rich.text import Text
 
 from conductor_engine.engine.contracts.limits import MAX_CONCURRENCY
 from conductor_engine.engine.contracts.tasks import Task
-from conductor_engine.engine.contracts.training import Recipe
+from conductor_engine.engine.contracts.training import Recipe, WarmupResult
 from conductor_engine.engine.rewards.rollouts import describe_counts
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.toml_errors import not_utf8, toml_error, utf8_text
@@ -99,7 +99,7 @@ def train_start(
              "training mix manifest (.toml: examples/paper/train_mix.toml)")] = None,
     name: Annotated[str | None, typer.Option(help="training run name (default: file stem)")] = None,
     recipe: Annotated[Path | None, typer.Option(
-        help="TOML recipe: [policy], [loss], [rollouts], [heldout], [checkpoints]; "
+        help="TOML recipe: [policy], [loss], [rollouts], [heldout], [checkpoints], [warmup]; "
         "fields in docs/reference/recipe.md")] = None,
     iterations: Annotated[int, typer.Option(
         help="updates to run", min=1, max=MAX_ITERATIONS)] = 20,
@@ -186,9 +186,13 @@ def train_start(
 async def _watch(conductor: ConductorClient, name: str) -> None:
     """One line per finished iteration until the run ends; Ctrl-C leaves it running."""
     shown = evals = 0
+    warmed = False
     while True:
         status, p = await conductor.training_progress(name)
         if p is not None:
+            if p.warmup is not None and not warmed:
+                out.print(Text(warmup_line(p.warmup)), highlight=False, soft_wrap=True)
+                warmed = True
             for s in p.history[shown:]:
                 out.print(Text(_iteration_line(s)), highlight=False, soft_wrap=True)
             shown = len(p.history)
@@ -216,6 +220,22 @@ def _iteration_line(s: IterationStats) -> str:
             f"valid {_fmt(s.valid_plan_rate, 2)} · loss {_fmt(s.loss, 4)} · clip "
             f"{_fmt(s.clip_fraction, 3)} · kl {_fmt(s.kl, 4)} · |g| {_fmt(s.grad_norm, 3)} · "
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
+
+
+def warmup_line(w: WarmupResult) -> str:
+    """The warm-up (WarmupResult): what it trained on, how far it moved the selected plans'
+    log-prob, and its compute; or why it published nothing."""
+    if not w.published:
+        return f"warm-up · nothing published: {w.reason}"
+    by = ", ".join(f"{k} {v}" for k, v in w.conductors.items())
+    left = f" · left out {describe_counts(w.left_out)}" if w.left_out else ""
+    step = w.step
+    compute = (f" · {step.steps} steps, {step.tokens:,} trained tokens, "
+               f"{step.passed_tokens:,} passed, {step.seconds:.1f}s training" if step else "")
+    return (f"warm-up · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/{w.tasks} "
+            f"training tasks ({by}) · their reward {_fmt(w.mean_reward)} · log-prob per token "
+            f"{_fmt(w.logprob_before)} → {_fmt(w.logprob_after)}{left}{compute} · "
+            f"{w.seconds:.1f}s")
 
 
 def heldout_line(e: HeldOutEval) -> str:
@@ -254,6 +274,8 @@ def train_status(
         raise fail(f"training run {name} is {status} but no worker answered its progress "
                     f"query; start a worker (`conductor worker`)")
     out.print(history_table(f"{name} · {status} · {p.phase}", p.history))
+    if p.warmup is not None:
+        out.print(Text(warmup_line(p.warmup)), highlight=False, soft_wrap=True)
     for s in p.history:
         if s.update_left_out and s.update_left_out != s.left_out:
             out.print(Text(f"it {s.iteration}: the update left out "

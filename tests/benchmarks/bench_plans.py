@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -66,6 +67,7 @@ from conductor_engine.engine.providers.sim_structure import (
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.cli.train import warmup_line
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.worker import build_worker
 from conductor_engine.trainer.service import build_trainer_worker
@@ -104,6 +106,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-only", action="store_true",
                    help="no training: only the single-agent and MoA rows on the held-out tasks")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    p.add_argument("--warmup-samples", type=int, default=0, metavar="K",
+                   help="before training, K scored runs of each training task by the base "
+                   "conductor, exploring as the recipe's rollouts do: the stored runs a recipe's "
+                   "[warmup] learns from (the policy's own exploring rollouts)")
     return p.parse_args()
 
 
@@ -221,11 +227,20 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     started = time.monotonic()
     async with build_worker(client, settings, pool), build_trainer_worker(client, settings):
         conductor = ConductorClient(client, settings, pool)
+        if args.warmup_samples:
+            await scored_samples(conductor, train, recipe, args.warmup_samples, name)
+            tried = await judge.rollout_shapes(store, pool.conductor.id, "base")
+            print("  base samples wrote: " + ", ".join(
+                f"{s} {k}" for s, k in sorted(tried.items())), flush=True)
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
         shown = evals = 0
+        warmed = False
         while True:
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
+            if p.warmup is not None and not warmed:
+                print(warmup_line(p.warmup), flush=True)
+                warmed = True
             for st in p.history[shown:]:
                 print(iteration_line(st), flush=True)
                 tried = await judge.rollout_shapes(store, pool.conductor.id, st.version)
@@ -261,6 +276,29 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     return {"seed": seed, "crossed": crossed, "curve": curve, "shapes": last_shapes,
             "iterations": len(p.history),
             "seconds_per_iteration": seconds / max(len(p.history), 1)}
+
+
+async def scored_samples(conductor: ConductorClient, train: list[Task], recipe: Recipe,
+                         k: int, name: str) -> None:
+    """K runs of each training task by the current conductor at the recipe's temperature,
+    exploring as its rollouts do, each seeded and scored: what `[warmup]` selects from."""
+    slots = asyncio.Semaphore(16)
+    started = time.monotonic()
+
+    async def one(task: Task, sample: int) -> None:
+        options = task.options.model_copy(update={
+            "temperature": recipe.loss.temperature, "sample": sample, "seeded": True,
+            "max_plan_attempts": 1, "explore": recipe.rollouts.explore,
+            "explore_importance": recipe.rollouts.explore_importance})
+        async with slots:
+            wid = await conductor.submit(task.model_copy(update={"options": options}),
+                                         workflow_id=f"sample-{name}-{task.id}-{sample}")
+            with contextlib.suppress(Exception):  # a failed run is no candidate anyway
+                await conductor.result(wid)
+
+    await asyncio.gather(*(one(t, j) for t in train for j in range(k)))
+    print(f"  {k} scored samples of {len(train)} training tasks in "
+          f"{time.monotonic() - started:.0f}s", flush=True)
 
 
 def _oracle_run(task: Task, best: Oracle) -> Task:

@@ -1,0 +1,146 @@
+"""The warm-up end to end on the real Temporal dev server and PostgreSQL: scored runs of the
+training tasks, then a training run whose recipe asks for `[warmup]` publishes a warm-up version
+from them on the trainer's queue, continues GRPO from it, and does not redo it when resumed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from conductor_engine.engine.contracts.names import training_workflow_id, warmup_id
+from conductor_engine.engine.contracts.records import RunResult
+from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.traces import StoredRun
+from conductor_engine.engine.contracts.training import (
+    HeldOutConfig,
+    LossConfig,
+    PolicyConfig,
+    Recipe,
+    RolloutConfig,
+    WarmupConfig,
+)
+from conductor_engine.engine.settings import Settings
+from conductor_engine.engine.storage.policies import PolicyRegistry
+from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.workflows.train import TrainInput, TrainProgress
+from tests.integration.test_training import sim_pool, sim_tasks, trainer_settings, training_stack
+
+SAMPLES = 6
+
+
+@pytest.mark.slow  # about 40 s: 24 scored runs, a warm-up, two GRPO iterations, three evaluations
+async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_grpo_from_it(
+    client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
+) -> None:
+    """Six scored runs of each of four sim tasks by the tiny conductor itself (its exploring
+    rollouts, temperature 1); three tasks are trained on and one held out. The warm-up learns
+    the best right run of each training task that has one (never the held-out task's, though
+    its runs scored as well), publishes v1 as a warm-up version from base, and iteration 0 of
+    GRPO samples with v1 and publishes v2. Resumed for a second iteration, the run does not
+    warm up again."""
+    settings = trainer_settings(settings)
+    pool = sim_pool(str(tiny_policy_dir))
+    policy = pool.conductor.id
+    tasks = sim_tasks()
+    train, held = tasks[:3], tasks[3:]
+    recipe = Recipe(
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        rollouts=RolloutConfig(group_size=2, groups_per_update=3, max_staleness=0),
+        heldout=HeldOutConfig(every=1),
+        warmup=WarmupConfig(enabled=True, epochs=2, learning_rate=3e-3),
+    )
+    name = f"warm-{uuid.uuid4().hex[:6]}"
+    inp = TrainInput(name=name, policy=policy, tasks=train, heldout_tasks=held, iterations=1,
+                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
+    started = time.monotonic()
+    async with training_stack(client, settings, pool) as conductor:
+        def sampled(task: Task, sample: int) -> Task:
+            return revised(task, options=revised(task.options, temperature=1.0, sample=sample,
+                                                 seeded=True, max_plan_attempts=1))
+
+        async def scored_run(task: Task, sample: int) -> RunResult:
+            wid = await conductor.submit(sampled(task, sample),
+                                         workflow_id=f"{name}-{task.id}-{sample}")
+            return await conductor.result(wid)
+
+        runs = await asyncio.gather(*(scored_run(t, k) for t in tasks for k in range(SAMPLES)))
+        right = {r.task_id for r in runs if r.reward and r.reward.verdict
+                 and r.reward.verdict.correct}
+        assert held[0].id in right, "the held-out task has a right run the warm-up must skip"
+        trained_right = right & {t.id for t in train}
+        assert trained_right, "no right run of a training task to learn from"
+
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+        print(f"scored runs and one warmed-up iteration: {time.monotonic() - started:.1f}s")
+
+        w = final.warmup
+        assert w is not None and w.published, w
+        print("warm-up:", w.model_dump_json())
+        assert (w.version, w.tasks, w.plans) == (1, 3, len(trained_right))
+        assert w.tasks_with_plans == len(trained_right) and w.conductors == {policy: w.plans}
+        assert w.mean_reward == 1.0 and w.step is not None and w.step.steps == 2
+        assert w.logprob_after is not None and w.logprob_before is not None
+        assert w.logprob_after > w.logprob_before
+        # GRPO continued from the warm-up version; the held-out tasks answered each version
+        assert [s.version for s in final.history] == ["v1"]
+        assert final.history[0].published == "v2" and final.version == 2
+        assert [e.version for e in final.evals] == ["base", "v1", "v2"]
+        registry = PolicyRegistry(trace_store.pool)
+        v1, v2 = await registry.get(policy, 1), await registry.get(policy, 2)
+        assert v1.parent == 0 and v1.metrics["phase"] == "warmup"
+        assert v1.update_id == warmup_id(training_workflow_id(name))
+        assert v1.metrics["warmup"]["plans"] == w.plans
+        assert v2.parent == 1 and "phase" not in v2.metrics
+        assert await registry.consumed_by(v1.update_id) == [], "the warm-up consumes no trace"
+
+        # resumed for one more iteration: GRPO goes on from v2; no second warm-up
+        more = revised(inp, iterations=2, progress=revised(final, phase="starting"))
+        assert (await conductor.start_training(more))[1]
+        again: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+    assert again.warmup == w and again.version == 3
+    assert [s.version for s in again.history] == ["v1", "v2"]
+    history = await registry.history(policy)
+    assert [v.metrics.get("phase") for v in history] == ["warmup", None, None]
+
+
+async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_forged_verdict(
+    trace_store: TraceStore,
+) -> None:
+    """`TraceStore.best_runs`, the warm-up's candidates: per task the best completed runs with
+    a reward (higher reward, then cheaper), none whose verdict the candidate could have forged,
+    none of another task (a held-out run of the same task included)."""
+    from tests.unit.test_warmup import scored
+
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    runs = {
+        "forged": scored(a, 1.0, cost=0.0, trusted=False),
+        "best": scored(a, 0.98, cost=0.02, minute=1),
+        "dearer": scored(a, 0.98, cost=0.05),
+        "held-out": scored(f"heldout~{a}", 1.0, cost=0.0),
+        "invalid": scored(b, 1.0, status="invalid_plan"),
+        "wrong": scored(b, 0.25, correct=False),
+        "b": scored(b, 0.9),
+    }
+    for trace in runs.values():
+        await trace_store.write(trace)
+
+    def ids(found: list[StoredRun]) -> list[str]:
+        return [r.workflow_id for r in found]
+
+    assert ids(await trace_store.best_runs([a, b], per_task=1)) == [
+        runs["best"].workflow_id, runs["b"].workflow_id]
+    assert ids(await trace_store.best_runs([a], per_task=5)) == [
+        runs["best"].workflow_id, runs["dearer"].workflow_id]
+    assert ids(await trace_store.best_runs([b], per_task=5, correct_only=True)) == [
+        runs["b"].workflow_id]
+    assert ids(await trace_store.best_runs([b], per_task=5, min_reward=0.95)) == []
+    assert await trace_store.best_runs([a], per_task=1, policies=["nobody"]) == []

@@ -1,0 +1,220 @@
+"""The warm-up: supervised fine-tuning on the best plans already executed and scored, before GRPO.
+
+GRPO credits only what its rollouts wrote. A small conductor that ends every plan after one step
+(SmolLM2-135M writes a second step with probability 0.001 to 0.004: docs/plans.md) never shows
+GRPO a two-step plan to reward, however long it trains. Plans that paid when some conductor
+wrote them do show it: a strong API model run as conductor over the training tasks, or the
+policy's own exploring rollouts. The warm-up (`[warmup]` in the recipe, WarmupConfig) takes, for
+each training task, the best N of its stored runs and fine-tunes the policy to write them; the
+result is published as a version like any other, and GRPO continues from it.
+
+Which runs (`select_plans`), per training task:
+- only executed, scored runs from the trace store: never a task's reference or an oracle file,
+  only the reward its verifier gave a run's answer;
+- only the training tasks of the run (their ids): a held-out task's runs (`heldout~ID`) and any
+  other task's are never read;
+- only honest ones, as GRPO's groups decide (engine/rewards/rollouts.py `as_rollout`): no
+  failed or cancelled run, no verifier error, no verdict the candidate could have forged, no
+  run that needed retry feedback to write its plan; and a completed run, whose plan was valid;
+- best first: reward descending, then the run's cost ascending (of two plans that scored alike
+  the cheaper is learned), then the earlier run.
+
+The loss is the cross-entropy of each selected plan's tokens under the policy, over the tokens
+the plan grammar did not force (the forced ones have probability 1 and no gradient, as in GRPO;
+samples are built as the trainer builds rollouts, trainer/rollouts.py `attempt_sample`, and a
+plan a server sampled has its grammar records replayed first, trainer/replay.py), averaged over
+the tokens of an optimiser step:
+
+    L = - sum_i w_i sum_t m_it log pi(o_it | q_i, o_i<t) / sum_i sum_t m_it
+
+with w_i = 1 (rejection sampling) or the run's reward (`reward_weighted`). It is GRPO's own
+`train_step` on these samples with advantage w_i and no behaviour log-probs: its first step is
+on-policy, so the ratio is 1 and its gradient is exactly w_i * grad log pi, the gradient of L; one
+call per optimiser step, so no clipping ever applies. A plan an API conductor wrote carries no
+token ids: its text is tokenized again and every token trains (nothing records what a grammar
+forced), its prompt as the trace recorded it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conductor_engine.engine.contracts.traces import StoredRun, Trace
+from conductor_engine.engine.contracts.training import (
+    LossConfig,
+    Recipe,
+    StepMetrics,
+    WarmupConfig,
+)
+from conductor_engine.engine.rewards.rollouts import as_rollout, count_reasons
+from conductor_engine.trainer.grpo import Sample
+from conductor_engine.trainer.rollouts import attempt_sample, deciding_attempts
+
+
+@dataclass
+class Selection:
+    """The plans the warm-up trains on (one trace per selected run, best first per task), and
+    the candidate runs it did not take, by reason."""
+
+    plans: list[Trace] = field(default_factory=list)
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> int:
+        return len({t.task.id for t in self.plans})
+
+    def conductors(self) -> dict[str, int]:
+        return dict(Counter(t.policy.name for t in self.plans).most_common())
+
+    def mean_reward(self) -> float | None:
+        rewards = [reward_of(t) for t in self.plans]
+        return sum(rewards) / len(rewards) if rewards else None
+
+
+def reward_of(trace: Trace) -> float:
+    return trace.reward.value if trace.reward and trace.reward.value is not None else 0.0
+
+
+def rank_key(trace: Trace) -> tuple[float, float, Any, str]:
+    """Best first: the higher reward, then the cheaper run, then the earlier one."""
+    return (-reward_of(trace), trace.totals.cost_usd, trace.finished_at, trace.workflow_id)
+
+
+def why_not(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig) -> str | None:
+    """Why this stored run is not a plan to learn from, or None when it is one."""
+    if trace.depth != 0 or trace.task.id not in task_ids:
+        return "not_a_training_task"
+    if cfg.conductors is not None and trace.policy.name not in cfg.conductors:
+        return "other_conductor"
+    honest = as_rollout(trace)
+    if not isinstance(honest, Trace):
+        return honest  # failed, untrusted, verifier error, no reward, plan retried ...
+    if honest.status != "completed":
+        return "invalid_plan"  # a run that became its invalid first attempt included
+    verdict = trace.reward.verdict if trace.reward else None
+    if cfg.correct_only and not (verdict is not None and verdict.correct):
+        return "not_correct"
+    if reward_of(trace) < cfg.min_reward:
+        return "below_min_reward"
+    if not any(a.prompt for a in deciding_attempts(trace)):
+        return "no_prompt"
+    return None
+
+
+def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig
+                 ) -> Selection:
+    """The best `cfg.per_task` runs of each training task among `traces` (see the module
+    docstring), best first per task, tasks in id order."""
+    allowed = frozenset(task_ids)
+    by_task: dict[str, list[Trace]] = {}
+    reasons: list[str] = []
+    for trace in traces:
+        reason = why_not(trace, allowed, cfg)
+        if reason is None:
+            by_task.setdefault(trace.task.id, []).append(trace)
+        else:
+            reasons.append(reason)
+    plans = [t for task in sorted(by_task)
+             for t in sorted(by_task[task], key=rank_key)[: cfg.per_task]]
+    return Selection(plans=plans, left_out=count_reasons(reasons))
+
+
+def stored_traces(runs: Sequence[StoredRun]) -> tuple[list[Trace], dict[str, int]]:
+    """The traces of stored runs; those that could not be read, counted as "unreadable"."""
+    traces = [r.trace for r in runs if r.trace is not None]
+    unreadable = len(runs) - len(traces)
+    return traces, ({"unreadable": unreadable} if unreadable else {})
+
+
+def warmup_samples(plans: Sequence[Trace], tokenizer: Any, cfg: WarmupConfig
+                   ) -> list[Sample]:
+    """One sample per deciding plan attempt of each selected run, weighted 1 or by its reward
+    (`reward_weighted`), without behaviour log-probs (each optimiser step is on-policy). A
+    served plan's grammar records must already be replayed (trainer/replay.py)."""
+    out: list[Sample] = []
+    for trace in plans:
+        weight = reward_of(trace) if cfg.reward_weighted else 1.0
+        for attempt in deciding_attempts(trace):
+            sample = attempt_sample(attempt, tokenizer, weight, behaviour_logprobs=False)
+            if sample is not None:
+                out.append(sample)
+    return out
+
+
+def sft_loss_config(recipe: Recipe) -> LossConfig:
+    """GRPO's loss settings turned into the warm-up's: token-mean aggregation (dapo), the
+    warm-up's learning rate, one optimiser step per call, no KL; the recipe's temperature,
+    gradient clip and micro-batch size (how the policy is scored and fits memory)."""
+    return LossConfig(loss_type="dapo", learning_rate=recipe.warmup.learning_rate,
+                      max_grad_norm=recipe.loss.max_grad_norm, beta=0.0, steps_per_update=1,
+                      micro_batch_size=recipe.loss.micro_batch_size,
+                      temperature=recipe.loss.temperature)
+
+
+def mean_logprob(model: Any, samples: Sequence[Sample], cfg: LossConfig, pad_id: int) -> float:
+    """The mean log-prob per trained token (the grammar's forced ones left out) of `samples`
+    under `model`, as the trainer scores tokens: the negative of the warm-up's loss."""
+    import torch
+
+    from conductor_engine.trainer.grpo import collate, per_token_logprobs
+
+    device = next(model.parameters()).device
+    total, tokens = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(samples), cfg.micro_batch_size):
+            batch = collate(samples[i : i + cfg.micro_batch_size], pad_id).to(device)
+            logps = per_token_logprobs(model, batch, temperature=cfg.temperature)
+            total += float(logps.sum())
+            tokens += int(batch.loss_mask.sum())
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+@dataclass
+class FineTuned:
+    """What the warm-up's steps did."""
+
+    step: StepMetrics
+    logprob_before: float
+    logprob_after: float
+
+
+def fine_tune(model: Any, optimizer: Any, samples: Sequence[Sample], recipe: Recipe, *,
+              pad_id: int, seed: int = 0) -> FineTuned:
+    """`recipe.warmup.epochs` passes over `samples`, `plans_per_step` samples an optimiser step
+    (in a seeded order per epoch), each step one on-policy `train_step` (see the module
+    docstring); the mean log-prob per trained token before and after."""
+    from conductor_engine.trainer.grpo import train_step
+
+    warm = recipe.warmup
+    cfg = sft_loss_config(recipe)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.learning_rate
+    before = mean_logprob(model, samples, cfg, pad_id)
+    rng = random.Random(f"warmup\x1f{seed}")
+    steps: list[StepMetrics] = []
+    for _ in range(warm.epochs):
+        order = list(samples)
+        rng.shuffle(order)
+        for i in range(0, len(order), warm.plans_per_step):
+            steps.append(train_step(model, optimizer, order[i : i + warm.plans_per_step], cfg,
+                                    pad_id=pad_id))
+    after = mean_logprob(model, samples, cfg, pad_id)
+    taken = [s for s in steps if s.steps]
+    norms = [s.grad_norm for s in taken if math.isfinite(s.grad_norm)]
+    step = StepMetrics(
+        loss=-after, grad_norm=sum(norms) / len(norms) if norms else 0.0,
+        tokens=sum(s.trained_tokens for s in samples), samples=len(samples),
+        steps=sum(s.steps for s in steps), seconds=sum(s.seconds for s in steps),
+        sample_tokens=sum(s.sample_tokens for s in steps),
+        passed_tokens=sum(s.passed_tokens for s in steps),
+        skipped=next((s.skipped for s in steps if s.skipped), None) if not taken else None,
+    )
+    return FineTuned(step=step, logprob_before=before, logprob_after=after)
