@@ -89,7 +89,7 @@ def grpo_loss(
     mask = batch.loss_mask.to(logprobs.dtype)
     if cfg.mask_truncated:
         mask = mask * (~batch.truncated)[:, None]
-    adv = batch.advantages[:, None]
+    adv = batch.advantages[:, None] if batch.token_advantages is None else batch.token_advantages
     old = torch.where(batch.has_old[:, None], batch.old_logprobs, logprobs.detach())
 
     ratio = torch.exp(logprobs - old)  # r = pi / pi_old
