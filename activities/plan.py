@@ -93,6 +93,7 @@ class PlanActivities:
             ) if json_mode else None,
             seed=plan_seed(req, label) if opts.seeded else None,
             explore=opts.explore, explore_importance=opts.explore_importance,
+            force_shape=opts.force_shape,
         )
         started = time.monotonic()
         try:

@@ -30,6 +30,12 @@ class RunOptions(Strict):
         default=False, description="an exploring run records the mixture's log-probs at its "
         "decisions, not the policy's ([rollouts] explore_importance)",
     )
+    force_shape: str | None = Field(
+        default=None, pattern=r"^(more|end|sees|apart)(,(more|end|sees|apart))*$",
+        description="the plan's shape, forced: its outcomes joined by commas, e.g. "
+        "'more,sees,end' (engine/plan/shapes.py; a training rollout's [rollouts] "
+        "force_shapes; the local conductor only)",
+    )
     max_plan_attempts: int = Field(default=3, ge=1, le=20)
     max_step_attempts: int = Field(default=5, ge=1, le=100)
     step_deadline_s: float = Field(

@@ -10,8 +10,8 @@ so a one-step plan is ("end",), a draft and its reviewer ("more", "sees", "end")
 apart ("more", "apart", "end"). What fills a shape (the agents, the subtasks, which earlier steps
 a list names) is not part of it. The first step's access is not either: it can see nothing.
 
-`decided` scans a compact plan text (the JSON form the local grammar writes, no free whitespace;
-bare or with a leading "reasoning") in one pass and says where each outcome was decided: the
+`decided` scans a plan's JSON text (bare or with a leading "reasoning"; whitespace between
+tokens is skipped) in one pass and says where each outcome was decided: the
 sampler uses it to force a shape (engine/providers/local/shaping.py), the trainer to credit one
 (trainer/grpo/_shapes.py). Linear in the text; a text that is no plan decides nothing more.
 """
@@ -69,6 +69,7 @@ def decided(text: str) -> list[Decided]:
     in_string = escape = False
     key: str | None = None  # the last key read at the current object level
     string_start = 0
+    last_string = ""
     keys: list[str | None] = []  # per open container: the key it is the value of
     steps = 0  # step objects opened in the steps array
     pending_access: int | None = None  # a step >= 1's access list opened with `[` at this index
@@ -82,8 +83,9 @@ def decided(text: str) -> list[Decided]:
                 escape = True
             elif c == '"':
                 in_string = False
-                if expect_value_key(stack, text, i):
-                    key = text[string_start + 1 : i]
+                last_string = text[string_start + 1 : i]  # the key, if a `:` follows
+            continue
+        if c in " \t\r\n":  # JSON's whitespace between tokens decides nothing
             continue
         in_steps = len(stack) >= 2 and stack[:2] == ["{", "["] and keys[1] == "steps"
         if after_step:
@@ -96,7 +98,7 @@ def decided(text: str) -> list[Decided]:
             elif c.isdigit():
                 out.append(Decided("sees", pending_access, i))
             pending_access = None
-        if expect_access and c not in ":":
+        if expect_access:
             expect_access = False
             if c == '"':
                 out.append(Decided("sees", i, i))
@@ -118,16 +120,12 @@ def decided(text: str) -> list[Decided]:
             key = None
             if c == "}" and in_steps and len(stack) == 2:
                 after_step = True
-        elif c == ":" and key == "access" and in_steps and len(stack) == 3 and steps >= 2:
-            expect_access = True
+        elif c == ":":
+            key = last_string if stack and stack[-1] == "{" else None
+            expect_access = key == "access" and in_steps and len(stack) == 3 and steps >= 2
         elif c == ",":
             key = None
     return out
-
-
-def expect_value_key(stack: list[str], text: str, end: int) -> bool:
-    """Whether the string that closed at `end` is an object's key (a `:` follows it)."""
-    return bool(stack) and stack[-1] == "{" and text[end + 1 : end + 2] == ":"
 
 
 def shape_of(text: str) -> Shape:
@@ -138,3 +136,30 @@ def shape_of(text: str) -> Shape:
 def consistent(shape: Shape, target: Shape) -> bool:
     """Whether a plan that has decided `shape` so far can still end as `target`."""
     return len(shape) <= len(target) and target[: len(shape)] == shape
+
+
+def forced_rollouts(share: float, iterations: int | None, iteration: int, group_size: int
+                    ) -> tuple[int, bool]:
+    """How many of a group's rollouts (its last ones) have their shape forced at `iteration`
+    (the recipe's [rollouts] force_shapes and force_shapes_iterations), and whether only as a
+    rescue: forced only when every one of the group's other rollouts failed.
+
+    The share falls linearly from `share` to 0 over `iterations`; from then on, the group's
+    unforced rollouts run first, and its last round(share * G) are forced only if none of them
+    answered right (a shape nobody writes gets tried where nothing else pays)."""
+    full = round(share * group_size)
+    if iterations is None:
+        return full, False
+    if iteration < iterations:
+        return round(share * (1 - iteration / iterations) * group_size), False
+    return full, True
+
+
+def forced_shape(max_steps: int, sample: int, group_size: int, forced: int) -> Shape | None:
+    """The shape rollout `sample` of a group is forced to when its last `forced` are: every
+    shape `max_steps` allows in turn (shapes(max_steps)), None for an unforced rollout."""
+    first = group_size - forced
+    if sample < first:
+        return None
+    every = shapes(max_steps)
+    return every[(sample - first) % len(every)]

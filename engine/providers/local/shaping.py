@@ -13,9 +13,10 @@ stays exact for what was sampled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from conductor_engine.engine.plan.shapes import Shape, consistent, shape_of
+from conductor_engine.engine.plan.shapes import Shape, consistent, parse_shape, shape_of
 
 
 def consistent_tokens(text: str, allowed: list[int], token_text: Callable[[int], str],
@@ -53,3 +54,14 @@ class Shaping:
         if target is None:
             return allowed
         return consistent_tokens("".join(self._written[row]), allowed, self._text, target)
+
+
+def forced_shapes(jobs: Sequence[Any], loaded: Any) -> Shaping | None:
+    """The `Shaping` of a batch (its jobs' requests' `force_shape`), or None when no row of it
+    is forced."""
+    targets = [parse_shape(j.request.force_shape) if j.request.force_shape else None
+               for j in jobs]
+    if not any(targets):
+        return None
+    tokenizer = loaded.tokenizer
+    return Shaping(targets, lambda token: str(tokenizer.decode([token])))
