@@ -247,3 +247,86 @@ def test_the_shape_credit_gradient_in_expectation_is_the_stated_mix_of_exact_gra
     assert torch.allclose(expected, stated, atol=1e-5 * scale, rtol=1e-4)
     if not rho:  # Delta is there: without it the identity would not hold
         assert (expected - grad_j).norm() > 1e-3 * grad_j.norm()
+
+
+# ------------------------------------------------------------------- in the trainer's groups
+
+
+@pytorch
+def test_a_group_credits_each_token_against_rollouts_of_its_shape(tiny_policy_dir: Path) -> None:
+    """Four rollouts of a task: one step right (1.0); two steps seeing, wrong (0.25) and, forced,
+    right (1.0); two steps apart, wrong (0.25). The `,` that added the wrong second step is
+    measured as the two-step plans' mean against the task's (-0.125), not blamed with the whole
+    wrong answer (-0.375); the agent inside it against the two-step plans (-0.25); the forced
+    rollout's every token against its shape."""
+    from transformers import AutoTokenizer
+
+    from conductor_engine.engine.contracts.agent_calls import Message
+    from conductor_engine.engine.contracts.rewards import Reward, Verdict
+    from conductor_engine.engine.contracts.training import RolloutConfig
+    from conductor_engine.engine.rewards.rollouts import Group
+    from conductor_engine.trainer.rollouts import group_samples
+    from tests.traces import make_trace
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    runs = [(([],), 1.0, None), (([], "all"), 0.25, None), (([], [0]), 1.0, "more,sees,end"),
+            (([], []), 0.25, None)]
+    traces = []
+    for i, (accesses, value, forced) in enumerate(runs):
+        t = make_trace("t", reward=value)
+        t.reward = Reward(value=value, reason="", verdict=Verdict(
+            verifier="exact", correct=value == 1.0, score=value, reason=""))
+        t.task.options.sample, t.task.options.force_shape = i, forced
+        text = _plan(*accesses).replace('x, \\"]} access\\":', "go")
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        a = t.rounds[0].attempts[0]
+        a.prompt = [Message(role="user", content="Plan it.")]
+        a.token_ids, a.logprobs, a.raw_text = ids, [-0.5] * len(ids), text
+        traces.append(t)
+    group = Group(task_id="t", policy=traces[0].policy, traces=traces, left_out=[])
+    samples = group_samples(group, 0, tok, RolloutConfig(group_size=4, credit="shape",
+                                                         scale_rewards=False))
+
+    def at(sample: Any, char: str, nth: int = 0) -> float:
+        """The advantage of the token holding the nth `char` after the first step's agent."""
+        texts = [str(tok.decode([t])) for t in sample.completion_ids]
+        ends = [sum(map(len, texts[: k + 1])) for k in range(len(texts))]
+        text = "".join(texts)
+        pos = text.index("}", text.index('"access"'))  # the first step's end
+        for _ in range(nth + 1):
+            pos = text.index(char, pos + 1)
+        k = next(k for k, e in enumerate(ends) if e > pos)
+        assert sample.token_advantages is not None
+        return float(sample.token_advantages[k])
+
+    def agent(sample: Any, step: int) -> float:
+        texts = [str(tok.decode([t])) for t in sample.completion_ids]
+        text, start = "".join(texts), -1
+        for _ in range(step + 1):
+            start = text.index('"agent":"', start + 1) + len('"agent":"')
+        ends = [sum(map(len, texts[: k + 1])) for k in range(len(texts))]
+        assert sample.token_advantages is not None
+        return float(sample.token_advantages[next(k for k, e in enumerate(ends) if e > start)])
+
+    one, sees, forced, apart = samples
+    assert at(one, "]") == pytest.approx(1.0 - 0.625)  # end: b(end) - b()
+    assert agent(one, 0) == pytest.approx(1.0 - 0.625)  # before any shape: R - b()
+    assert at(sees, ",") == pytest.approx(0.5 - 0.625)  # more: b(more) - b()
+    assert agent(sees, 0) == pytest.approx(0.25 - 0.625)
+    assert agent(sees, 1) == pytest.approx(0.25 - 0.5)  # inside two steps: R - b(more)
+    assert at(apart, ",") == pytest.approx(0.5 - 0.625)
+    assert forced.token_advantages == pytest.approx([1.0 - 0.625] * len(forced.completion_ids))
+
+
+def test_a_recipe_refuses_shape_credit_it_cannot_give() -> None:
+    """Credit per shape is within a task's group; forcing without it would credit a forced
+    rollout as if its shape had been chosen."""
+    from pydantic import ValidationError
+
+    from conductor_engine.engine.contracts.training import RolloutConfig
+
+    with pytest.raises(ValidationError, match="set baseline = 'group'"):
+        RolloutConfig(credit="shape", baseline="batch")
+    with pytest.raises(ValidationError, match="needs credit = 'shape'"):
+        RolloutConfig(force_shapes=0.25)
+    assert RolloutConfig().credit == "rollout" and RolloutConfig().force_shapes == 0.0

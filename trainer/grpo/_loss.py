@@ -18,6 +18,9 @@ tokens a plan grammar forced, see Sample.forced) are aggregated per `loss_type`:
     dr_grpo  L = sum_it m_it l_it / (B * max_completion_length)    a constant normaliser
     dapo     L = sum_it m_it l_it / sum_it m_it                    tokens of the whole batch
 
+A_i may be per token, A_it (credit per plan shape, trainer/grpo/_shapes.py:
+Sample.token_advantages); everything else is unchanged.
+
 B and the token count are those of the whole update (all micro-batches), so accumulating the
 micro-batches' gradients gives exactly the full-batch gradient for every loss type.
 
