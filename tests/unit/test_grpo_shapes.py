@@ -236,7 +236,7 @@ def test_the_shape_credit_gradient_in_expectation_is_the_stated_mix_of_exact_gra
             continue
         for t, own in enumerate(r.owner):
             if own is not None and not rows[i][2].forced[t]:
-                delta_terms.append(prob[i] * (means[r.shape[: own + 1]] - r.reward) * logp[i, t])
+                delta_terms.append(prob[i] * (means[r.shape] - r.reward) * logp[i, t])
     delta = _flat_grad(model, torch.stack(delta_terms).sum())
     stated = (1 - rho) * (grad_j + delta)
     for target, s in strata[1:]:
@@ -255,10 +255,10 @@ def test_the_shape_credit_gradient_in_expectation_is_the_stated_mix_of_exact_gra
 @pytorch
 def test_a_group_credits_each_token_against_rollouts_of_its_shape(tiny_policy_dir: Path) -> None:
     """Four rollouts of a task: one step right (1.0); two steps seeing, wrong (0.25) and, forced,
-    right (1.0); two steps apart, wrong (0.25). The `,` that added the wrong second step is
-    measured as the two-step plans' mean against the task's (-0.125), not blamed with the whole
-    wrong answer (-0.375); the agent inside it against the two-step plans (-0.25); the forced
-    rollout's every token against its shape."""
+    right (1.0); two steps apart, wrong (0.25). The `,` that added a wrong draft-and-review is
+    credited with that shape's mean against the task's (0), not blamed with the whole wrong
+    answer (-0.375); the agent inside it is measured against the two-step plans (-0.25); the
+    forced rollout's every token against its shape."""
     from transformers import AutoTokenizer
 
     from conductor_engine.engine.contracts.agent_calls import Message
@@ -311,10 +311,15 @@ def test_a_group_credits_each_token_against_rollouts_of_its_shape(tiny_policy_di
     one, sees, forced, apart = samples
     assert at(one, "]") == pytest.approx(1.0 - 0.625)  # end: b(end) - b()
     assert agent(one, 0) == pytest.approx(1.0 - 0.625)  # before any shape: R - b()
-    assert at(sees, ",") == pytest.approx(0.5 - 0.625)  # more: b(more) - b()
+    assert at(sees, ",") == pytest.approx(0.625 - 0.625)  # more: b(its shape) - b()
+    texts = [str(tok.decode([t])) for t in sees.completion_ids]
+    value = "".join(texts).rindex('"access":') + len('"access":')  # the second step's: "all"
+    k = next(k for k in range(len(texts)) if sum(map(len, texts[: k + 1])) > value)
+    assert sees.token_advantages is not None
+    assert sees.token_advantages[k] == pytest.approx(0.625 - 0.5)  # sees: b(shape) - b(more)
     assert agent(sees, 0) == pytest.approx(0.25 - 0.625)
     assert agent(sees, 1) == pytest.approx(0.25 - 0.5)  # inside two steps: R - b(more)
-    assert at(apart, ",") == pytest.approx(0.5 - 0.625)
+    assert at(apart, ",") == pytest.approx(0.25 - 0.625)
     assert forced.token_advantages == pytest.approx([1.0 - 0.625] * len(forced.completion_ids))
 
 

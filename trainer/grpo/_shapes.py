@@ -6,7 +6,7 @@ each step, and whether a later step's access list sees anything. With one baseli
 before the agents inside the step can be. Here, for one task's group, with b(p) the mean reward
 of the group's rollouts whose shape begins with the outcomes p (b(()) the task's mean):
 
-    a shape token of outcome k (unforced rollout)    A = b(s_1..s_k) - b(s_1..s_k-1)
+    a shape token of outcome k (unforced rollout)    A = b(s) - b(s_1..s_k-1)
     any other token of an unforced rollout           A = R - b(s_1..s_j)
                                                        (j: the outcomes decided before it)
     any sampled token of a rollout forced to s       A = R - b(s)
@@ -15,8 +15,11 @@ divided by the group's reward std when `scale`. A token's baseline is the mean o
 that agree with it on what was fixed when it was sampled: in a forced rollout the whole shape
 (forcing is drawn before the rollout starts), in an unforced one the outcomes already written.
 So every baseline is a function of the token's history, and only the shape tokens' credit is
-not the rollout's own: their return R is replaced by the shape's mean, which pools the evidence
-of every rollout of that shape (forced ones included) into the one decision that chose it.
+not the rollout's own: their return R is replaced by the mean of the rollout's whole shape s,
+which pools the evidence of every rollout of that shape (forced ones included) into the
+decisions that chose it. (Averaged over how the policy goes on, b(s) is the policy's own value
+of the outcome: the `,` of a rollout that then saw the first step is credited with the
+draft-and-review plans' mean, one that then did not with the two-apart plans'.)
 
 In expectation, with the group means replaced by their limits (group size to infinity), a share
 rho of rollouts forced, each of the K shapes alike, and the rest on-policy:
@@ -27,10 +30,10 @@ rho of rollouts forced, each of the K shapes alike, and the rest on-policy:
     J_s    = the same with shape s's tokens forced: its sampled tokens from pi (a choice narrowed
              to the tokens consistent with s, renormalised over them), its forced ones fixed;
              grad_in differentiates the sampled tokens only
-    Delta  = E_pi[ sum over shape tokens t of grad log pi(a_t | h_t) * (b(s_1..s_k(t)) - R) ]
+    Delta  = E_pi[ sum over shape tokens t of grad log pi(a_t | h_t) * (b(s) - R) ]
 
-Delta is the price of pooling: zero when the expected reward after each shape outcome does not
-depend on the decisions made before it (the first step's agent), not in general.
+Delta is the price of pooling: zero when the expected reward of each shape does not depend on
+the decisions made before its tokens (the first step's agent), not in general.
 tests/unit/test_grpo_shapes.py checks this identity by enumeration on a tiny policy, and that
 without Delta the estimator is off. Forced tokens stay out of the loss, and a narrowed choice is
 scored over the tokens it was drawn from, so the importance ratios are exact for what was
@@ -127,7 +130,7 @@ def shape_advantages(rollouts: Sequence[ShapedRollout], *, scale: bool,
             if r.forced:
                 a = r.reward - b(r.shape)
             elif own is not None:
-                a = b(r.shape[: own + 1]) - b(r.shape[:own])
+                a = b(r.shape) - b(r.shape[:own])
             else:
                 a = r.reward - b(r.shape[:lv])
             row.append(a / div)
