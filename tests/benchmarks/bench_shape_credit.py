@@ -18,7 +18,8 @@ per iteration on the same draws' budget:
 - `shape + force`: credit per shape (trainer/grpo/_shapes.py, its own code, on the plans'
   JSON text), `--force` of each group forced to the three shapes in turn, annealed over
   `--anneal` iterations, then forced only where every unforced rollout failed (and the same
-  with exploring rollouts);
+  with exploring rollouts); `shape by first agent + force`: the same, the means taken among
+  the rollouts that drafted with the same first agent (a probe, not what the trainer ships);
 - `exact`: the exact gradient of sum over plans of pi(p) E[R | p] (no sampling), the yardstick
   of what ascent can reach from this start at all.
 
@@ -203,9 +204,21 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                     texts, at = pieces(plan, names)
                     shaped.append(shaped_rollout(texts, r, forced=any(forced)))
                     decision_at.append(at)
-                per_token = shape_advantages(shaped, scale=False)
-                advantages = [[row[i] for i in at]
-                              for row, at in zip(per_token, decision_at, strict=True)]
+                if "by first agent" in method:  # the means among rollouts of the same draft
+                    per_token = [[] for _ in shaped]
+                    for a in {plan[0] for plan, _, _ in drawn}:
+                        idx = [i for i, (plan, _, _) in enumerate(drawn) if plan[0] == a]
+                        sub = shape_advantages([shaped[i] for i in idx], scale=False)
+                        for i, row in zip(idx, sub, strict=True):
+                            per_token[i] = row
+                    mean = statistics.fmean(rewards)
+                    advantages = [[r - mean] + [row[i] for i in at[1:]]  # the draft: R - mean
+                                  for row, at, r in zip(per_token, decision_at, rewards,
+                                                        strict=True)]
+                else:
+                    per_token = shape_advantages(shaped, scale=False)
+                    advantages = [[row[i] for i in at]
+                                  for row, at in zip(per_token, decision_at, strict=True)]
             else:
                 mean = statistics.fmean(rewards)
                 advantages = [[r - mean] * 4 for r in rewards]
@@ -249,7 +262,7 @@ def main() -> None:
           f"{args.runs} runs")
     rows = {}
     for method in ("group", "group + explore 0.5", "shape + force", "shape + force + explore 0.5",
-                   "exact"):
+                   "shape by first agent + force", "exact"):
         got = [run(method, names, ks, args, seed) for seed in range(args.runs)]
         rows[method] = (statistics.fmean(x[0] for x in got), statistics.fmean(x[1] for x in got),
                         statistics.fmean(x[2] for x in got))
