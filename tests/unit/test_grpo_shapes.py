@@ -335,3 +335,26 @@ def test_a_recipe_refuses_shape_credit_it_cannot_give() -> None:
     with pytest.raises(ValidationError, match="needs credit = 'shape'"):
         RolloutConfig(force_shapes=0.25)
     assert RolloutConfig().credit == "rollout" and RolloutConfig().force_shapes == 0.0
+
+
+def test_a_forcing_recipe_is_refused_for_a_served_conductor_and_kept_for_a_local_one() -> None:
+    """A served conductor's sampler cannot force a shape: a recipe that asks for it would train
+    forced rollouts as free ones. Refused, saying what to do."""
+    from conductor_engine.engine.contracts.training import Recipe
+    from conductor_engine.engine.providers.pool import Pool
+    from conductor_engine.runtime.client import TrainingOptions, plan_training
+
+    def pool(provider: str, **conductor: str) -> Pool:
+        return Pool.model_validate({
+            "conductor": {"id": "conductor", "provider": provider, "model": "tiny", **conductor},
+            "agents": [{"id": "a", "provider": "openai-compatible", "model": "m",
+                        "base_url": "http://127.0.0.1:9/v1"}]})
+
+    recipe = Recipe()
+    recipe.rollouts.credit, recipe.rollouts.force_shapes = "shape", 0.5
+    served = pool("openai-compatible", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"force_shapes = 0.5 needs a local conductor.*"
+                                         r"set force_shapes = 0"):
+        plan_training(TrainingOptions(name="r", base="org/m", recipe=recipe), served, [])
+    plan = plan_training(TrainingOptions(name="r", recipe=recipe), pool("local"), [])
+    assert plan.recipe.rollouts.force_shapes == 0.5
