@@ -94,6 +94,7 @@ class PlanActivities:
             ) if json_mode else None,
             seed=plan_seed(req, label) if sampling.seeded else None,
             explore=sampling.explore, explore_importance=sampling.explore_importance,
+            force_shape=sampling.force_shape,
         )
         started = time.monotonic()
         try:

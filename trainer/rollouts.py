@@ -42,6 +42,7 @@ from conductor_engine.trainer.grpo import (
     group_advantages,
     misfit_choice,
 )
+from conductor_engine.trainer.grpo._shapes import ShapedRollout, shape_advantages, shaped_rollout
 
 
 async def select_groups(
@@ -97,7 +98,8 @@ def update_samples(groups: Sequence[tuple[Group, int]], tokenizer: Any, cfg: Rol
                    temperature: float = 1.0) -> list[Sample]:
     """The samples of an update's groups, with advantages against `cfg.baseline`: each group's
     own rollouts (GRPO) or every rollout of the update (trainer/grpo/_advantages.py
-    `batch_advantages`)."""
+    `batch_advantages`); per token against the group's rollouts of the same plan shape with
+    `cfg.credit` = "shape" (trainer/grpo/_shapes.py)."""
     if cfg.baseline == "group":
         return [s for g, age in groups for s in group_samples(g, age, tokenizer, cfg, temperature)]
     trained = [(g, age) for g, age in groups if g.trainable]
@@ -121,13 +123,22 @@ def group_samples(
         advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
     weight = cfg.stale_discount**age
     out: list[Sample] = []
-    for trace, advantage in zip(group.traces, advantages, strict=True):
+    shaped: list[ShapedRollout] = []
+    for trace, advantage, reward in zip(group.traces, advantages, group.rewards, strict=True):
         same = trace.task.options.temperature == temperature
         for attempt in deciding_attempts(trace):
             sample = attempt_sample(attempt, tokenizer, advantage * weight,
                                     behaviour_logprobs=same)
             if sample is not None:
                 out.append(sample)
+                if cfg.credit == "shape":
+                    shaped.append(shaped_rollout(
+                        [str(tokenizer.decode([t])) for t in sample.completion_ids],
+                        reward, forced=trace.task.sampling.force_shape is not None))
+    if cfg.credit == "shape":
+        per_token = shape_advantages(shaped, scale=cfg.scale_rewards)
+        for sample, row in zip(out, per_token, strict=True):
+            sample.token_advantages = [a * weight for a in row]
     return out
 
 

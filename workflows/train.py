@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainProgress,
     )
+    from conductor_engine.engine.plan.shapes import forced_rollouts, forced_shape
     from conductor_engine.engine.rewards.rollouts import (
         LeftOutReason,
         count_reasons,
@@ -178,7 +179,15 @@ class TrainingWorkflow:
         left_out: list[LeftOutReason] = []
         drawn = self._drawn_agents(inp, tasks)
 
+        cfg = inp.recipe.rollouts
+        n_forced, rescue = forced_rollouts(cfg.force_shapes, cfg.force_shapes_iterations,
+                                           p.iteration, g) if cfg.force_shapes else (0, False)
+        answered: set[str] = set()  # tasks with an unforced rollout that answered right
+
         async def rollout(task: Task, sample: int) -> None:
+            shape = forced_shape(task.options.max_steps, sample, g, n_forced)
+            if rescue and shape is not None and task.id in answered:
+                shape = None  # forced only where every unforced rollout failed
             if (task.id, sample) in drawn:  # the run's agents: the group's, or its own draw
                 task = revised(task, agents=drawn[task.id, sample])
             options = revised(  # the trainer reads the whole run from its trace: a summary
@@ -186,9 +195,9 @@ class TrainingWorkflow:
                 result="summary")
             if one_attempt:
                 options = revised(options, max_plan_attempts=1)
-            cfg = inp.recipe.rollouts
-            sampling = rollout_sampling(sample, explore=cfg.explore,
-                                        explore_importance=cfg.explore_importance)
+            sampling = rollout_sampling(
+                sample, explore=cfg.explore, explore_importance=cfg.explore_importance,
+                force_shape=None if shape is None else ",".join(shape))
             task = revised(task, options=options, sampling=sampling)
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)
             res = _collected(await children.run(task, wid, f"rollout {sample} · {inp.name} "
@@ -204,8 +213,17 @@ class TrainingWorkflow:
             assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
             rewards.append(res.reward.value)
             valid.append(res.status != "invalid_plan")
+            if shape is None and res.reward.verdict is not None and res.reward.verdict.correct:
+                answered.add(task.id)
 
-        await asyncio.gather(*(rollout(task, sample) for task in tasks for sample in range(g)))
+        if rescue:  # the unforced first: whether a group is forced depends on them
+            await asyncio.gather(*(rollout(task, sample) for task in tasks
+                                   for sample in range(g - n_forced)))
+            await asyncio.gather(*(rollout(task, sample) for task in tasks
+                                   for sample in range(g - n_forced, g)))
+        else:
+            await asyncio.gather(*(rollout(task, sample) for task in tasks
+                                   for sample in range(g)))
         stats.rollouts = len(rewards)
         stats.left_out = count_reasons(left_out)
         if rewards:

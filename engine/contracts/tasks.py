@@ -118,14 +118,21 @@ class RolloutSampling(Strict):
         default=False, description="an exploring run records the mixture's log-probs at its "
         "decisions, not the policy's ([rollouts] explore_importance)",
     )
+    force_shape: str | None = Field(
+        default=None, pattern=r"^(more|end|sees|apart)(,(more|end|sees|apart))*$",
+        description="the plan's shape, forced: its outcomes joined by commas, e.g. "
+        "'more,sees,end' (engine/plan/shapes.py; a training rollout's [rollouts] "
+        "force_shapes; the local conductor only)",
+    )
 
 
-def rollout_sampling(sample: int, *, explore: float = 0.0,
-                     explore_importance: bool = False) -> RolloutSampling:
+def rollout_sampling(sample: int, *, explore: float = 0.0, explore_importance: bool = False,
+                     force_shape: str | None = None) -> RolloutSampling:
     """A training run's sampling of rollout `sample` (0 for a held-out run): always seeded, so
-    the same rollouts come whatever the load; exploring at `explore` ([rollouts] explore)."""
+    the same rollouts come whatever the load; exploring at `explore` ([rollouts] explore); its
+    shape forced to `force_shape` ([rollouts] force_shapes)."""
     return RolloutSampling(sample=sample, seeded=True, explore=explore,
-                           explore_importance=explore_importance)
+                           explore_importance=explore_importance, force_shape=force_shape)
 
 
 class SelfCallFrame(Strict):

@@ -105,6 +105,31 @@ class RolloutConfig(_TrlNames):
         "policy's, so an explored choice that paid counts as if the policy had made it (a "
         "biased, faster push, ε-greedy's)",
     )
+    credit: Literal["rollout", "shape"] = Field(
+        default="rollout",
+        description="'rollout': every token of a rollout takes its advantage; 'shape': credit "
+        "per plan shape (docs/concepts/grpo.md): each decision is measured against the "
+        "group's rollouts of the same shape, and the tokens that choose the shape (the `,` "
+        "that adds a step against the `]` that ends, an access list that sees or not) get "
+        "the shape's mean against the task's, so a step added with the wrong agent in it does "
+        "not unlearn adding a step. Needs baseline = 'group'",
+    )
+    force_shapes: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="the share of each group whose plan shape is forced, the shapes a task's "
+        "max_steps allows taken in turn (one step; two, the second seeing the first or not; "
+        "...): the shape's tokens are forced and stay out of the loss, the agents, subtasks "
+        "and access inside it are sampled from the policy. Needs credit = 'shape' and the "
+        "local conductor",
+    )
+    force_shapes_iterations: int | None = Field(
+        default=None, ge=1,
+        description="the forced share falls linearly from force_shapes to 0 over this many "
+        "iterations; after that forcing happens only in groups where every unforced rollout "
+        "failed: a group's unforced rollouts run first, and its last round(force_shapes × G) "
+        "are forced only when none of them answered right. None: the share stays "
+        "force_shapes",
+    )
     shuffle_pool: bool = Field(
         default=False,
         description="show each group its agents in a random order, not the pool file's: no "
@@ -130,6 +155,16 @@ class RolloutConfig(_TrlNames):
             raise ValueError("'batch' (TRL's std over the whole batch) is not supported: use "
                              "true ('group') or false ('none')")
         return value
+
+    @model_validator(mode="after")
+    def _shape_credit(self) -> RolloutConfig:
+        if self.credit == "shape" and self.baseline != "group":
+            raise ValueError("credit = 'shape' measures rollouts within their task's group: "
+                             "set baseline = 'group'")
+        if self.force_shapes and self.credit != "shape":
+            raise ValueError(f"force_shapes = {self.force_shapes} needs credit = 'shape' (a "
+                             f"forced rollout is measured against rollouts of its shape)")
+        return self
 
     @model_validator(mode="after")
     def _subset_bounds(self) -> RolloutConfig:

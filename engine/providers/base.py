@@ -55,6 +55,11 @@ class CompletionRequest(BaseModel):
         default=False, description="log-probs at an exploring request's decisions are the "
         "mixture's, not the policy's (engine/providers/local/sampling.py)",
     )
+    force_shape: str | None = Field(
+        default=None, description="a training rollout's forced plan shape, e.g. "
+        "'more,sees,end' (the local model under a JSON schema only: "
+        "engine/providers/local/shaping.py)",
+    )
 
 
 class Completion(BaseModel):

@@ -4,6 +4,7 @@ The public names; each concern is a module of its own, read in this order:
 
 - trainer/grpo/_samples.py: `Sample` (one completion to train on) and `Batch` (`collate`).
 - trainer/grpo/_advantages.py: group and batch advantages.
+- trainer/grpo/_shapes.py: credit per plan shape, per-token advantages.
 - trainer/grpo/_loss.py: the method, with its equations: `grpo_loss` and its normaliser.
 - trainer/grpo/_logprobs.py: `per_token_logprobs`, and `LogProbs` for DDP and FSDP2 to wrap.
 - trainer/grpo/_prefix.py: the shared prompt opening run once (`GroupPrefix`).

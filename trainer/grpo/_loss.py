@@ -19,6 +19,9 @@ tokens a plan grammar forced, see Sample.forced) are aggregated per `loss_type`:
     dr_grpo  L = sum_it m_it l_it / (B * max_completion_length)    a constant normaliser
     dapo     L = sum_it m_it l_it / sum_it m_it                    tokens of the whole batch
 
+A_i may be per token, A_it (credit per plan shape, trainer/grpo/_shapes.py:
+Sample.token_advantages); everything else is unchanged.
+
 B and the token count are those of the whole update (all micro-batches), so accumulating the
 micro-batches' gradients gives exactly the full-batch gradient for every loss type.
 
@@ -90,7 +93,7 @@ def grpo_loss(
     mask = batch.loss_mask.to(logprobs.dtype)
     if cfg.mask_truncated:
         mask = mask * (~batch.truncated)[:, None]
-    adv = batch.advantages[:, None]
+    adv = batch.advantages[:, None] if batch.token_advantages is None else batch.token_advantages
     old = torch.where(batch.has_old[:, None], batch.old_logprobs, logprobs.detach())
 
     ratio = torch.exp(logprobs - old)  # r = pi / pi_old

@@ -31,12 +31,16 @@ class Sample:
     # completion token index -> the few tokens the plan grammar allowed there (a choice); the
     # token's log-prob is over those, as it was sampled (see trainer/grpo/_loss.py)
     choices: dict[int, list[int]] | None = None
+    # per completion token, its own advantage (credit per shape, trainer/grpo/_shapes.py);
+    # None: every token takes `advantage`
+    token_advantages: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("a sample needs a prompt: the first completion token needs a prefix")
         for name, values in (("behaviour log-probs", self.behaviour_logprobs),
-                             ("forced flags", self.forced)):
+                             ("forced flags", self.forced),
+                             ("token advantages", self.token_advantages)):
             if values is not None and len(values) != len(self.completion_ids):
                 raise ValueError(f"{len(values)} {name} for {len(self.completion_ids)} "
                                  f"completion tokens")
@@ -44,6 +48,13 @@ class Sample:
         if misfit is not None:
             raise ValueError(f"choice at completion token {misfit} does not hold the token "
                              f"sampled there")
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether any token has a non-zero advantage."""
+        if self.token_advantages is not None:
+            return any(a != 0 for a in self.token_advantages)
+        return self.advantage != 0
 
     @property
     def trained_tokens(self) -> int:
@@ -75,6 +86,8 @@ class Batch:
     has_old: Tensor  # [B] bool  rows whose behaviour log-probs are known
     truncated: Tensor  # [B] bool
     choice_ids: Tensor  # [B, T, K]  at a choice, the allowed token ids (-1 pads); K may be 0
+    # [B, T] per-token advantages where any sample has its own (else None: `advantages`)
+    token_advantages: Tensor | None = None
     # how the prompt opening the rows share runs once: read as a KV cache, or packed into one
     # sequence with the rows (under FSDP2); "none": every row runs its whole prompt
     prefix: Literal["cache", "packed", "none"] = "cache"
@@ -116,6 +129,10 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
         has_old=torch.tensor([s.behaviour_logprobs is not None for s in samples]),
         truncated=torch.tensor([s.truncated for s in samples]),
         choice_ids=_choice_ids(samples, completion_mask.shape[1]),
+        token_advantages=None if all(s.token_advantages is None for s in samples) else pad(
+            [s.token_advantages if s.token_advantages is not None
+             else [s.advantage] * len(s.completion_ids) for s in samples],
+            "right", dtype=torch.float32),
     )
 
 

@@ -87,10 +87,10 @@ def train_step(
         return StepMetrics(samples=len(samples), seconds=time.perf_counter() - started,
                            skipped=skipped, **values)
 
-    if all(s.advantage == 0 for s in samples):
+    if not any(s.has_signal for s in samples):
         return done("every advantage is 0: no learning signal")
     live = [s for s in samples if not (cfg.mask_truncated and s.truncated)
-            and (s.advantage != 0 or cfg.beta > 0)]
+            and (s.has_signal or cfg.beta > 0)]
     if not live:
         return done("every sample with an advantage is truncated and masked")
 

@@ -31,6 +31,7 @@ from conductor_engine.engine.providers.local.grammar import (
     token_decoder,
 )
 from conductor_engine.engine.providers.local.model import LoadedModel
+from conductor_engine.engine.providers.local.shaping import forced_shapes
 from conductor_engine.engine.providers.pool import AgentSpec
 
 MAX_BATCH_ENV = "CONDUCTOR_LOCAL_MAX_BATCH"
@@ -203,8 +204,8 @@ def _run_batch(jobs: list[Job]) -> None:
     grammars = [j.grammar for j in jobs]
     explore = [j.request.explore for j in jobs]
     mask = GrammarMask(grammars, loaded.vocab_size, rows, text_encoder(loaded), explore,
-                       [j.request.seed for j in jobs], token_decoder(loaded)
-                       ) if any(grammars) else None
+                       [j.request.seed for j in jobs], token_decoder(loaded),
+                       shaping=forced_shapes(jobs, loaded)) if any(grammars) else None
     options, sampler = sampling.sampling_options(first.request, [j.request.seed for j in jobs])
     recorder = sampling.StepLogprobs(first.request.temperature, mask, [
         e if j.request.explore_importance else 0.0 for e, j in zip(explore, jobs, strict=True)])

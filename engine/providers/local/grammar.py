@@ -19,6 +19,7 @@ import structlog
 from conductor_engine.engine.providers.base import AgentCallError, CompletionRequest
 from conductor_engine.engine.providers.local.errors import BAD_REQUEST, INSTALL_HINT
 from conductor_engine.engine.providers.local.model import LoadedModel
+from conductor_engine.engine.providers.local.shaping import Shaping
 from conductor_engine.engine.providers.pool import AgentSpec
 
 log = structlog.get_logger(__name__)
@@ -155,12 +156,17 @@ class GrammarMask:
     decision's exploring distribution is kept (`decisions`: step -> token -> q(token)); the
     behaviour log-probs there are the policy's, or the mixture's for an `explore_importance`
     request (sampling.sampled_logprobs), whose importance ratio then corrects for exploring.
+
+    A row forced to a plan shape (`shaping`, engine/providers/local/shaping.py) has its choices
+    narrowed to the tokens that can still reach the shape: one left is forced, several are the
+    choice (recorded as such, so its log-probs are over them).
     """
 
     def __init__(self, grammars: list[Any], vocab_size: int, rows: Rows,
                  encode: Callable[[str], list[int]], explore: list[float] | None = None,
                  seeds: list[int | None] | None = None,
-                 decode: Callable[[int], str] | None = None) -> None:
+                 decode: Callable[[int], str] | None = None,
+                 shaping: Shaping | None = None) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -182,6 +188,7 @@ class GrammarMask:
         self._text = functools.lru_cache(maxsize=65536)(decode or (lambda token: str(token)))
         self._explore_generators = explore_generators(
             seeds or [None] * len(grammars)) if any(self.explore) else [None] * len(grammars)
+        self.shaping = shaping if shaping else None  # rows whose plan shape is forced
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         forcing = []
@@ -192,13 +199,25 @@ class GrammarMask:
             self._accept_and_fill_batch(masked, last)
         else:
             self._accept_and_fill(masked, last)
-        exploring = []
+        exploring, narrowing = [], []
+        if self.shaping is not None and self._started:
+            for r in masked:
+                self.shaping.feed(r, int(last[r]))
         for r in masked:
             forced = self._forced_token(self._matchers[r], r)
             if forced is not None:
                 forcing.append((r, forced))
                 continue
             allowed = self._record_choice(r)
+            if allowed is not None and self.shaping is not None:
+                kept = self.shaping.narrow(r, allowed)
+                if len(kept) == 1:  # the shape decides this token: forced, out of the loss
+                    del self.choices[r][self._step]
+                    forcing.append((r, kept[0]))
+                    continue
+                if len(kept) < len(allowed):  # the model chooses among these only
+                    self.choices[r][self._step] = allowed = kept
+                    narrowing.append((r, kept))
             if allowed is None or not self.explore[r]:
                 continue
             groups = outcomes(allowed, self._text)
@@ -214,6 +233,10 @@ class GrammarMask:
         scores = scores.clone()
         if masked:
             self._apply_bitmask(scores, masked)
+        for r, kept in narrowing:
+            keep_scores = scores[r, kept]
+            scores[r] = float("-inf")
+            scores[r, kept] = keep_scores
         if forcing or exploring:  # all such rows at once: a few kernels on a GPU, not per row
             import torch
 

@@ -1,0 +1,121 @@
+"""Forcing a plan's shape (`[rollouts] force_shapes`, engine/providers/local/shaping.py): the
+local sampler writes the asked shape, forces the tokens that decide it or narrows their choice,
+samples the rest from the policy, and records behaviour log-probs the trainer reproduces.
+Against a one-layer conductor with SmolLM2's tokenizer (tests/tiny_policy.py) and the real plan
+grammar."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+needs_local_extra = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None
+        for m in ("torch", "transformers", "gguf", "xgrammar")),
+    reason="the local extra is not installed (pip install -e '.[local]')",
+)
+
+from conductor_engine.engine.contracts.agent_calls import Message  # noqa: E402
+from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
+from conductor_engine.engine.plan.shapes import (  # noqa: E402
+    consistent,
+    forced_rollouts,
+    forced_shape,
+    shape_of,
+    shapes,
+)
+from conductor_engine.engine.providers import local  # noqa: E402
+from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
+from conductor_engine.engine.providers.pool import AgentSpec  # noqa: E402
+
+AGENTS = ["alpha", "bravo", "charlie", "delta"]
+
+
+def _request(seed: int, shape: str | None) -> CompletionRequest:
+    return CompletionRequest(
+        messages=[Message(role="user", content="Plan: who should answer what is 2 + 2?")],
+        temperature=1.0, max_tokens=120, seed=seed, force_shape=shape,
+        json_schema=plan_json_schema(AGENTS, 3, subtask_max_chars=8))
+
+
+def test_a_groups_last_rollouts_are_forced_to_each_shape_in_turn_at_an_annealed_share() -> None:
+    """Half of 8 forced: the last 4, over the 3 shapes of two steps; the share falls linearly
+    over the iterations asked, after which it is the full share again, as a rescue only."""
+    assert forced_rollouts(0.5, None, 7, 8) == (4, False)
+    assert [forced_rollouts(0.5, 4, i, 8) for i in range(6)] == [
+        (4, False), (3, False), (2, False), (1, False), (4, True), (4, True)]
+    assert [forced_shape(2, s, 8, 4) for s in range(8)] == [None] * 4 + [
+        ("end",), ("more", "sees", "end"), ("more", "apart", "end"), ("end",)]
+
+
+@needs_local_extra
+async def test_a_forced_rollout_writes_its_shape_and_samples_what_fills_it(
+    tiny_policy_dir: Path,
+) -> None:
+    """Every shape of three steps, four seeds each: the plan has the shape; at each choice the
+    recorded tokens can all still reach it (a narrowed choice is the choice); the agents inside
+    vary; and an unforced request of the same seed is written as the policy likes."""
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    agents: Counter[str] = Counter()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    for shape in shapes(3):
+        for seed in range(4):
+            c = await local.complete(spec, _request(seed, ",".join(shape)))
+            assert shape_of(c.text) == shape, (shape, c.text)
+            plan = json.loads(c.text, strict=False)["steps"]
+            agents.update(step["agent"] for step in plan)
+            assert c.token_ids is not None
+            texts = [str(tok.decode([t])) for t in c.token_ids]
+            for k, allowed in (c.choice_tokens or {}).items():
+                before = "".join(texts[:k])
+                for t in allowed:  # every token the choice was drawn from reaches the shape
+                    assert consistent(shape_of(before + str(tok.decode([t]))), shape)
+    assert len(agents) >= 3, agents  # the agents are sampled, not forced
+    free = [shape_of((await local.complete(spec, _request(s, None))).text) for s in range(4)]
+    assert all(free), free
+
+
+@needs_local_extra
+async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
+    tiny_policy_dir: Path,
+) -> None:
+    """The behaviour log-prob of every token in the loss (sampled, or chosen among a narrowed
+    set) equals the trainer's score of it, and the tokens the shape forced are out of the loss:
+    the importance ratio of a forced rollout is 1 on-policy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_engine.engine.providers.local.chat import prompt_ids
+    from conductor_engine.trainer.grpo import Sample, collate, per_token_logprobs
+
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_policy_dir)).float()
+    narrowed = 0
+    for s, shape in enumerate(shapes(2)):
+        request = _request(s, ",".join(shape))
+        c = await local.complete(spec, request)
+        assert c.token_ids is not None and c.logprobs is not None
+        forced = set(c.forced_positions or ())
+        decided_by_shape = [k for k, t in enumerate(c.token_ids)
+                            if str(tok.decode([t]))[:1] in ",]" and k in forced]
+        assert decided_by_shape, c.text  # the `,` / `]` after the first step was forced
+        for a in (c.choice_tokens or {}).values():  # an access that must see: no `[]`
+            texts = [str(tok.decode([t])) for t in a]
+            narrowed += all(t[:1] in '"[' for t in texts) and '"' in "".join(texts) \
+                and not any(t.startswith("[]") for t in texts)
+        sample = Sample(prompt_ids=prompt_ids(tok, request), completion_ids=c.token_ids,
+                        advantage=1.0, forced=[k in forced for k in range(len(c.token_ids))],
+                        choices=c.choice_tokens or None)
+        with torch.no_grad():
+            scored = per_token_logprobs(model, collate([sample], tok.pad_token_id))[0]
+        for k in range(len(c.token_ids)):
+            if k not in forced:
+                assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
+    assert narrowed, "no narrowed access choice was drawn: the test checks nothing there"
