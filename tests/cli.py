@@ -11,7 +11,7 @@ from pathlib import Path
 from conductor_engine.engine.settings import Settings
 
 # The `conductor` command, from this interpreter (no reliance on PATH).
-CONDUCTOR = [sys.executable, "-m", "conductor_engine.engine"]
+CONDUCTOR = [sys.executable, "-m", "conductor_engine"]
 
 
 def stack_env(settings: Settings, pool_file: Path) -> dict[str, str]:

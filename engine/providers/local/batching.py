@@ -63,25 +63,22 @@ class Job:
     cancelled: threading.Event
     future: Future[Completion] = field(default_factory=Future)
 
-    def batch_key(self) -> tuple[int, float, float, int | None]:
+    def batch_key(self) -> tuple[int, float, float]:
         """Requests share a batch when they use the same model and the same sampling settings
-        (one `generate` call samples every row alike); prompts, schemas and lengths may differ.
+        (one `generate` call samples every row alike); prompts, schemas, lengths and seeds may
+        differ.
 
-        A seeded request is generated alone. On a CPU a row's logits in a batch differ from its
-        lone forward in the last bits, by how many rows the batch has, where the row sits (the
-        threads split the rows), and the left padding a shorter prompt gets: enough to flip a
-        sampled token now and then. Alone, its draws depend on its seed and prompt only, so a
-        training rollout is the same whatever else waits (tests/benchmarks/bench_local_batching.py
-        measures both the differences and what generating alone costs).
-
-        On a GPU seeded requests share batches: a group of rollouts generated one at a time
-        would leave the GPU idle (it is built for batches), and a bfloat16 row's logits depend
-        on its batch in the last bits there too. Each row still draws from its own seeded
-        generator (sampling.Sampler), so its draws are its seed's; its tokens are reproducible
-        given the same batch."""
-        seeded = self.request.seed is not None and not self.loaded.on_gpu
-        alone = id(self) if seeded else None
-        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0, alone
+        A seeded request (a training rollout's plan) shares its batch too: its row draws from
+        a generator of its own seeded by it (sampling.Sampler; the grammar's exploring draws
+        likewise, grammar.GrammarMask), so its draws are its seed's whatever else is in the
+        batch. Its logits are not bitwise those of its lone forward: on a CPU a matrix product
+        over 8 rows sums in another order than over one, and the batch's shared opening runs
+        as a pass of its own (decode.shared_prefix); they differ from the lone row's by about
+        1e-6 of their size, the recorded log-probs likewise, and a sampled token flips only
+        where a draw falls within that of the boundary between two tokens, which measured on
+        real plans is almost never (docs/rollouts.md, "Seeded plans in batches";
+        tests/benchmarks/bench_local_batching.py --seeded measures both and the gain)."""
+        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0
 
 
 def prepare(
@@ -112,7 +109,7 @@ class GenerationQueue:
 
     A CPU model reads all its weights once per generated token whatever the batch size, so eight
     requests that wait together cost little more than one: a batch's many steps on the local
-    agent. A seeded request (a training rollout's plan) is generated alone: see `Job.batch_key`.
+    agent. Seeded requests (training rollouts' plans) batch like the others: see `Job.batch_key`.
     The thread starts when work arrives, waits `window_s` for the requests that arrive together
     to gather, then keeps taking batches
     (up to `max_batch`, oldest first) until nothing waits, and ends.
@@ -158,7 +155,9 @@ class GenerationQueue:
         work.batches += 1
         work.seconds += seconds
         width = max(len(j.prompt_ids) for j in batch)
-        work.prompt_tokens += width * len(batch)  # the padded prompts are computed too
+        shared = decode.shared_prefix([j.prompt_ids for j in batch])
+        # the padded prompts are computed too; a shared opening once (on the CPU)
+        work.prompt_tokens += shared + (width - shared) * len(batch)
         for j in batch:
             if j.future.done() and not j.future.cancelled() and j.future.exception() is None:
                 work.generated_tokens += j.future.result().usage.output_tokens
@@ -182,7 +181,9 @@ queue = GenerationQueue(max_batch=int(os.environ.get(MAX_BATCH_ENV, "16")))
 def _run_batch(jobs: list[Job]) -> None:
     """Generate every job's completion in one `generate` call and settle each job's future.
 
-    Prompts are padded on the left, so every row's next token sits in the last column. Each row
+    Prompts are padded to the batch's width so every row's next token sits in the last
+    column: on the left, or, when the rows open alike (decode.shared_prefix), right after that
+    shared opening, which then runs once. Each row
     stops on its own (end of turn, its own max_tokens, its caller cancelling); `generate` pads
     a stopped row until the longest is done, and those pads are cut off here.
     """
@@ -192,12 +193,14 @@ def _run_batch(jobs: list[Job]) -> None:
     pad = loaded.eos_ids[0]
     width = max(len(j.prompt_ids) for j in jobs)
     device = loaded.device or "cpu"
+    shared = decode.shared_prefix([j.prompt_ids for j in jobs])
+    padding = [width - len(j.prompt_ids) for j in jobs]
     input_ids = torch.tensor(
-        [[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs], device=device)
+        [j.prompt_ids[:shared] + [pad] * n + j.prompt_ids[shared:]
+         for j, n in zip(jobs, padding, strict=True)], device=device)
     attention = torch.tensor(
-        [[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs],
-        device=device,
-    )
+        [[1] * shared + [0] * n + [1] * (len(j.prompt_ids) - shared)
+         for j, n in zip(jobs, padding, strict=True)], device=device)
     rows = Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
                 loaded.eos_ids)
     grammars = [j.grammar for j in jobs]
@@ -211,7 +214,7 @@ def _run_batch(jobs: list[Job]) -> None:
     try:
         with torch.inference_mode():
             out = decode.generate(  # on a GPU: one prefill per group, a static cache, compiled
-                loaded, input_ids, attention,
+                loaded, input_ids, attention, shared=shared,
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,
