@@ -16,9 +16,9 @@ import pytest
 
 from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.plan.language import plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
 from conductor_engine.engine.providers import local
 from conductor_engine.engine.providers.base import Completion, CompletionRequest
-from conductor_engine.engine.plan.prompts import conductor_messages
 from conductor_engine.engine.providers.local import batching, decode
 from conductor_engine.engine.providers.local.chat import prompt_ids
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
