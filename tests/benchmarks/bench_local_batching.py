@@ -15,8 +15,9 @@ one by one. No Temporal: only the provider is timed.
 `--seeded` measures training rollouts' plans instead: `--group-size` seeded plan requests (16
 by default), each with its own prompt as the plan activity writes them (the conductor's
 instructions, then its own draw of 2 to 4 of the pool's agents and its own task's question) and
-its own seed. They share batches (engine/providers/local/batching.py), the instructions run once
-(decode.py), each row draws from its own seeded generator. The baseline is the same plans each
+its own seed. They share batches (engine/providers/local/batching.py: the queue's, 16 rows at
+most by default), the instructions run once (decode.py), each row draws from its own seeded
+generator. The baseline is the same plans each
 generated alone (a queue of one request per call), which is how seeded plans were generated
 before. The script first prints whether a batched row gets bitwise the logits of its lone
 forward on this machine (a row alone, in batches of 2 to 64, and left-padded), then plans per

@@ -73,10 +73,10 @@ class Job:
         likewise, grammar.GrammarMask), so its draws are its seed's whatever else is in the
         batch. Its logits are not bitwise those of its lone forward: on a CPU a matrix product
         over 8 rows sums in another order than over one, and the batch's shared opening runs
-        as a pass of its own (decode.shared_prefix); they differ from the lone row's by about
-        1e-6 of their size, the recorded log-probs likewise, and a sampled token flips only
-        where a draw falls within that of the boundary between two tokens, which measured on
-        real plans is almost never (docs/rollouts.md, "Seeded plans in batches";
+        as a pass of its own (decode.shared_prefix); they differ from the lone row's by a few
+        millionths of their size (SmolLM2's recorded log-probs by up to 1e-4), and a sampled token
+        changes only where a draw falls within that of the boundary between two tokens: 1
+        SmolLM2 plan in 48 measured (docs/rollouts.md, "Seeded plans in batches";
         tests/benchmarks/bench_local_batching.py --seeded measures both and the gain)."""
         return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0
 
