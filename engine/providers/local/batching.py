@@ -155,7 +155,8 @@ class GenerationQueue:
         work.batches += 1
         work.seconds += seconds
         width = max(len(j.prompt_ids) for j in batch)
-        shared = decode.shared_prefix([j.prompt_ids for j in batch])
+        static = batch[0].loaded.on_gpu or decode.static_on_cpu  # the GPU way: per prompt
+        shared = 0 if static else decode.shared_prefix([j.prompt_ids for j in batch])
         # the padded prompts are computed too; a shared opening once (on the CPU)
         work.prompt_tokens += shared + (width - shared) * len(batch)
         for j in batch:
