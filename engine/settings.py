@@ -59,6 +59,7 @@ OTHER_VARIABLES = frozenset({
     f"{ENV_PREFIX}LOG",  # runtime/cli/app.py: a log level over log_level, for a command
     f"{ENV_PREFIX}LOCAL_WHEEL",  # engine/providers/local/weights.py
     f"{ENV_PREFIX}LOCAL_MAX_BATCH",  # engine/providers/local/batching.py
+    f"{ENV_PREFIX}LOCAL_BATCH_SEEDED",  # engine/providers/local/batching.py
     f"{ENV_PREFIX}LOCAL_DEVICE",  # engine/providers/local/device.py
     f"{ENV_PREFIX}FAULT_TABLE",  # tests/faults/conftest.py
     f"{ENV_PREFIX}TEST_AGENT_KEY",  # tests: an agent's api_key_env

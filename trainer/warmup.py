@@ -1,7 +1,8 @@
 """The warm-up: supervised fine-tuning on the best plans already executed and scored, before GRPO.
 
 GRPO credits only what its rollouts wrote. A small conductor that ends every plan after one step
-(SmolLM2-135M writes a second step with probability 0.001 to 0.004: docs/plans.md) never shows
+(SmolLM2-135M writes a second step with probability 0.001 to 0.004: docs/how-to/rehearse-plans.md)
+never shows
 GRPO a two-step plan to reward, however long it trains. Plans that paid when some conductor
 wrote them do show it: a strong API model run as conductor over the training tasks, or the
 policy's own exploring rollouts. The warm-up (`[warmup]` in the recipe, WarmupConfig) takes, for
@@ -22,7 +23,8 @@ Which runs (`select_plans`), per training task:
 The loss is the cross-entropy of each selected plan's tokens under the policy, over the tokens
 the plan grammar did not force (the forced ones have probability 1 and no gradient, as in GRPO;
 samples are built as the trainer builds rollouts, trainer/rollouts.py `attempt_sample`, and a
-plan a server sampled has its grammar records replayed first, trainer/replay.py), averaged over
+plan a server sampled has its grammar records reconstructed first, trainer/reconstruct.py),
+averaged over
 the tokens of an optimiser step:
 
     L = - sum_i w_i sum_t m_it log pi(o_it | q_i, o_i<t) / sum_i sum_t m_it
@@ -135,7 +137,7 @@ def warmup_samples(plans: Sequence[Trace], tokenizer: Any, cfg: WarmupConfig
                    ) -> list[Sample]:
     """One sample per deciding plan attempt of each selected run, weighted 1 or by its reward
     (`reward_weighted`), without behaviour log-probs (each optimiser step is on-policy). A
-    served plan's grammar records must already be replayed (trainer/replay.py)."""
+    served plan's grammar records must already be reconstructed (trainer/reconstruct.py)."""
     out: list[Sample] = []
     for trace in plans:
         weight = reward_of(trace) if cfg.reward_weighted else 1.0

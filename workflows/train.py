@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         update_id,
         warmup_id,
     )
+    from conductor_engine.engine.contracts.plan_shapes import forced_rollouts, forced_shape
     from conductor_engine.engine.contracts.policy_versions import version_label
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.strict import revised
@@ -66,7 +67,6 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainProgress,
     )
-    from conductor_engine.engine.plan.shapes import forced_rollouts, forced_shape
     from conductor_engine.engine.rewards.rollouts import (
         LeftOutReason,
         count_reasons,

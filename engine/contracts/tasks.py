@@ -121,7 +121,7 @@ class RolloutSampling(Strict):
     force_shape: str | None = Field(
         default=None, pattern=r"^(more|end|sees|apart)(,(more|end|sees|apart))*$",
         description="the plan's shape, forced: its outcomes joined by commas, e.g. "
-        "'more,sees,end' (engine/plan/shapes.py; a training rollout's [rollouts] "
+        "'more,sees,end' (engine/contracts/plan_shapes.py; a training rollout's [rollouts] "
         "force_shapes; the local conductor only)",
     )
 

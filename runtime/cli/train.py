@@ -231,7 +231,8 @@ def warmup_line(w: WarmupResult) -> str:
     left = f" · left out {describe_counts(w.left_out)}" if w.left_out else ""
     step = w.step
     compute = (f" · {step.steps} steps, {step.tokens:,} trained tokens, "
-               f"{step.passed_tokens:,} passed, {step.seconds:.1f}s training" if step else "")
+               f"{step.passed_tokens:,} tokens passed, {step.seconds:.1f}s training"
+               if step else "")
     return (f"warm-up · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/{w.tasks} "
             f"training tasks ({by}) · their reward {_fmt(w.mean_reward)} · log-prob per token "
             f"{_fmt(w.logprob_before)} → {_fmt(w.logprob_after)}{left}{compute} · "

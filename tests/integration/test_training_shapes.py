@@ -15,6 +15,12 @@ from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
+from conductor_engine.engine.contracts.plan_shapes import (
+    forced_shape,
+    parse_shape,
+    shape_of,
+    shapes,
+)
 from conductor_engine.engine.contracts.traces import PolicyRef
 from conductor_engine.engine.contracts.training import (
     LossConfig,
@@ -23,7 +29,6 @@ from conductor_engine.engine.contracts.training import (
     UpdateRequest,
     UpdateResult,
 )
-from conductor_engine.engine.plan.shapes import forced_shape, parse_shape, shape_of, shapes
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.trace_store import TraceStore

@@ -1,6 +1,7 @@
 """Credit per shape: each decision of a plan measured against rollouts of the same shape.
 
-A plan's shape (engine/plan/shapes.py) is decided by a few of its tokens: the `,` or `]` after
+A plan's shape (engine/contracts/plan_shapes.py) is decided by a few of its tokens: the `,` or `]`
+after
 each step, and whether a later step's access list sees anything. With one baseline per task, a
 `,` that opened a second step is blamed for every wrong agent put in that step, and is unlearned
 before the agents inside the step can be. Here, for one task's group, with b(p) the mean reward
@@ -47,7 +48,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from conductor_engine.engine.plan.shapes import Shape, decided
+from conductor_engine.engine.contracts.plan_shapes import Shape, decided
 
 
 @dataclass

@@ -36,6 +36,9 @@ from conductor_engine.engine.providers.pool import AgentSpec
 
 MAX_BATCH_ENV = "CONDUCTOR_LOCAL_MAX_BATCH"
 """The most requests generated together (default 16)."""
+BATCH_SEEDED_ENV = "CONDUCTOR_LOCAL_BATCH_SEEDED"
+"""1: seeded requests share batches on the CPU too (`Job.batch_key`); unset: each runs alone."""
+batch_seeded = os.environ.get(BATCH_SEEDED_ENV, "") == "1"
 
 
 @dataclass
@@ -68,21 +71,24 @@ class Job:
         """Requests share a batch when they use the same model and the same sampling settings
         (one `generate` call samples every row alike); prompts, schemas and lengths may differ.
 
-        A seeded request is generated alone. On a CPU a row's logits in a batch differ from its
-        lone forward in the last bits, by how many rows the batch has, where the row sits (the
-        threads split the rows), and the left padding a shorter prompt gets: enough to flip a
-        sampled token now and then. Alone, its draws depend on its seed and prompt only, so a
-        training rollout is the same whatever else waits (tests/benchmarks/bench_local_batching.py
-        measures both the differences and what generating alone costs).
+        A seeded request (a training rollout's plan) is generated alone on a CPU unless
+        `batch_seeded` (CONDUCTOR_LOCAL_BATCH_SEEDED=1). Batched, its row still draws from a
+        generator of its own seeded by it (sampling.Sampler; the grammar's exploring draws
+        likewise), but its logits are not bitwise those of its lone forward: a matrix product
+        over 8 rows sums in another order than over one, and the batch's shared opening runs as
+        a pass of its own (decode.shared_prefix). They differ by a few millionths of their size
+        (SmolLM2's recorded log-probs by up to 1e-4), enough to flip a sampled token where a
+        draw falls that close to a boundary between two tokens (1 SmolLM2 plan in 48), and
+        which batch a plan lands in depends on when it arrives: the run is then not the same
+        run after run. Alone, a rollout depends on its seed and prompt only, whatever the load
+        (tests/benchmarks/bench_local_batching.py --seeded measures both and the gain: about
+        2.1x on plans, 2.9x on the rehearsal's plan generation).
 
         On a GPU seeded requests share batches: a group of rollouts generated one at a time
-        would leave the GPU idle (it is built for batches), and a bfloat16 row's logits depend
-        on its batch in the last bits there too. Each row still draws from its own seeded
-        generator (sampling.Sampler), so its draws are its seed's; its tokens are reproducible
-        given the same batch."""
-        seeded = self.request.seed is not None and not self.loaded.on_gpu
-        alone = id(self) if seeded else None
-        return id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0, alone
+        would leave the GPU idle, and a bfloat16 row's logits depend on its batch there too."""
+        alone = self.request.seed is not None and not self.loaded.on_gpu and not batch_seeded
+        return (id(self.loaded), self.request.temperature or 0.0, self.request.top_p or 1.0,
+                id(self) if alone else None)
 
 
 def prepare(
@@ -113,7 +119,8 @@ class GenerationQueue:
 
     A CPU model reads all its weights once per generated token whatever the batch size, so eight
     requests that wait together cost little more than one: a batch's many steps on the local
-    agent. A seeded request (a training rollout's plan) is generated alone: see `Job.batch_key`.
+    agent. A seeded request (a training rollout's plan) runs alone on a CPU unless asked: see
+    `Job.batch_key`.
     The thread starts when work arrives, waits `window_s` for the requests that arrive together
     to gather, then keeps taking batches
     (up to `max_batch`, oldest first) until nothing waits, and ends.
@@ -159,7 +166,10 @@ class GenerationQueue:
         work.batches += 1
         work.seconds += seconds
         width = max(len(j.prompt_ids) for j in batch)
-        work.prompt_tokens += width * len(batch)  # the padded prompts are computed too
+        static = batch[0].loaded.on_gpu or decode.static_on_cpu  # the GPU way: per prompt
+        shared = 0 if static else decode.shared_prefix([j.prompt_ids for j in batch])
+        # the padded prompts are computed too; a shared opening once (on the CPU)
+        work.prompt_tokens += shared + (width - shared) * len(batch)
         for j in batch:
             if j.future.done() and not j.future.cancelled() and j.future.exception() is None:
                 work.generated_tokens += j.future.result().usage.output_tokens
@@ -183,7 +193,9 @@ queue = GenerationQueue(max_batch=int(os.environ.get(MAX_BATCH_ENV, "16")))
 def _run_batch(jobs: list[Job]) -> None:
     """Generate every job's completion in one `generate` call and settle each job's future.
 
-    Prompts are padded on the left, so every row's next token sits in the last column. Each row
+    Prompts are padded to the batch's width so every row's next token sits in the last
+    column: on the left, or, when the rows open alike (decode.shared_prefix), right after that
+    shared opening, which then runs once. Each row
     stops on its own (end of turn, its own max_tokens, its caller cancelling); `generate` pads
     a stopped row until the longest is done, and those pads are cut off here.
     """
@@ -193,12 +205,14 @@ def _run_batch(jobs: list[Job]) -> None:
     pad = loaded.eos_ids[0]
     width = max(len(j.prompt_ids) for j in jobs)
     device = loaded.device or "cpu"
+    shared = decode.shared_prefix([j.prompt_ids for j in jobs])
+    padding = [width - len(j.prompt_ids) for j in jobs]
     input_ids = torch.tensor(
-        [[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs], device=device)
+        [j.prompt_ids[:shared] + [pad] * n + j.prompt_ids[shared:]
+         for j, n in zip(jobs, padding, strict=True)], device=device)
     attention = torch.tensor(
-        [[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs],
-        device=device,
-    )
+        [[1] * shared + [0] * n + [1] * (len(j.prompt_ids) - shared)
+         for j, n in zip(jobs, padding, strict=True)], device=device)
     rows = Rows(width, [j.max_new_tokens for j in jobs], [j.cancelled for j in jobs],
                 loaded.eos_ids)
     grammars = [j.grammar for j in jobs]
@@ -212,7 +226,7 @@ def _run_batch(jobs: list[Job]) -> None:
     try:
         with torch.inference_mode():
             out = decode.generate(  # on a GPU: one prefill per group, a static cache, compiled
-                loaded, input_ids, attention,
+                loaded, input_ids, attention, shared=shared,
                 max_new_tokens=max(rows.limits),
                 eos_token_id=loaded.eos_ids,
                 pad_token_id=pad,

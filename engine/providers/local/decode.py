@@ -1,8 +1,14 @@
-"""One batch's `generate`: on the CPU as transformers runs it, on a GPU with each group's prompt
-read once and a decode step that replays captured kernels.
+"""One batch's `generate`: on the CPU with the prompt opening every row shares read once, on a
+GPU with each group's prompt read once and a decode step that replays captured kernels.
 
-CPU: `model.generate` with its own dynamic cache, exactly as it always ran (CPU results for a
-seed stay what they were).
+CPU: `model.generate` with a dynamic cache. A batch's rows usually open alike (a conductor's
+plans all start with its instructions, some 95 tokens of a 230-token prompt): the tokens every
+row opens with (`shared_prefix`, at least `SHARED_PREFIX_MIN`) run once, as one row, and their
+keys and values are repeated into every row of the cache (`DynamicCache.batch_repeat_interleave`);
+`generate` then prefills the rest of each row and decodes. The rows are laid out as
+`batching._run_batch` builds them: the shared opening, the row's padding, the rest of its prompt
+(`generate` numbers positions from the attention mask, so padding inside a row is skipped as
+padding on its left is). A batch of one row runs exactly as `generate` alone runs it.
 
 GPU (`LoadedModel.on_gpu`), with transformers' own mechanisms:
 
@@ -27,6 +33,7 @@ matchers read and the bitmask they fill (grammar.GrammarMask).
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 from conductor_engine.engine.providers.local.model import LoadedModel
@@ -43,15 +50,38 @@ kept: tuple[tuple[str, int, int], Any] | None = None
 """The process's static cache and its (model name, rows, length), for the next batch that fits."""
 
 
-def generate(loaded: LoadedModel, input_ids: Any, attention: Any, *,
+SHARED_PREFIX_MIN = 16
+"""The fewest tokens every row must open with for the CPU way to run them once: below that
+the extra forward pass costs more than the rows it spares."""
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many tokens the CPU way runs once for the batch of `prompts`: the tokens every
+    prompt opens with, less at least each prompt's last token (`generate` runs that one, so it
+    has logits to sample from); 0 for a single prompt or an opening under `SHARED_PREFIX_MIN`."""
+    if len(prompts) < 2:
+        return 0
+    shared = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
+    return shared if shared >= SHARED_PREFIX_MIN else 0
+
+
+def generate(loaded: LoadedModel, input_ids: Any, attention: Any, *, shared: int = 0,
              static: bool | None = None, **options: Any) -> Any:
     """The batch's ids (prompts and generated tokens), batch × (width + steps).
 
-    `options` are `generate`'s (max_new_tokens, logits_processor, stopping_criteria, ...);
-    `static` chooses the GPU way (default: on a GPU only, or where `static_on_cpu` is set)."""
+    `shared`: the first `shared` columns are the same tokens in every row, none of them
+    padding (`shared_prefix`); the CPU way runs them once. `options` are `generate`'s
+    (max_new_tokens, logits_processor, stopping_criteria, ...); `static` chooses the GPU way
+    (default: on a GPU only, or where `static_on_cpu` is set)."""
     static = (loaded.on_gpu or static_on_cpu) if static is None else static
-    cache = {} if not static else {cache_argument(loaded.model): prefilled_cache(
-        loaded, input_ids, attention, int(options["max_new_tokens"]))}
+    if static:
+        cache = {cache_argument(loaded.model): prefilled_cache(
+            loaded, input_ids, attention, int(options["max_new_tokens"]))}
+    elif shared:
+        cache = {cache_argument(loaded.model): shared_prefix_cache(
+            loaded, input_ids[:1, :shared], int(input_ids.shape[0]))}
+    else:
+        cache = {}
     out = loaded.model.generate(input_ids=input_ids, attention_mask=attention, **cache, **options)
     return getattr(out, "sequences", out)  # a saved generation config may ask for a dict
 
@@ -61,6 +91,20 @@ def cache_argument(model: Any) -> str:
     `past_key_values` before (and still accepted, deprecated, by `generate`)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters \
         else "past_key_values"
+
+
+def shared_prefix_cache(loaded: LoadedModel, prefix: Any, batch: int) -> Any:
+    """A dynamic cache holding `prefix` (1 × tokens, no padding) for each of `batch` rows,
+    computed once: the keys and values of one row's forward, repeated."""
+    import torch
+    from transformers import DynamicCache
+
+    cache: Any = DynamicCache()
+    with torch.inference_mode():
+        loaded.model(input_ids=prefix, attention_mask=torch.ones_like(prefix),
+                     **{cache_argument(loaded.model): cache}, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(batch)
+    return cache
 
 
 def prefilled_cache(loaded: LoadedModel, input_ids: Any, attention: Any,

@@ -24,9 +24,9 @@ class Sampler:
     the distribution `torch.multinomial` draws from, at a fraction of its cost on a CPU.
 
     A row whose request carries a `seed` draws from a generator of its own seeded by it, so its
-    tokens depend on its seed and its logits alone, never on which requests share its batch or
-    in what order (a GRPO rollout is then the same whatever the load); a row without one draws
-    from torch's global generator.
+    draws depend on its seed alone, never on which requests share its batch or in what order
+    (its logits do, in their last bits: batching.Job.batch_key); a row without one draws from
+    torch's global generator.
     """
 
     def __init__(self, temperature: float, top_p: float,

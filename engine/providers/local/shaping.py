@@ -1,7 +1,8 @@
 """Forcing a plan's shape while the agents, subtasks and access inside it are sampled.
 
 A training rollout asked for a shape (`CompletionRequest.force_shape`, from the recipe's
-`[rollouts] force_shapes`: engine/plan/shapes.py says what a shape is) is written under its plan
+`[rollouts] force_shapes`: engine/contracts/plan_shapes.py says what a shape is) is written under
+its plan
 grammar as usual, except at the choices where a token would decide the shape: there only the
 tokens after which the plan can still take the asked shape stay allowed. One left: the token is
 forced (written, recorded as forced, out of the loss, as the grammar's own forced text is).
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from conductor_engine.engine.plan.shapes import Shape, consistent, parse_shape, shape_of
+from conductor_engine.engine.contracts.plan_shapes import Shape, consistent, parse_shape, shape_of
 
 
 def consistent_tokens(text: str, allowed: list[int], token_text: Callable[[int], str],

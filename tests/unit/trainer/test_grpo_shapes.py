@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conductor_engine.engine.plan.shapes import (
+from conductor_engine.engine.contracts.plan_shapes import (
     Shape,
     decided,
     parse_shape,
@@ -342,7 +342,7 @@ def test_a_forcing_recipe_is_refused_for_a_served_conductor_and_kept_for_a_local
     forced rollouts as free ones. Refused, saying what to do."""
     from conductor_engine.engine.contracts.training import Recipe
     from conductor_engine.engine.providers.pool import Pool
-    from conductor_engine.runtime.client import TrainingOptions, plan_training
+    from conductor_engine.engine.training.planning import TrainingOptions, plan_training
 
     def pool(provider: str, **conductor: str) -> Pool:
         return Pool.model_validate({

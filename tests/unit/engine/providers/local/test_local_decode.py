@@ -1,6 +1,7 @@
 """How the local provider generates a batch (engine/providers/local/decode.py, sampling.py): the
-GPU way (one prefill per group, a static KV cache) gives what the CPU way gives, and a batch
-keeps one log-prob per row and step, never a step's logits. Against a one-layer conductor with
+GPU way (one prefill per group, a static KV cache) gives what the CPU way gives, the opening the
+rows share runs once, a seeded plan is the same alone and in a batch, and a batch keeps one
+log-prob per row and step, never a step's logits. Against a one-layer conductor with
 SmolLM2's tokenizer (tests/tiny_policy.py), on the CPU."""
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ import pytest
 
 from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.plan.language import plan_json_schema
+from conductor_engine.engine.plan.prompts import conductor_messages
 from conductor_engine.engine.providers import local
 from conductor_engine.engine.providers.base import Completion, CompletionRequest
 from conductor_engine.engine.providers.local import batching, decode
-from conductor_engine.engine.providers.pool import AgentSpec
+from conductor_engine.engine.providers.local.chat import prompt_ids
+from conductor_engine.engine.providers.pool import AgentSpec, Pool
+from tests.paths import ROOT
+
+SIM_POOL = ROOT / "examples" / "sim" / "pool.toml"
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None
@@ -62,8 +68,11 @@ async def test_one_prefill_per_group_into_a_static_cache_generates_what_generate
     finally:
         hook.remove()
     assert batching.queue.batch_sizes == {5: 1}
-    width = plain_shapes[0][1]
-    assert plain_shapes[0] == (5, width), "the CPU way prefills every row"
+    ids = [prompt_ids(loaded.tokenizer, r) for r in batch]
+    width, shared = max(len(i) for i in ids), decode.shared_prefix(ids)
+    assert shared >= decode.SHARED_PREFIX_MIN  # the chat template's system turn, at least
+    assert plain_shapes[:2] == [(1, shared), (5, width - shared)], \
+        "the CPU way runs the opening every row shares once, then the rest of every row"
     assert prompts[0] == (2, width - 1), "one prefill per distinct prompt, less its last token"
     assert prompts[1] == (5, 1), "then generate's first step: every row's last prompt token"
     assert decode.kept is not None and decode.kept[0][:2] == (loaded.name, 5)
@@ -72,6 +81,66 @@ async def test_one_prefill_per_group_into_a_static_cache_generates_what_generate
         assert s.logprobs == pytest.approx(p.logprobs, abs=1e-4)
         assert (s.forced_positions, s.choice_tokens) == (p.forced_positions, p.choice_tokens)
     assert plain[0].text != plain[3].text
+
+
+def plan_requests(questions: list[str], seeds: list[int | None], max_tokens: int = 48
+                  ) -> list[CompletionRequest]:
+    """Plan requests as the plan activity writes them (activities/plan.py): the conductor's
+    instructions, then each its own draw of the sim pool (2 to 4 agents, in its own order) and
+    its question, under the plan grammar, at temperature 1."""
+    import random
+
+    agents = Pool.load(SIM_POOL).available()
+    out = []
+    for k, (question, seed) in enumerate(zip(questions, seeds, strict=True)):
+        drawn = random.Random(k).sample(agents, 2 + k % 3)
+        out.append(CompletionRequest(
+            messages=conductor_messages(question, drawn, max_steps=2, json_mode=True),
+            temperature=1.0, max_tokens=max_tokens, seed=seed, schema_name="plan",
+            json_schema=plan_json_schema([a.id for a in drawn], 2, subtask_max_chars=8)))
+    return out
+
+
+async def test_a_seeded_plan_is_the_same_alone_and_in_a_batch_of_8_whose_opening_runs_once(
+    tiny_policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight plan requests that wait together (six seeded, two not, prompts of different
+    lengths) are one batch: the conductor's instructions, which every prompt opens with, run
+    once as one row, then the rest of the 8 rows. Each seeded plan is the one its request gets
+    alone: the same tokens, forced steps and choice sets, its log-probs within 1e-5 (the
+    batched matrix products sum in another order: decode.py, batching.Job.batch_key)."""
+    monkeypatch.setattr(batching, "batch_seeded", True)  # CONDUCTOR_LOCAL_BATCH_SEEDED=1
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    questions = ["What is 7 x 8?", "Who wrote Hamlet?", "Translate 'cat' into French.",
+                 "Sort these numbers: 5 3 9 1.", "What is the boiling point of water?",
+                 "Name a prime number above 50.", "Is 91 prime?", "Spell 'necessary'."]
+    seeds: list[int | None] = [101, 102, None, 103, 104, None, 105, 106]
+    requests = plan_requests(questions, seeds)
+    loaded = await asyncio.to_thread(local.load_model, spec)
+    alone = [(await complete_together(spec, [r], monkeypatch))[0] for r in requests]
+    assert batching.queue.batch_sizes == {1: 1}
+    prompts: list[tuple[int, ...]] = []
+    hook = loaded.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _, args: prompts.append(tuple(args[0].shape)))
+    try:
+        batched = await complete_together(spec, requests, monkeypatch)
+    finally:
+        hook.remove()
+    assert batching.queue.batch_sizes == {8: 1}, "seeded and unseeded plans share one batch"
+    ids = [prompt_ids(loaded.tokenizer, r) for r in requests]
+    width, shared = max(len(i) for i in ids), decode.shared_prefix(ids)
+    assert shared > 60, "the conductor's instructions open every plan prompt"
+    assert prompts[:2] == [(1, shared), (8, width - shared)]
+    compared = 0
+    for seed, a, b in zip(seeds, alone, batched, strict=True):
+        if seed is None:
+            continue
+        assert b.token_ids == a.token_ids, f"seed {seed}: {a.text!r} alone, {b.text!r} batched"
+        assert (b.forced_positions, b.choice_tokens) == (a.forced_positions, a.choice_tokens)
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        compared += 1
+    assert compared == 6
+    assert len({tuple(c.token_ids or []) for c in alone}) > 4, "different seeds draw apart"
 
 
 def live_tensor_bytes(leave_out: set[int]) -> int:

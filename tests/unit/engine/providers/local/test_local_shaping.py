@@ -20,14 +20,14 @@ needs_local_extra = pytest.mark.skipif(
 )
 
 from conductor_engine.engine.contracts.agent_calls import Message  # noqa: E402
-from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
-from conductor_engine.engine.plan.shapes import (  # noqa: E402
+from conductor_engine.engine.contracts.plan_shapes import (  # noqa: E402
     consistent,
     forced_rollouts,
     forced_shape,
     shape_of,
     shapes,
 )
+from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
 from conductor_engine.engine.providers import local  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
 from conductor_engine.engine.providers.pool import AgentSpec  # noqa: E402
