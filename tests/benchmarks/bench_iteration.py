@@ -160,7 +160,7 @@ async def one_run(args: argparse.Namespace) -> list[dict[str, Any]]:
             registry = PolicyRegistry(store.pool)
             async with build_worker(client, settings, pool), \
                     build_trainer_worker(client, settings):
-                await ConductorClient(client, settings).start_training(inp)
+                await ConductorClient(client, settings, pool).start_training(inp)
                 handle = client.get_workflow_handle(training_workflow_id(name))
                 _peak_rss_reset()
                 # driven by the registry (the database), not by queries: a workflow task that

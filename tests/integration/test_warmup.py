@@ -118,7 +118,7 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
     """`TraceStore.best_runs`, the warm-up's candidates: per task the best completed runs with
     a reward (higher reward, then cheaper), none whose verdict the candidate could have forged,
     none of another task (a held-out run of the same task included)."""
-    from tests.unit.test_warmup import scored
+    from tests.unit.trainer.test_warmup import scored
 
     a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
     runs = {
