@@ -38,7 +38,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from conductor_engine.engine.contracts.names import training_workflow_id
-from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.contracts.training import (
     Recipe,
@@ -286,12 +287,12 @@ async def scored_samples(conductor: ConductorClient, train: list[Task], recipe: 
     started = time.monotonic()
 
     async def one(task: Task, sample: int) -> None:
-        options = task.options.model_copy(update={
-            "temperature": recipe.loss.temperature, "sample": sample, "seeded": True,
-            "max_plan_attempts": 1, "explore": recipe.rollouts.explore,
-            "explore_importance": recipe.rollouts.explore_importance})
+        options = revised(task.options, temperature=recipe.loss.temperature,
+                          max_plan_attempts=1)
+        sampling = rollout_sampling(sample, explore=recipe.rollouts.explore,
+                                    explore_importance=recipe.rollouts.explore_importance)
         async with slots:
-            wid = await conductor.submit(task.model_copy(update={"options": options}),
+            wid = await conductor.submit(revised(task, options=options, sampling=sampling),
                                          workflow_id=f"sample-{name}-{task.id}-{sample}")
             with contextlib.suppress(Exception):  # a failed run is no candidate anyway
                 await conductor.result(wid)

@@ -15,7 +15,7 @@ from temporalio.client import Client
 from conductor_engine.engine.contracts.names import training_workflow_id, warmup_id
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.strict import revised
-from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
 from conductor_engine.engine.contracts.traces import StoredRun
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
@@ -62,8 +62,9 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     started = time.monotonic()
     async with training_stack(client, settings, pool) as conductor:
         def sampled(task: Task, sample: int) -> Task:
-            return revised(task, options=revised(task.options, temperature=1.0, sample=sample,
-                                                 seeded=True, max_plan_attempts=1))
+            return revised(task, options=revised(task.options, temperature=1.0,
+                                                 max_plan_attempts=1),
+                           sampling=rollout_sampling(sample))
 
         async def scored_run(task: Task, sample: int) -> RunResult:
             wid = await conductor.submit(sampled(task, sample),
