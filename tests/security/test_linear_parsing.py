@@ -2,7 +2,9 @@
 worst inputs of its shape at 256 KB (the quadratic forms these replace took minutes on such
 inputs: `"0" * 250000 + "x"` printed by a program, `"The answer is a"` + 60,000 spaces + `"b"`
 in a reply). Time is the thread's CPU time, so a machine loaded by other work does not fail
-the test; the bound is a generous net, not a benchmark (each takes well under 0.3 s here)."""
+the test; the bound is a generous net, not a benchmark: each takes well under 0.3 s on an idle
+machine, and a thread's CPU time still stretched past 1 s once on the 2 shared cores during
+the whole suite, so the net sits at 5 s, still far below the quadratic forms' 17 s and more."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from conductor_engine.engine.rewards.verifiers import chosen_letter, span_letter
 from conductor_engine.engine.text import normalize_text
 
 N = 256 * 1024
-BOUND_S = 1.0
+BOUND_S = 5.0  # a quadratic scanner takes 17 s to minutes on these inputs here
 
 
 def _fill(unit: str, tail: str = "") -> str:
