@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -102,6 +103,18 @@ def pick_ranges(total: int, iteration: int, k: int) -> list[tuple[int, int]]:
     start, count = (iteration * k) % total, min(k, total)
     first = min(count, total - start)
     return [(start, first)] + ([(0, count - first)] if count > first else [])
+
+
+def _on_the_trainer(inp: TrainInput) -> dict[str, Any]:
+    """The activity options of the trainer's work (an update, the warm-up): its queue, the run's
+    timeouts, and no retry of a stale parent or a policy error, which a retry cannot mend."""
+    return {
+        "task_queue": inp.trainer_task_queue,
+        "start_to_close_timeout": timedelta(seconds=inp.update_timeout_s),
+        "heartbeat_timeout": timedelta(seconds=inp.update_heartbeat_s),
+        "retry_policy": RetryPolicy(maximum_interval=timedelta(seconds=30),
+                                    non_retryable_error_types=["StaleParent", "PolicyError"]),
+    }
 
 
 @workflow.defn(name=TRAINING_WORKFLOW)
@@ -319,13 +332,7 @@ class TrainingWorkflow:
             task_ids=[t.id for t in inp.tasks], task_list=None if inp.tasks else inp.task_list)
         result = await workflow.execute_activity(
             WARMUP_ACTIVITY, req, result_type=WarmupResult,
-            task_queue=inp.trainer_task_queue,
-            start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
-            heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),
-            retry_policy=RetryPolicy(
-                maximum_interval=timedelta(seconds=30),
-                non_retryable_error_types=["StaleParent", "PolicyError"],
-            ),
+            **_on_the_trainer(inp),
             summary=f"warm-up · {inp.policy} {p.label} → v{p.version + 1}",
         )
         p.warmup = result
@@ -343,13 +350,7 @@ class TrainingWorkflow:
         )
         return await workflow.execute_activity(
             UPDATE_ACTIVITY, req, result_type=UpdateResult,
-            task_queue=inp.trainer_task_queue,
-            start_to_close_timeout=timedelta(seconds=inp.update_timeout_s),
-            heartbeat_timeout=timedelta(seconds=inp.update_heartbeat_s),
-            retry_policy=RetryPolicy(
-                maximum_interval=timedelta(seconds=30),
-                non_retryable_error_types=["StaleParent", "PolicyError"],
-            ),
+            **_on_the_trainer(inp),
             summary=f"grpo_update · {inp.policy} {p.label} → v{p.version + 1}",
         )
 

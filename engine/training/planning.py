@@ -68,18 +68,14 @@ def plan_training(opts: TrainingOptions, pool: Pool, tasks: Sequence[Task]) -> T
         r.heldout.fraction = opts.holdout
     if opts.eval_every is not None:
         r.heldout.every = opts.eval_every
-    if r.rollouts.explore and not opts.from_traces \
-            and not capabilities(pool.conductor.provider).explores:
-        raise ValueError(f"the recipe's [rollouts] explore = {r.rollouts.explore} needs a local "
-                         f"conductor (the sampler explores and records the mixture's "
-                         f"log-probs); {pool.conductor.id!r} runs on "
-                         f"{pool.conductor.provider}: set explore = 0")
-    if r.rollouts.force_shapes and not opts.from_traces \
-            and not capabilities(pool.conductor.provider).explores:
-        raise ValueError(f"the recipe's [rollouts] force_shapes = {r.rollouts.force_shapes} "
-                         f"needs a local conductor (its sampler forces the shape); "
-                         f"{pool.conductor.id!r} runs on {pool.conductor.provider}: set "
-                         f"force_shapes = 0")
+    needs_sampler = {"explore": "the sampler explores and records the mixture's log-probs",
+                     "force_shapes": "its sampler forces the shape"}
+    for key, why in needs_sampler.items():
+        value = getattr(r.rollouts, key)
+        if value and not opts.from_traces and not capabilities(pool.conductor.provider).explores:
+            raise ValueError(f"the recipe's [rollouts] {key} = {value} needs a local conductor "
+                             f"({why}); {pool.conductor.id!r} runs on "
+                             f"{pool.conductor.provider}: set {key} = 0")
     train, heldout = interleave_tags(tasks, opts.seed), list[Task]()
     if train and r.heldout.fraction > 0 and not opts.from_traces:
         train, heldout = split_heldout(train, r.heldout.fraction, r.heldout.seed)
