@@ -43,7 +43,8 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     the best right run of each training task that has one (never the held-out task's, though
     its runs scored as well), publishes v1 as a warm-up version from base, and iteration 0 of
     GRPO samples with v1 and publishes v2. Resumed for a second iteration, the run does not
-    warm up again."""
+    warm up again. The warm-up reads only this test's conductor's runs (`conductors`): the
+    store is shared, and other tests run the same sim tasks under conductors of their own."""
     settings = trainer_settings(settings)
     pool = sim_pool(str(tiny_policy_dir))
     policy = pool.conductor.id
@@ -54,7 +55,7 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
         loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
         rollouts=RolloutConfig(group_size=2, groups_per_update=3, max_staleness=0),
         heldout=HeldOutConfig(every=1),
-        warmup=WarmupConfig(enabled=True, epochs=2, learning_rate=3e-3),
+        warmup=WarmupConfig(enabled=True, epochs=2, learning_rate=3e-3, conductors=[policy]),
     )
     name = f"warm-{uuid.uuid4().hex[:6]}"
     inp = TrainInput(name=name, policy=policy, tasks=train, heldout_tasks=held, iterations=1,
