@@ -15,9 +15,11 @@ import os
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
 
 from conductor_engine.engine.contracts.agent_calls import Usage
 from conductor_engine.engine.providers.base import AgentCallError, Completion, CompletionRequest
@@ -39,6 +41,8 @@ MAX_BATCH_ENV = "CONDUCTOR_LOCAL_MAX_BATCH"
 BATCH_SEEDED_ENV = "CONDUCTOR_LOCAL_BATCH_SEEDED"
 """1: seeded requests share batches on the CPU too (`Job.batch_key`); unset: each runs alone."""
 batch_seeded = os.environ.get(BATCH_SEEDED_ENV, "") == "1"
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -114,6 +118,14 @@ def prepare(
     )
 
 
+GENERATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-generate")
+"""The one thread that runs every local generation of the process, for its whole life, whatever
+queue asks: on a GPU `generate` compiles its decode step into CUDA graphs, which torch keeps in
+the state of the thread that captured them (torch._inductor.cudagraph_trees); a batch run on
+another thread fails inside the compiled step (an AssertionError, seen on an H200 when each
+burst of work started a thread of its own)."""
+
+
 class GenerationQueue:
     """Every local generation of this process goes through one thread, a batch at a time.
 
@@ -121,9 +133,9 @@ class GenerationQueue:
     requests that wait together cost little more than one: a batch's many steps on the local
     agent. A seeded request (a training rollout's plan) runs alone on a CPU unless asked: see
     `Job.batch_key`.
-    The thread starts when work arrives, waits `window_s` for the requests that arrive together
-    to gather, then keeps taking batches
-    (up to `max_batch`, oldest first) until nothing waits, and ends.
+    When work arrives the process's one generation thread (`GENERATOR`) waits `window_s` for
+    the requests that arrive together to gather, then keeps taking batches (up to `max_batch`,
+    oldest first) until nothing waits.
     """
 
     def __init__(self, max_batch: int = 16, window_s: float = 0.05) -> None:
@@ -139,7 +151,7 @@ class GenerationQueue:
             self._waiting.append(job)
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._drain, name="local-generate", daemon=True).start()
+                GENERATOR.submit(self._drain)
         return job.future
 
     def _drain(self) -> None:
@@ -166,8 +178,7 @@ class GenerationQueue:
         work.batches += 1
         work.seconds += seconds
         width = max(len(j.prompt_ids) for j in batch)
-        static = batch[0].loaded.on_gpu or decode.static_on_cpu  # the GPU way: per prompt
-        shared = 0 if static else decode.shared_prefix([j.prompt_ids for j in batch])
+        shared = decode.opening_run_once(batch[0].loaded, [j.prompt_ids for j in batch])
         # the padded prompts are computed too; a shared opening once (on the CPU)
         work.prompt_tokens += shared + (width - shared) * len(batch)
         for j in batch:
@@ -194,8 +205,8 @@ def _run_batch(jobs: list[Job]) -> None:
     """Generate every job's completion in one `generate` call and settle each job's future.
 
     Prompts are padded to the batch's width so every row's next token sits in the last
-    column: on the left, or, when the rows open alike (decode.shared_prefix), right after that
-    shared opening, which then runs once. Each row
+    column: on the left, or, the CPU way, when the rows open alike (decode.shared_prefix),
+    right after that shared opening, which then runs once. Each row
     stops on its own (end of turn, its own max_tokens, its caller cancelling); `generate` pads
     a stopped row until the longest is done, and those pads are cut off here.
     """
@@ -205,7 +216,7 @@ def _run_batch(jobs: list[Job]) -> None:
     pad = loaded.eos_ids[0]
     width = max(len(j.prompt_ids) for j in jobs)
     device = loaded.device or "cpu"
-    shared = decode.shared_prefix([j.prompt_ids for j in jobs])
+    shared = decode.opening_run_once(loaded, [j.prompt_ids for j in jobs])
     padding = [width - len(j.prompt_ids) for j in jobs]
     input_ids = torch.tensor(
         [j.prompt_ids[:shared] + [pad] * n + j.prompt_ids[shared:]
@@ -236,6 +247,7 @@ def _run_batch(jobs: list[Job]) -> None:
                 **options,
             )
     except Exception as e:  # a bug here or in a library, not a passing fault: do not retry
+        log.exception("local generation failed", model=first.spec.model, rows=len(jobs))
         for j in jobs:
             j.future.set_exception(AgentCallError(
                 f"agent {j.spec.id}: local generation with {j.spec.model} failed: {e!r}",

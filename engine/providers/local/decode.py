@@ -65,6 +65,13 @@ def shared_prefix(prompts: list[list[int]]) -> int:
     return shared if shared >= SHARED_PREFIX_MIN else 0
 
 
+def opening_run_once(loaded: LoadedModel, prompts: list[list[int]]) -> int:
+    """How many opening tokens of this batch run once: `shared_prefix` the CPU way, 0 the GPU
+    way, whose rows must be padded on the left only (its prefill groups rows by prompt, and
+    the compiled decode step reads a left-padded batch)."""
+    return 0 if (loaded.on_gpu or static_on_cpu) else shared_prefix(prompts)
+
+
 def generate(loaded: LoadedModel, input_ids: Any, attention: Any, *, shared: int = 0,
              static: bool | None = None, **options: Any) -> Any:
     """The batch's ids (prompts and generated tokens), batch × (width + steps).

@@ -83,6 +83,65 @@ async def test_one_prefill_per_group_into_a_static_cache_generates_what_generate
     assert plain[0].text != plain[3].text
 
 
+async def test_the_gpu_way_pads_rows_on_the_left_only_and_the_cpu_way_runs_their_opening_once(
+    tiny_policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prompts of different lengths that open alike (the chat template's system turn):
+    the CPU way runs their opening once; the GPU way (a static cache, on a GPU a compiled
+    decode step) gets the rows padded on the left only, the layout its prefill and compiled
+    step read: every attention mask it is handed is zeros, then ones. (A batch laid out the
+    CPU way, padding after the opening, failed inside the compiled generation on an H200.)"""
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    batch = [ask("Route this: what is 7 x 8? Answer briefly.", 6, temperature=0.0),
+             ask("Hi", 6, temperature=0.0)]
+    loaded = await asyncio.to_thread(local.load_model, spec)
+    ids = [prompt_ids(loaded.tokenizer, r) for r in batch]
+    assert decode.opening_run_once(loaded, ids) == decode.shared_prefix(ids) > 0
+    masks: list[list[list[int]]] = []
+
+    def seen(_: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            masks.append(mask.long().tolist())
+
+    monkeypatch.setattr(decode, "static_on_cpu", True)
+    assert decode.opening_run_once(loaded, ids) == 0
+    hook = loaded.model.register_forward_pre_hook(seen, with_kwargs=True)
+    try:
+        static = await complete_together(spec, batch, monkeypatch)
+    finally:
+        hook.remove()
+    assert batching.queue.batch_sizes == {2: 1} and all(c.text for c in static)
+    assert masks, "the model was handed attention masks"
+    for mask in masks:
+        for row in mask:
+            assert row == sorted(row), f"padding after a real token: {row}"
+
+
+async def test_every_batch_of_every_queue_runs_on_the_process_one_generation_thread(
+    tiny_policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two bursts of work, each through a queue of its own, a pause between them: the model
+    runs on one and the same thread every time. On a GPU the compiled decode step's CUDA
+    graphs live in the state of the thread that captured them; a later burst on a fresh
+    thread failed inside that step (an AssertionError on an H200)."""
+    import threading
+
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    loaded = await asyncio.to_thread(local.load_model, spec)
+    threads: list[threading.Thread] = []  # the objects, kept: a thread id can be reused
+    hook = loaded.model.register_forward_pre_hook(
+        lambda *_: threads.append(threading.current_thread()))
+    try:
+        for question in ("Hi", "What is 7 x 8?"):
+            await complete_together(spec, [ask(question, 4, temperature=0.0)] * 2, monkeypatch)
+            await asyncio.sleep(0.2)  # the first burst's drain has ended
+    finally:
+        hook.remove()
+    assert threads and all(t is threads[0] for t in threads), {t.name for t in threads}
+    assert threads[0] is not threading.current_thread()
+
+
 def plan_requests(questions: list[str], seeds: list[int | None], max_tokens: int = 48
                   ) -> list[CompletionRequest]:
     """Plan requests as the plan activity writes them (activities/plan.py): the conductor's
