@@ -88,9 +88,9 @@ async def test_the_gpu_way_pads_rows_on_the_left_only_and_the_cpu_way_runs_their
 ) -> None:
     """Two prompts of different lengths that open alike (the chat template's system turn):
     the CPU way runs their opening once; the GPU way (a static cache, on a GPU a compiled
-    decode step) gets the rows padded on the left only, the layout its prefill and compiled
-    step read: every attention mask it is handed is zeros, then ones. (A batch laid out the
-    CPU way, padding after the opening, failed inside the compiled generation on an H200.)"""
+    decode step) gets the rows padded on the left only, the layout its per-prompt prefill
+    groups and its work count (`GenerationQueue._count`) assume: every attention mask it is
+    handed is zeros, then ones."""
     spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
     batch = [ask("Route this: what is 7 x 8? Answer briefly.", 6, temperature=0.0),
              ask("Hi", 6, temperature=0.0)]
