@@ -276,7 +276,7 @@ def best_mean(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan
 
 
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
-            rng: random.Random, rehearsals: int | None) -> tuple[list[int], float]:
+            rng: random.Random, rehearsals: int | None) -> tuple[list[tuple[int, int]], float]:
     """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
     `--warmup-samples` exploring samples of each, one plan selected per task, then
     `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
@@ -287,11 +287,11 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     the plans are ranked by their mean reward over all their runs, then by how many runs
     that mean has, then by cost, then the first sampled (no plan is left out for never being
     right: its mean says so). Returns per kind how many tasks selected an oracle plan (the
-    oracle's or one of equal exact value: the review kind's two drafters swapped), and the runs
-    per task the warm-up paid for."""
+    oracle's or one of equal exact value: the review kind's two drafters swapped) and how many
+    a plan of the oracle's shape, and the runs per task the warm-up paid for."""
     runs_paid = 0
     targets: list[list[Plan]] = []
-    oracle_picked = []
+    oracle_picked: list[tuple[int, int]] = []
     for pol, k in zip(policies, ks, strict=True):
         chosen: list[Plan] = []
         for _ in range(args.warmup_tasks):
@@ -313,7 +313,8 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                 runs_paid += rehearsals
             chosen.append(best_mean(rewards, k.cost))
         targets.append(chosen)
-        oracle_picked.append(sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9 for q in chosen))
+        oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9 for q in chosen),
+                              sum(same_shape(q, k.oracle) for q in chosen)))
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
     for _ in range(args.warmup_steps):
         opt.zero_grad()
@@ -325,6 +326,10 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
         loss.backward()
         opt.step()
     return oracle_picked, runs_paid / (len(ks) * args.warmup_tasks)
+
+
+def same_shape(plan: Plan, other: Plan) -> bool:
+    return (plan[1] is None) == (other[1] is None) and (plan[1] is None or plan[2] == other[2])
 
 
 def measure(policies: list[Policy] | list[ShapeFirst], ks: list[Kind]
@@ -340,8 +345,7 @@ def measure(policies: list[Policy] | list[ShapeFirst], ks: list[Kind]
                              / k.value[k.oracle])
             best = plans[int(probs.argmax())]
             greedy.append(k.value[best] / k.value[k.oracle])
-            shaped_right += (best[1] is None) == (k.oracle[1] is None) and (
-                best[1] is None or best[2] == k.oracle[2])
+            shaped_right += same_shape(best, k.oracle)
     return statistics.fmean(fractions), statistics.fmean(greedy), shaped_right
 
 
@@ -350,7 +354,8 @@ class Result:
     e: float
     greedy: float
     shaped_right: int
-    oracle_picked: list[int] | None = None  # the warm-up's selections: per kind, tasks
+    # the warm-up's selections: per kind, tasks that picked an oracle plan, its shape
+    oracle_picked: list[tuple[int, int]] | None = None
     after_warmup: float | None = None  # E[reward] / oracle right after the warm-up
     warmup_runs: float | None = None  # runs per task the warm-up paid for
 
@@ -365,9 +370,9 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
     policies = [make(len(names), args.second_step) for _ in ks]
     warm: tuple[list[int], float] | None = None
     after = None
-    if method.startswith("warm-up"):
+    if core.startswith("warm-up"):
         warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
-                       None if "best run" in method else int(method.split(" of ")[1].split()[0]))
+                       None if "best run" in core else int(core.split(" of ")[1].split()[0]))
         after = measure(policies, ks)[0]
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
     explore = 0.5 if "explore" in core else 0.0
@@ -437,7 +442,8 @@ ROWS = {
     "shape first": ("shape first: group", "shape first: shape", "shape first: shape + force",
                     "shape first: exact"),
     "warm-up": ("warm-up best run + group",
-                *(f"warm-up best mean of {r} + group" for r in (4, 8))),
+                *(f"warm-up best mean of {r} + group" for r in (4, 8)),
+                "shape first: warm-up best mean of 8 + group"),
 }
 
 
@@ -479,27 +485,28 @@ def main() -> None:
         return statistics.fmean(getattr(x, field) for x in rows[method])
 
     base = (mean("group", "e"), mean("group", "greedy"))
-    print(f"{'method':<33} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
+    print(f"{'method':<44} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
           f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
     for method in rows:
         e, gr = mean(method, "e"), mean(method, "greedy")
-        print(f"{method:<33} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
+        print(f"{method:<44} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
               f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
-    warmed = [m for m in rows if m.startswith("warm-up")]
+    warmed = [m for m in rows if "warm-up" in m]
     if warmed:
+        total = args.warmup_tasks * args.runs
         print(f"\nthe warm-ups ({args.warmup_tasks} tasks a kind, {args.warmup_samples} samples "
-              f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps): "
-              "tasks whose selected plan is the oracle's, per kind, over all runs")
-        print(f"{'method':<33} {'runs/task':>9} "
-              + " ".join(f"{k.name:>10}" for k in ks) + f" {'E after warm-up':>16}")
+              f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps; "
+              f"{total} selections a kind over all runs): how many selected an oracle plan, "
+              "and a plan of the oracle's shape")
+        print(f"{'method':<44} {'runs/task':>9} "
+              + " ".join(f"{k.name + ' (plan, shape)':>25}" for k in ks)
+              + f" {'E after warm-up':>16}")
         for m in warmed:
-            picked = [sum(x.oracle_picked[i] for x in rows[m])  # type: ignore[index]
-                      for i in range(len(ks))]
-            total = args.warmup_tasks * args.runs
-            print(f"{m:<33} {mean(m, 'warmup_runs'):>9.1f} "
-                  + " ".join(f"{c:>4}/{total:<5}" for c in picked)
+            picked = [[sum(x.oracle_picked[i][j] for x in rows[m])  # type: ignore[index]
+                       for j in (0, 1)] for i in range(len(ks))]
+            print(f"{m:<44} {mean(m, 'warmup_runs'):>9.1f} "
+                  + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
                   + f" {mean(m, 'after_warmup'):>16.3f}")
-
 
 if __name__ == "__main__":
     main()
