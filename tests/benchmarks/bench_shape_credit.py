@@ -374,16 +374,17 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
         warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
                        None if "best run" in core else int(core.split(" of ")[1].split()[0]))
         after = measure(policies, ks)[0]
+    credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
-    explore = 0.5 if "explore" in core else 0.0
-    shape_credit = core.startswith("shape")
-    force = "force" in core
+    explore = 0.5 if "explore" in credit else 0.0
+    shape_credit = credit.startswith("shape")
+    force = "force" in credit
     g = args.group
     for it in range(args.iterations):
         opt.zero_grad()
         loss = torch.zeros(())
         for pol, k in zip(policies, ks, strict=True):
-            if core == "exact":  # the yardstick: the exact gradient of sum pi(p) E[R | p]
+            if credit == "exact":  # the yardstick: the exact gradient of sum pi(p) E[R | p]
                 plans = list(k.value)
                 loss = loss - (pol.plan_probs(plans) * torch.tensor(
                     [k.value[q] for q in plans])).sum()
@@ -407,7 +408,7 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                     rollout, at = pol.shaped(plan, r, any(forced), names)
                     shaped.append(rollout)
                     decision_at.append(at)
-                if "by first agent" in core:  # the means among rollouts of the same draft
+                if "by first agent" in credit:  # the means among rollouts of the same draft
                     per_token = [[] for _ in shaped]
                     for a in {plan[0] for plan, _, _ in drawn}:
                         idx = [i for i, (plan, _, _) in enumerate(drawn) if plan[0] == a]
@@ -443,7 +444,9 @@ ROWS = {
                     "shape first: exact"),
     "warm-up": ("warm-up best run + group",
                 *(f"warm-up best mean of {r} + group" for r in (4, 8)),
-                "shape first: warm-up best mean of 8 + group"),
+                "shape first: warm-up best mean of 8 + group",
+                "warm-up best mean of 8 + shape + force",
+                "shape first: warm-up best mean of 8 + shape + force"),
 }
 
 
