@@ -488,11 +488,11 @@ def main() -> None:
         return statistics.fmean(getattr(x, field) for x in rows[method])
 
     base = (mean("group", "e"), mean("group", "greedy"))
-    print(f"{'method':<44} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
+    print(f"{'method':<52} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
           f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
     for method in rows:
         e, gr = mean(method, "e"), mean(method, "greedy")
-        print(f"{method:<44} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
+        print(f"{method:<52} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
               f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
     warmed = [m for m in rows if "warm-up" in m]
     if warmed:
@@ -501,13 +501,13 @@ def main() -> None:
               f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps; "
               f"{total} selections a kind over all runs): how many selected an oracle plan, "
               "and a plan of the oracle's shape")
-        print(f"{'method':<44} {'runs/task':>9} "
+        print(f"{'method':<52} {'runs/task':>9} "
               + " ".join(f"{k.name + ' (plan, shape)':>25}" for k in ks)
               + f" {'E after warm-up':>16}")
         for m in warmed:
             picked = [[sum(x.oracle_picked[i][j] for x in rows[m])  # type: ignore[index]
                        for j in (0, 1)] for i in range(len(ks))]
-            print(f"{m:<44} {mean(m, 'warmup_runs'):>9.1f} "
+            print(f"{m:<52} {mean(m, 'warmup_runs'):>9.1f} "
                   + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
                   + f" {mean(m, 'after_warmup'):>16.3f}")
 
