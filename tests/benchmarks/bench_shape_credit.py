@@ -30,7 +30,8 @@ probability. Trained by the group credit, by the trainer's shape advantages (the
 credited b(s) - b(()), every agent R - b(s)) with and without forcing, and by the exact
 gradient.
 
-`warm-up ...` rows (`--rows warm-up`) start GRPO (group credit) from a warm start: for each of
+`warm-up ...` rows (`--rows warm-up`) start GRPO (the group credit, or credit per shape with
+forcing: the row's name after the warm-up's) from a warm start: for each of
 `--warmup-tasks` tasks a kind, `--warmup-samples` exploring samples (each decision uniform with
 probability `--warmup-explore`), one plan selected per task, `--warmup-steps` Adam steps of
 cross-entropy towards the selected plans. `best run`: the warm-up as shipped (trainer/warmup.py:
