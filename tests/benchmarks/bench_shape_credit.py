@@ -1,7 +1,7 @@
 """Credit per shape against the shipped credit, on a tabular policy over a structured pool's plans.
 
     python tests/benchmarks/bench_shape_credit.py [--seed 1] [--iterations 40] [--runs 8]
-        [--group 8] [--second-step 0.02]
+        [--group 8] [--second-step 0.02] [--rows "plan order,shape first,warm-up"]
 
 What the method changes is who gets credit, not the model, so this measures it where nothing
 else varies: one softmax table per task kind of `conductor sim pool --structure --seed S`
@@ -23,6 +23,23 @@ per iteration on the same draws' budget:
 - `exact`: the exact gradient of sum over plans of pi(p) E[R | p] (no sampling), the yardstick
   of what ascent can reach from this start at all.
 
+`shape first: ...` rows (`--rows "shape first"`) take the plan form that writes a plan's shape
+before its agents: per kind a softmax over the three shapes, then the first agent given the
+shape, then the second given both (the access is the shape's), started at the same second-step
+probability. Trained by the group credit, by the trainer's shape advantages (the shape token
+credited b(s) - b(()), every agent R - b(s)) with and without forcing, and by the exact
+gradient.
+
+`warm-up ...` rows (`--rows warm-up`) start GRPO (the group credit, or credit per shape with
+forcing: the row's name after the warm-up's) from a warm start: for each of
+`--warmup-tasks` tasks a kind, `--warmup-samples` exploring samples (each decision uniform with
+probability `--warmup-explore`), one plan selected per task, `--warmup-steps` Adam steps of
+cross-entropy towards the selected plans. `best run`: the warm-up as shipped (trainer/warmup.py:
+the best right run by realised reward, ties by cost); `best mean of R`: each distinct sampled
+plan rehearsed R more times, ranked by its mean reward over all its runs, then runs, then cost.
+A second table says how often each kind's selected plan was an oracle plan, the runs a task
+paid for, and the expected reward right after the warm-up.
+
 Printed per method, over `--runs` seeds: the exact expected reward of the final policy over the
 oracle's (mean over the four kinds), the greedy plan's, and how many kinds' greedy plans have
 the oracle's shape; and the ratio of each to `group`'s (the obvious baseline), measured in the
@@ -40,6 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from conductor_engine.engine.contracts.plan_shapes import (
+    Shape,
     forced_rollouts,
     forced_shape,
     shapes,
@@ -52,9 +70,14 @@ from conductor_engine.engine.providers.sim_structure import (
     p_right,
     structured_tasks,
 )
-from conductor_engine.trainer.grpo._shapes import shape_advantages, shaped_rollout
+from conductor_engine.trainer.grpo._shapes import (
+    ShapedRollout,
+    shape_advantages,
+    shaped_rollout,
+)
 
 Plan = tuple[int, int | None, bool]  # first agent; second agent (None: one step); sees
+SHAPES = shapes(2)  # 1 step; two, the second seeing the first; two apart
 
 
 @dataclass
@@ -63,6 +86,7 @@ class Kind:
 
     name: str
     p: dict[Plan, float]
+    cost: dict[Plan, float]
     right: dict[Plan, float]  # the reward when right / wrong (cost charged)
     wrong: dict[Plan, float]
     value: dict[Plan, float]
@@ -76,7 +100,8 @@ def kinds(seed: int) -> tuple[list[str], list[Kind]]:
     out = []
     for row, oracle in structured_tasks(spec):
         parts = list(row.get("parts") or row["tags"])  # type: ignore[call-overload]
-        table: dict[str, dict[Plan, float]] = {"p": {}, "right": {}, "wrong": {}, "value": {}}
+        table: dict[str, dict[Plan, float]] = {
+            "p": {}, "cost": {}, "right": {}, "wrong": {}, "value": {}}
         for a in range(len(names)):
             for b in [None, *range(len(names))]:
                 for sees in ((False,) if b is None else (True, False)):
@@ -86,14 +111,15 @@ def kinds(seed: int) -> tuple[list[str], list[Kind]]:
                                                      spec.cost_penalty_per_usd)
                     plan = (a, b, sees)
                     table["p"][plan] = p_right(steps, agents, parts)
+                    table["cost"][plan] = cost
                     table["right"][plan] = max(0.0, 1.0 - spec.cost_penalty_per_usd * cost)
                     table["wrong"][plan] = max(0.0, spec.wrong - spec.cost_penalty_per_usd * cost)
                     table["value"][plan] = value
         o = oracle.plan
         best: Plan = (names.index(o[0].agent), None if len(o) == 1 else names.index(o[1].agent),
                       len(o) > 1 and bool(o[1].sees))
-        out.append(Kind(oracle.kind, table["p"], table["right"], table["wrong"], table["value"],
-                        best))
+        out.append(Kind(oracle.kind, table["p"], table["cost"], table["right"], table["wrong"],
+                        table["value"], best))
     return names, sorted(out, key=lambda k: KINDS.index(k.name))  # type: ignore[arg-type]
 
 
@@ -124,6 +150,94 @@ class Policy(torch.nn.Module):
     def plan_probs(self, plans: list[Plan]) -> torch.Tensor:
         return torch.stack([torch.stack(self.decisions(p)).sum() for p in plans]).exp()
 
+    def draw(self, rng: random.Random, explore: float, force: Shape | None
+             ) -> tuple[Plan, list[bool]]:
+        """A plan from the policy (each decision uniform with probability `explore`), its
+        shape forced to `force`; and which decisions were forced."""
+        with torch.no_grad():
+            a, _ = pick(self.first, rng, explore, None)
+            m, fm = pick(self.more[a], rng, explore,
+                         None if force is None else (0 if force[0] == "more" else 1))
+            if m == 1:
+                return (a, None, False), [False, fm]
+            b, _ = pick(self.second[a], rng, explore, None)
+            s, fs = pick(self.sees[a, b], rng, explore,
+                         None if force is None else (0 if force[1] == "sees" else 1))
+            return (a, b, s == 0), [False, fm, False, fs]
+
+    def shaped(self, plan: Plan, reward: float, forced: bool, names: list[str]
+               ) -> tuple[ShapedRollout, list[int]]:
+        """The rollout as the trainer's shape credit reads it, from the plan's JSON text, and
+        the indices of its decisions' tokens."""
+        texts, at = pieces(plan, names)
+        return shaped_rollout(texts, reward, forced=forced), at
+
+
+class ShapeFirst(torch.nn.Module):
+    """The plan form that writes its shape before its agents: softmax tables for one kind over
+    the shape (1 step, two steps the second seeing the first, two apart); the first agent
+    given the shape; the second agent given the shape and the first. A step's access is the
+    shape's. Started where `Policy` starts: a second step with probability `second_step`, split
+    evenly between seeing and not; every agent uniform."""
+
+    def __init__(self, n: int, second_step: float) -> None:
+        super().__init__()
+        import math
+
+        half = math.log(second_step / 2)
+        self.shape = torch.nn.Parameter(torch.tensor([math.log(1 - second_step), half, half]))
+        self.first = torch.nn.Parameter(torch.zeros(3, n))
+        self.second = torch.nn.Parameter(torch.zeros(2, n, n))  # shapes 1 and 2 (two steps)
+
+    @staticmethod
+    def shape_of(plan: Plan) -> int:
+        return 0 if plan[1] is None else (1 if plan[2] else 2)
+
+    def decisions(self, plan: Plan) -> list[torch.Tensor]:
+        """log pi of each decision, in the order this form writes them: shape, agents."""
+        a, b, _ = plan
+        s = self.shape_of(plan)
+        out = [torch.log_softmax(self.shape, 0)[s], torch.log_softmax(self.first[s], 0)[a]]
+        if b is not None:
+            out.append(torch.log_softmax(self.second[s - 1, a], 0)[b])
+        return out
+
+    def plan_probs(self, plans: list[Plan]) -> torch.Tensor:
+        return torch.stack([torch.stack(self.decisions(p)).sum() for p in plans]).exp()
+
+    def draw(self, rng: random.Random, explore: float, force: Shape | None
+             ) -> tuple[Plan, list[bool]]:
+        with torch.no_grad():
+            s, fs = pick(self.shape, rng, explore,
+                         None if force is None else SHAPES.index(force))
+            a, _ = pick(self.first[s], rng, explore, None)
+            if s == 0:
+                return (a, None, False), [fs, False]
+            b, _ = pick(self.second[s - 1, a], rng, explore, None)
+            return (a, b, s == 1), [fs, False, False]
+
+    def shaped(self, plan: Plan, reward: float, forced: bool, names: list[str]
+               ) -> tuple[ShapedRollout, list[int]]:
+        """The rollout as the trainer's shape credit reads it: the shape token decides every
+        outcome (so it is credited b(s) - b(())), the agents after it are measured against
+        their shape's mean (R - b(s)); nothing is decided before the shape, so the pooling's
+        bias (Delta in trainer/grpo/_shapes.py) is zero here."""
+        shape = SHAPES[self.shape_of(plan)]
+        n = 2 if plan[1] is None else 3
+        return (ShapedRollout(reward, shape, [0] + [len(shape)] * (n - 1),
+                              [0] + [None] * (n - 1), forced), list(range(n)))
+
+
+def pick(logits: torch.Tensor, rng: random.Random, explore: float, forced_to: int | None
+         ) -> tuple[int, bool]:
+    """One decision: forced, uniform (with probability `explore`), or from the softmax."""
+    if forced_to is not None:
+        return forced_to, True
+    if explore and rng.random() < explore:
+        return rng.randrange(len(logits)), False
+    probs = torch.softmax(logits.detach(), 0).tolist()
+    return rng.choices(range(len(probs)), probs)[0], False
+
 
 def pieces(plan: Plan, names: list[str]) -> tuple[list[str], list[int]]:
     """The plan's JSON as the grammar writes it, a piece per token, and the decision pieces'
@@ -139,55 +253,152 @@ def pieces(plan: Plan, names: list[str]) -> tuple[list[str], list[int]]:
     return out, [*at, 3, 5, 7]
 
 
-def draw(policy: Policy, n: int, rng: random.Random, explore: float,
-         force: tuple[str, ...] | None) -> tuple[Plan, list[bool]]:
-    """A plan from the policy (each decision uniform with probability `explore`), its shape
-    forced to `force`; and which decisions were forced."""
-    def pick(logits: torch.Tensor, forced_to: int | None) -> tuple[int, bool]:
-        if forced_to is not None:
-            return forced_to, True
-        if explore and rng.random() < explore:
-            return rng.randrange(len(logits)), False
-        probs = torch.softmax(logits.detach(), 0).tolist()
-        return rng.choices(range(len(probs)), probs)[0], False
+def reward_draw(k: Kind, plan: Plan, rng: random.Random) -> tuple[bool, float]:
+    """One run of the plan as the sim scores it: right with its exact P(right), charged its
+    cost."""
+    right = rng.random() < k.p[plan]
+    return right, k.right[plan] if right else k.wrong[plan]
 
+
+def best_run(drawn: list[tuple[Plan, bool, float]], cost: dict[Plan, float]) -> Plan | None:
+    """The warm-up as shipped (trainer/warmup.py's `rank_key`, `correct_only`): the plan of the
+    best right run by realised reward, then the cheaper, then the earlier; None if none was
+    right."""
+    right = [(-r, cost[q], i) for i, (q, ok, r) in enumerate(drawn) if ok]
+    return drawn[min(right)[2]][0] if right else None
+
+
+def best_mean(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan:
+    """The rehearsed warm-up's pick: the plan of the best mean reward over all its runs, then
+    the one with more runs (its mean the surer), then the cheaper, then the first sampled."""
+    order = list(rewards)
+    return min(order, key=lambda q: (-statistics.fmean(rewards[q]), -len(rewards[q]), cost[q],
+                                     order.index(q)))
+
+
+def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
+            rng: random.Random, rehearsals: int | None) -> tuple[list[tuple[int, int]], float]:
+    """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
+    `--warmup-samples` exploring samples of each, one plan selected per task, then
+    `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
+
+    `rehearsals` None: the warm-up as shipped (trainer/warmup.py's `rank_key`): the best single
+    right run by realised reward, ties by cost, then the earlier; a task with no right run
+    selects nothing. Otherwise each distinct sampled plan is run `rehearsals` times more and
+    the plans are ranked by their mean reward over all their runs, then by how many runs
+    that mean has, then by cost, then the first sampled (no plan is left out for never being
+    right: its mean says so). Returns per kind how many tasks selected an oracle plan (the
+    oracle's or one of equal exact value: the review kind's two drafters swapped) and how many
+    a plan of the oracle's shape, and the runs per task the warm-up paid for."""
+    runs_paid = 0
+    targets: list[list[Plan]] = []
+    oracle_picked: list[tuple[int, int]] = []
+    for pol, k in zip(policies, ks, strict=True):
+        chosen: list[Plan] = []
+        for _ in range(args.warmup_tasks):
+            drawn = []
+            for _ in range(args.warmup_samples):
+                plan, _ = pol.draw(rng, args.warmup_explore, None)
+                drawn.append((plan, *reward_draw(k, plan, rng)))
+            runs_paid += len(drawn)
+            if rehearsals is None:
+                best = best_run(drawn, k.cost)
+                if best is not None:
+                    chosen.append(best)
+                continue
+            rewards: dict[Plan, list[float]] = {}
+            for q, _, r in drawn:
+                rewards.setdefault(q, []).append(r)
+            for q, got in rewards.items():
+                got += [reward_draw(k, q, rng)[1] for _ in range(rehearsals)]
+                runs_paid += rehearsals
+            chosen.append(best_mean(rewards, k.cost))
+        targets.append(chosen)
+        oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9 for q in chosen),
+                              sum(same_shape(q, k.oracle) for q in chosen)))
+    opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
+    for _ in range(args.warmup_steps):
+        opt.zero_grad()
+        loss = torch.zeros(())
+        for pol, chosen in zip(policies, targets, strict=True):
+            if chosen:
+                loss = loss - torch.stack([torch.stack(pol.decisions(q)).sum()
+                                           for q in chosen]).mean()
+        loss.backward()
+        opt.step()
+    return oracle_picked, runs_paid / (len(ks) * args.warmup_tasks)
+
+
+def same_shape(plan: Plan, other: Plan) -> bool:
+    return (plan[1] is None) == (other[1] is None) and (plan[1] is None or plan[2] == other[2])
+
+
+def measure(policies: list[Policy] | list[ShapeFirst], ks: list[Kind]
+            ) -> tuple[float, float, int]:
+    """The policies' exact expected reward over the oracle's (mean over kinds), their greedy
+    plans', and how many kinds' greedy plans have the oracle's shape."""
+    fractions, greedy, shaped_right = [], [], 0
     with torch.no_grad():
-        a, _ = pick(policy.first, None)
-        m, fm = pick(policy.more[a], None if force is None else (0 if force[0] == "more" else 1))
-        if m == 1:
-            return (a, None, False), [False, fm]
-        b, _ = pick(policy.second[a], None)
-        s, fs = pick(policy.sees[a, b], None if force is None else (0 if force[1] == "sees" else 1))
-        return (a, b, s == 0), [False, fm, False, fs]
+        for pol, k in zip(policies, ks, strict=True):
+            plans = list(k.value)
+            probs = pol.plan_probs(plans)
+            fractions.append(sum(float(q) * k.value[p] for q, p in zip(probs, plans, strict=True))
+                             / k.value[k.oracle])
+            best = plans[int(probs.argmax())]
+            greedy.append(k.value[best] / k.value[k.oracle])
+            shaped_right += same_shape(best, k.oracle)
+    return statistics.fmean(fractions), statistics.fmean(greedy), shaped_right
+
+
+@dataclass
+class Result:
+    e: float
+    greedy: float
+    shaped_right: int
+    # the warm-up's selections: per kind, tasks that picked an oracle plan, its shape
+    oracle_picked: list[tuple[int, int]] | None = None
+    after_warmup: float | None = None  # E[reward] / oracle right after the warm-up
+    warmup_runs: float | None = None  # runs per task the warm-up paid for
 
 
 def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace, seed: int
-        ) -> tuple[float, float, int]:
+        ) -> Result:
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    policies = [Policy(len(names), args.second_step) for _ in ks]
+    shape_first = method.startswith("shape first: ")
+    core = method.removeprefix("shape first: ")
+    make = ShapeFirst if shape_first else Policy
+    policies = [make(len(names), args.second_step) for _ in ks]
+    warm: tuple[list[int], float] | None = None
+    after = None
+    if core.startswith("warm-up"):
+        warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
+                       None if "best run" in core else int(core.split(" of ")[1].split()[0]))
+        after = measure(policies, ks)[0]
+    credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
-    explore = 0.5 if "explore" in method else 0.0
-    shape_credit = method.startswith("shape")
+    explore = 0.5 if "explore" in credit else 0.0
+    shape_credit = credit.startswith("shape")
+    force = "force" in credit
     g = args.group
     for it in range(args.iterations):
         opt.zero_grad()
         loss = torch.zeros(())
         for pol, k in zip(policies, ks, strict=True):
-            if method == "exact":  # the yardstick: the exact gradient of sum pi(p) E[R | p]
+            if credit == "exact":  # the yardstick: the exact gradient of sum pi(p) E[R | p]
                 plans = list(k.value)
                 loss = loss - (pol.plan_probs(plans) * torch.tensor(
                     [k.value[q] for q in plans])).sum()
                 continue
             n_forced, rescue = forced_rollouts(
-                args.force, args.anneal or None, it, g) if shape_credit else (0, False)
+                args.force, args.anneal or None, it, g) if force else (0, False)
             drawn: list[tuple[Plan, list[bool], bool]] = []
             answered = False
             for sample in range(g):
                 target = forced_shape(2, sample, g, n_forced)
                 if rescue and answered:
                     target = None
-                plan, forced = draw(pol, len(names), rng, explore, target)
+                plan, forced = pol.draw(rng, explore, target)
                 right = rng.random() < k.p[plan]
                 answered |= right and target is None
                 drawn.append((plan, forced, right))
@@ -195,10 +406,10 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
             if shape_credit:
                 shaped, decision_at = [], []
                 for (plan, forced, _), r in zip(drawn, rewards, strict=True):
-                    texts, at = pieces(plan, names)
-                    shaped.append(shaped_rollout(texts, r, forced=any(forced)))
+                    rollout, at = pol.shaped(plan, r, any(forced), names)
+                    shaped.append(rollout)
                     decision_at.append(at)
-                if "by first agent" in method:  # the means among rollouts of the same draft
+                if "by first agent" in credit:  # the means among rollouts of the same draft
                     per_token = [[] for _ in shaped]
                     for a in {plan[0] for plan, _, _ in drawn}:
                         idx = [i for i, (plan, _, _) in enumerate(drawn) if plan[0] == a]
@@ -222,18 +433,22 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                         loss = loss - a * lp / g
         loss.backward()
         opt.step()
-    fractions, greedy, shaped_right = [], [], 0
-    with torch.no_grad():
-        for pol, k in zip(policies, ks, strict=True):
-            plans = list(k.value)
-            probs = pol.plan_probs(plans)
-            fractions.append(sum(float(q) * k.value[p] for q, p in zip(probs, plans, strict=True))
-                             / k.value[k.oracle])
-            best = plans[int(probs.argmax())]
-            greedy.append(k.value[best] / k.value[k.oracle])
-            shaped_right += (best[1] is None) == (k.oracle[1] is None) and (
-                best[1] is None or best[2] == k.oracle[2])
-    return statistics.fmean(fractions), statistics.fmean(greedy), shaped_right
+    e, greedy, shaped_right = measure(policies, ks)
+    return Result(e, greedy, shaped_right, *(warm[:1] if warm else [None]), after,
+                  warm[1] if warm else None)
+
+
+ROWS = {
+    "plan order": ("group", "group + explore 0.5", "shape + force",
+                   "shape + force + explore 0.5", "shape by first agent + force", "exact"),
+    "shape first": ("shape first: group", "shape first: shape", "shape first: shape + force",
+                    "shape first: exact"),
+    "warm-up": ("warm-up best run + group",
+                *(f"warm-up best mean of {r} + group" for r in (4, 8)),
+                "shape first: warm-up best mean of 8 + group",
+                "warm-up best mean of 8 + shape + force",
+                "shape first: warm-up best mean of 8 + shape + force"),
+}
 
 
 def main() -> None:
@@ -248,25 +463,54 @@ def main() -> None:
                    help="force_shapes_iterations (0: None, the share never falls)")
     p.add_argument("--second-step", type=float, default=0.02,
                    help="the untrained policy's probability of a second step")
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help=f"which groups of rows, comma-separated, of {', '.join(ROWS)} "
+                   "(group, the baseline, always runs)")
+    p.add_argument("--warmup-tasks", type=int, default=6,
+                   help="tasks per kind the warm-up samples (the structured pools' 24 "
+                   "training tasks are 6 a kind)")
+    p.add_argument("--warmup-samples", type=int, default=8, help="exploring samples a task")
+    p.add_argument("--warmup-explore", type=float, default=0.5)
+    p.add_argument("--warmup-steps", type=int, default=18,
+                   help="Adam steps of cross-entropy on the selected plans (at --lr)")
     args = p.parse_args()
     names, ks = kinds(args.seed)
     print(f"pool seed {args.seed}: oracle shapes "
           + ", ".join(f"{k.name} {'1 step' if k.oracle[1] is None else '2 steps'}" for k in ks)
           + f"; {len(shapes(2))} shapes; G={args.group}, {args.iterations} iterations, "
           f"{args.runs} runs")
-    rows = {}
-    for method in ("group", "group + explore 0.5", "shape + force", "shape + force + explore 0.5",
-                   "shape by first agent + force", "exact"):
-        got = [run(method, names, ks, args, seed) for seed in range(args.runs)]
-        rows[method] = (statistics.fmean(x[0] for x in got), statistics.fmean(x[1] for x in got),
-                        statistics.fmean(x[2] for x in got))
-    base = rows["group"]
-    print(f"{'method':<29} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
-          f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
-    for method, (e, gr, sr) in rows.items():
-        print(f"{method:<29} {e:>17.3f} {gr:>14.3f} {sr:>17.2f}/4 "
-              f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
+    wanted = ["group", *(m for r in args.rows.split(",") for m in ROWS[r.strip()]
+                        if m != "group")]
+    rows: dict[str, list[Result]] = {}
+    for method in wanted:
+        rows[method] = [run(method, names, ks, args, seed) for seed in range(args.runs)]
 
+    def mean(method: str, field: str) -> float:
+        return statistics.fmean(getattr(x, field) for x in rows[method])
+
+    base = (mean("group", "e"), mean("group", "greedy"))
+    print(f"{'method':<52} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
+          f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
+    for method in rows:
+        e, gr = mean(method, "e"), mean(method, "greedy")
+        print(f"{method:<52} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
+              f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
+    warmed = [m for m in rows if "warm-up" in m]
+    if warmed:
+        total = args.warmup_tasks * args.runs
+        print(f"\nthe warm-ups ({args.warmup_tasks} tasks a kind, {args.warmup_samples} samples "
+              f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps; "
+              f"{total} selections a kind over all runs): how many selected an oracle plan, "
+              "and a plan of the oracle's shape")
+        print(f"{'method':<52} {'runs/task':>9} "
+              + " ".join(f"{k.name + ' (plan, shape)':>25}" for k in ks)
+              + f" {'E after warm-up':>16}")
+        for m in warmed:
+            picked = [[sum(x.oracle_picked[i][j] for x in rows[m])  # type: ignore[index]
+                       for j in (0, 1)] for i in range(len(ks))]
+            print(f"{m:<52} {mean(m, 'warmup_runs'):>9.1f} "
+                  + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
+                  + f" {mean(m, 'after_warmup'):>16.3f}")
 
 if __name__ == "__main__":
     main()
