@@ -11,6 +11,7 @@ of the group's rollouts whose shape begins with the outcomes p (b(()) the task's
     any other token of an unforced rollout           A = R - b(s_1..s_j)
                                                        (j: the outcomes decided before it)
     any sampled token of a rollout forced to s       A = R - b(s)
+    any token of a rollout alone in its shape s      A = R - b(())   (the group credit)
 
 divided by the group's reward std when `scale`. A token's baseline is the mean of the rollouts
 that agree with it on what was fixed when it was sampled: in a forced rollout the whole shape
@@ -40,6 +41,20 @@ that
 without Delta the estimator is off. Forced tokens stay out of the loss, and a narrowed choice is
 scored over the tokens it was drawn from, so the importance ratios are exact for what was
 sampled. With finite groups the means include the rollout itself: GRPO's O(1/n) bias.
+
+That inclusion is why a rollout alone in its shape in its group takes the group credit: b(s)
+would be its own reward, so every token measured against it (all of a forced rollout's) would
+be credited zero, and a forced rollout, usually the only one of its shape at G = 4..8, would
+teach nothing. Against the task's mean instead, a forced rollout's expected gradient is exact
+up to a scale at any group size: with n_s the group's rollouts of its shape (itself included),
+its tokens' credit is (n_s - 1) / n_s * (R - the others' mean of s) when n_s >= 2 and
+(G - 1) / G * (R - the other rollouts' mean) when alone, each baseline independent of the
+rollout, so
+
+    E[g_forced to s] = E[c] * grad_in J_s,   c = (n_s - 1) / n_s if n_s >= 2 else (G - 1) / G
+
+which tests/unit/trainer/test_grpo_shapes.py checks by enumerating every group of a tiny
+problem. (Lone-ness is a count of rollouts, whatever their `weights`.)
 """
 
 from __future__ import annotations
@@ -109,6 +124,9 @@ def shape_advantages(rollouts: Sequence[ShapedRollout], *, scale: bool,
     rollout gives the means' limits, as the brute-force test needs."""
     w = list(weights) if weights is not None else [1.0] * len(rollouts)
     means: dict[Shape, float] = {}
+    count: dict[Shape, int] = {}
+    for r in rollouts:
+        count[r.shape] = count.get(r.shape, 0) + 1
 
     def b(prefix: Shape) -> float:
         if prefix not in means:
@@ -128,8 +146,11 @@ def shape_advantages(rollouts: Sequence[ShapedRollout], *, scale: bool,
     out = []
     for r in rollouts:
         row = []
+        alone = count[r.shape] < 2  # b(s) would be R itself: the group credit instead
         for lv, own in zip(r.level, r.owner, strict=True):
-            if r.forced:
+            if alone:
+                a = r.reward - b(())
+            elif r.forced:
                 a = r.reward - b(r.shape)
             elif own is not None:
                 a = b(r.shape) - b(r.shape[:own])

@@ -46,8 +46,8 @@ def test_a_shape_first_plan_forced_to_its_shape_says_so_for_the_shape_token_alon
 def test_shape_first_credit_gives_the_shape_its_means_gain_and_each_agent_its_shapes_baseline(
         ) -> None:
     """The shape token: b(s) - b(()); the agents after it: R - b(s); a forced rollout's shape
-    token is not the policy's; and a forced rollout alone in its shape is credited nothing
-    (the group's mean of a shape includes the rollout itself)."""
+    token is not the policy's; and a forced rollout alone in its shape takes the group credit
+    (its shape's mean would be its own reward, crediting it nothing)."""
     from conductor_engine.trainer.grpo._shapes import shape_advantages
     from tests.benchmarks.bench_shape_credit import ShapeFirst
 
@@ -62,7 +62,7 @@ def test_shape_first_credit_gives_the_shape_its_means_gain_and_each_agent_its_sh
     assert got[1] == pytest.approx([one - task, 0.5 - one])
     assert got[2] == pytest.approx([sees - task, 0.9 - sees, 0.9 - sees])
     assert got[3][1:] == pytest.approx([0.5 - sees, 0.5 - sees])
-    assert got[4] == pytest.approx([0.0, 0.0, 0.0])
+    assert got[4] == pytest.approx([0.2 - task] * 3)
 
 
 def test_the_shipped_warm_up_picks_the_best_right_run_and_the_rehearsed_one_the_best_mean(

@@ -249,6 +249,75 @@ def test_the_shape_credit_gradient_in_expectation_is_the_stated_mix_of_exact_gra
         assert (expected - grad_j).norm() > 1e-3 * grad_j.norm()
 
 
+@pytorch
+def test_a_forced_rollout_alone_in_its_shape_learns_and_its_expected_gradient_is_exact_in_groups(
+        tiny_policy_dir: Path) -> None:
+    """In a finite group, a forced rollout's expected gradient is E[c] * grad_in J_s with
+    c = (n_s - 1) / n_s for n_s >= 2 rollouts of its shape and (G - 1) / G when it is alone
+    (trainer/grpo/_shapes.py): every group of G = 3 enumerated (two on-policy rollouts, the
+    third forced to each shape in turn), each weighed by its probability, through the trainer's
+    own loss. Were a lone forced rollout credited against its own shape's mean (its own
+    reward), its share (1 - pi(s))^2 of c would be zero and the identity would fail."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_engine.engine.contracts.training import LossConfig
+    from conductor_engine.trainer.grpo import Sample, collate, grpo_loss, per_token_logprobs
+    from conductor_engine.trainer.grpo._shapes import shape_advantages, shaped_rollout
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_policy_dir)).float()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(3))
+    prompt = list(tok("Plan the task: which agents?", add_special_tokens=False)["input_ids"])
+    rng = random.Random(11)
+    reward: dict[str, float] = {}
+    free = _leaves(tok, None)
+    for leaf in free:
+        reward[leaf.text] = round(rng.uniform(0.0, 1.0), 3)
+
+    def logps(leaves: list[Leaf], advantages: list[list[float]] | None = None) -> Any:
+        batch = collate([Sample(prompt_ids=prompt, completion_ids=leaf.ids, advantage=0.0,
+                                forced=leaf.forced, choices=leaf.choices or None,
+                                token_advantages=None if advantages is None else advantages[i])
+                         for i, leaf in enumerate(leaves)], tok.pad_token_id)
+        return per_token_logprobs(model, batch), batch
+
+    free_logp, _ = logps(free)
+    pi = free_logp.sum(-1).exp().detach().tolist()
+    assert sum(pi) == pytest.approx(1.0, abs=1e-5)
+    free_shaped = [shaped_rollout(leaf.texts, reward[leaf.text]) for leaf in free]
+    g = 3
+    checked_alone = 0.0
+    for target in shapes(2):
+        forced = _leaves(tok, target)
+        logp, _ = logps(forced)
+        q = logp.sum(-1).exp().detach().tolist()  # the narrowed draw's probability
+        assert sum(q) == pytest.approx(1.0, abs=1e-5)
+        acc = [[0.0] * len(leaf.ids) for leaf in forced]
+        for i in range(len(free)):
+            for j in range(len(free)):
+                for k, f in enumerate(forced):
+                    group = [free_shaped[i], free_shaped[j],
+                             shaped_rollout(f.texts, reward[f.text], forced=True)]
+                    row = shape_advantages(group, scale=False)[2]
+                    w = pi[i] * pi[j] * q[k]
+                    acc[k] = [a + w * x for a, x in zip(acc[k], row, strict=True)]
+        logp, batch = logps(forced, acc)
+        loss, _ = grpo_loss(logp, batch, LossConfig(), normaliser=1.0)
+        expected = -_flat_grad(model, loss)
+
+        p_s = sum(p for p, r in zip(pi, free_shaped, strict=True) if r.shape == target)
+        c = ((1 - p_s) ** 2 * (g - 1) / g + 2 * p_s * (1 - p_s) * (1 / 2)
+             + p_s**2 * (2 / 3))
+        checked_alone += (1 - p_s) ** 2
+        r = torch.tensor([reward[leaf.text] for leaf in forced])
+        grad_in_js = _flat_grad(model, (logp.sum(-1).exp() * r).sum())
+        scale = grad_in_js.abs().max()
+        assert torch.allclose(expected, c * grad_in_js, atol=1e-5 * scale, rtol=1e-4), target
+    assert checked_alone > 0.5  # most groups had the forced rollout alone in its shape
+
+
 # ------------------------------------------------------------------- in the trainer's groups
 
 
