@@ -38,7 +38,14 @@ cross-entropy towards the selected plans. `best run`: the warm-up as shipped (tr
 the best right run by realised reward, ties by cost); `best mean of R`: each distinct sampled
 plan rehearsed R more times, ranked by its mean reward over all its runs, then runs, then cost.
 A second table says how often each kind's selected plan was an oracle plan, the runs a task
-paid for, and the expected reward right after the warm-up.
+paid for, and the expected reward and the kinds shaped right right after the warm-up.
+
+`--rows candidates` varies where the rehearsed warm-up's candidates come from: `forced`, of a
+task's samples `--warmup-force` are forced to each two-step shape (its shape decisions fixed,
+its agents drawn as any sample's, exploring alike), the rest free; `K rounds`, expert
+iteration: each round samples from the policy the last round's fine-tuning left (with the
+same exploring and forcing), rehearses the plans not rehearsed before, ranks every plan of
+every round by its mean over all its runs, and fine-tunes on the new selections.
 
 Printed per method, over `--runs` seeds: the exact expected reward of the final policy over the
 oracle's (mean over the four kinds), the greedy plan's, and how many kinds' greedy plans have
@@ -277,7 +284,8 @@ def best_mean(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan
 
 
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
-            rng: random.Random, rehearsals: int | None) -> tuple[list[tuple[int, int]], float]:
+            rng: random.Random, rehearsals: int | None, *, forced: bool = False,
+            rounds: int = 1) -> tuple[list[tuple[int, int]], float]:
     """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
     `--warmup-samples` exploring samples of each, one plan selected per task, then
     `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
@@ -287,45 +295,62 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     selects nothing. Otherwise each distinct sampled plan is run `rehearsals` times more and
     the plans are ranked by their mean reward over all their runs, then by how many runs
     that mean has, then by cost, then the first sampled (no plan is left out for never being
-    right: its mean says so). Returns per kind how many tasks selected an oracle plan (the
-    oracle's or one of equal exact value: the review kind's two drafters swapped) and how many
-    a plan of the oracle's shape, and the runs per task the warm-up paid for."""
+    right: its mean says so).
+
+    `forced`: of a task's samples, round(`--warmup-force` * samples) are forced to each
+    two-step shape (the shape's decisions fixed, the agents drawn as any sample's), the rest
+    free. `rounds` > 1: expert iteration; each round samples from the policy the previous
+    round's fine-tuning left, rehearses the plans it has not rehearsed yet, ranks every plan
+    of every round so far by its mean over all its runs, and fine-tunes on the new selections.
+
+    Returns per kind how many tasks selected (in the last round) an oracle plan (the oracle's
+    or one of equal exact value: the review kind's two drafters swapped) and how many a plan
+    of the oracle's shape, and the runs per task the warm-up paid for (samples and
+    rehearsals)."""
     runs_paid = 0
-    targets: list[list[Plan]] = []
+    per_shape = round(args.warmup_force * args.warmup_samples) if forced else 0
+    targets_of = [SHAPES[1]] * per_shape + [SHAPES[2]] * per_shape
+    seen: list[list[dict[Plan, list[float]]]] = [
+        [{} for _ in range(args.warmup_tasks)] for _ in ks]
     oracle_picked: list[tuple[int, int]] = []
-    for pol, k in zip(policies, ks, strict=True):
-        chosen: list[Plan] = []
-        for _ in range(args.warmup_tasks):
-            drawn = []
-            for _ in range(args.warmup_samples):
-                plan, _ = pol.draw(rng, args.warmup_explore, None)
-                drawn.append((plan, *reward_draw(k, plan, rng)))
-            runs_paid += len(drawn)
-            if rehearsals is None:
-                best = best_run(drawn, k.cost)
-                if best is not None:
-                    chosen.append(best)
-                continue
-            rewards: dict[Plan, list[float]] = {}
-            for q, _, r in drawn:
-                rewards.setdefault(q, []).append(r)
-            for q, got in rewards.items():
-                got += [reward_draw(k, q, rng)[1] for _ in range(rehearsals)]
-                runs_paid += rehearsals
-            chosen.append(best_mean(rewards, k.cost))
-        targets.append(chosen)
-        oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9 for q in chosen),
-                              sum(same_shape(q, k.oracle) for q in chosen)))
-    opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
-    for _ in range(args.warmup_steps):
-        opt.zero_grad()
-        loss = torch.zeros(())
-        for pol, chosen in zip(policies, targets, strict=True):
-            if chosen:
-                loss = loss - torch.stack([torch.stack(pol.decisions(q)).sum()
-                                           for q in chosen]).mean()
-        loss.backward()
-        opt.step()
+    for _ in range(rounds):
+        targets: list[list[Plan]] = []
+        oracle_picked = []
+        for pol, k, tasks in zip(policies, ks, seen, strict=True):
+            chosen: list[Plan] = []
+            for rewards in tasks:
+                drawn = []
+                for i in range(args.warmup_samples):
+                    target = targets_of[i] if i < len(targets_of) else None
+                    plan, _ = pol.draw(rng, args.warmup_explore, target)
+                    drawn.append((plan, *reward_draw(k, plan, rng)))
+                runs_paid += len(drawn)
+                if rehearsals is None:
+                    best = best_run(drawn, k.cost)
+                    if best is not None:
+                        chosen.append(best)
+                    continue
+                new = [q for q in dict.fromkeys(q for q, _, _ in drawn) if q not in rewards]
+                for q, _, r in drawn:
+                    rewards.setdefault(q, []).append(r)
+                for q in new:
+                    rewards[q] += [reward_draw(k, q, rng)[1] for _ in range(rehearsals)]
+                    runs_paid += rehearsals
+                chosen.append(best_mean(rewards, k.cost))
+            targets.append(chosen)
+            oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9
+                                      for q in chosen),
+                                  sum(same_shape(q, k.oracle) for q in chosen)))
+        opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
+        for _ in range(args.warmup_steps):
+            opt.zero_grad()
+            loss = torch.zeros(())
+            for pol, chosen in zip(policies, targets, strict=True):
+                if chosen:
+                    loss = loss - torch.stack([torch.stack(pol.decisions(q)).sum()
+                                               for q in chosen]).mean()
+            loss.backward()
+            opt.step()
     return oracle_picked, runs_paid / (len(ks) * args.warmup_tasks)
 
 
@@ -359,6 +384,7 @@ class Result:
     oracle_picked: list[tuple[int, int]] | None = None
     after_warmup: float | None = None  # E[reward] / oracle right after the warm-up
     warmup_runs: float | None = None  # runs per task the warm-up paid for
+    after_shaped: int | None = None  # kinds whose greedy plan has the oracle's shape, then
 
 
 def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace, seed: int
@@ -369,12 +395,15 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
     core = method.removeprefix("shape first: ")
     make = ShapeFirst if shape_first else Policy
     policies = [make(len(names), args.second_step) for _ in ks]
-    warm: tuple[list[int], float] | None = None
-    after = None
+    warm: tuple[list[tuple[int, int]], float] | None = None
+    after: tuple[float, float, int] | None = None
     if core.startswith("warm-up"):
+        how = core.split(" + ", 1)[0]
+        rounds = int(how.split(", ")[1].split()[0]) if ", " in how else 1
         warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
-                       None if "best run" in core else int(core.split(" of ")[1].split()[0]))
-        after = measure(policies, ks)[0]
+                       None if "best run" in how else int(how.split(" of ")[1].split(",")[0]),
+                       forced="forced" in how, rounds=rounds)
+        after = measure(policies, ks)
     credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
     explore = 0.5 if "explore" in credit else 0.0
@@ -434,8 +463,9 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
         loss.backward()
         opt.step()
     e, greedy, shaped_right = measure(policies, ks)
-    return Result(e, greedy, shaped_right, *(warm[:1] if warm else [None]), after,
-                  warm[1] if warm else None)
+    return Result(e, greedy, shaped_right, warm[0] if warm else None,
+                  after[0] if after else None, warm[1] if warm else None,
+                  after[2] if after else None)
 
 
 ROWS = {
@@ -448,6 +478,11 @@ ROWS = {
                 "shape first: warm-up best mean of 8 + group",
                 "warm-up best mean of 8 + shape + force",
                 "shape first: warm-up best mean of 8 + shape + force"),
+    "candidates": ("warm-up best mean of 8 + group", "warm-up forced best mean of 8 + group",
+                   *(f"warm-up{f} best mean of 8, {n} rounds + group"
+                     for f in ("", " forced") for n in (2, 3)),
+                   "shape first: warm-up forced best mean of 8 + group",
+                   "shape first: warm-up forced best mean of 8, 2 rounds + group"),
 }
 
 
@@ -471,6 +506,9 @@ def main() -> None:
                    "training tasks are 6 a kind)")
     p.add_argument("--warmup-samples", type=int, default=8, help="exploring samples a task")
     p.add_argument("--warmup-explore", type=float, default=0.5)
+    p.add_argument("--warmup-force", type=float, default=0.25,
+                   help="in a `forced` warm-up, the share of a task's samples forced to each "
+                   "two-step shape")
     p.add_argument("--warmup-steps", type=int, default=18,
                    help="Adam steps of cross-entropy on the selected plans (at --lr)")
     args = p.parse_args()
@@ -479,8 +517,8 @@ def main() -> None:
           + ", ".join(f"{k.name} {'1 step' if k.oracle[1] is None else '2 steps'}" for k in ks)
           + f"; {len(shapes(2))} shapes; G={args.group}, {args.iterations} iterations, "
           f"{args.runs} runs")
-    wanted = ["group", *(m for r in args.rows.split(",") for m in ROWS[r.strip()]
-                        if m != "group")]
+    wanted = list(dict.fromkeys(["group", *(m for r in args.rows.split(",")
+                                            for m in ROWS[r.strip()])]))
     rows: dict[str, list[Result]] = {}
     for method in wanted:
         rows[method] = [run(method, names, ks, args, seed) for seed in range(args.runs)]
@@ -489,11 +527,11 @@ def main() -> None:
         return statistics.fmean(getattr(x, field) for x in rows[method])
 
     base = (mean("group", "e"), mean("group", "greedy"))
-    print(f"{'method':<52} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
+    print(f"{'method':<64} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
           f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
     for method in rows:
         e, gr = mean(method, "e"), mean(method, "greedy")
-        print(f"{method:<52} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
+        print(f"{method:<64} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
               f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
     warmed = [m for m in rows if "warm-up" in m]
     if warmed:
@@ -502,15 +540,15 @@ def main() -> None:
               f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps; "
               f"{total} selections a kind over all runs): how many selected an oracle plan, "
               "and a plan of the oracle's shape")
-        print(f"{'method':<52} {'runs/task':>9} "
+        print(f"{'method':<64} {'runs/task':>9} "
               + " ".join(f"{k.name + ' (plan, shape)':>25}" for k in ks)
-              + f" {'E after warm-up':>16}")
+              + f" {'E after warm-up':>16} {'shaped right then':>18}")
         for m in warmed:
             picked = [[sum(x.oracle_picked[i][j] for x in rows[m])  # type: ignore[index]
                        for j in (0, 1)] for i in range(len(ks))]
-            print(f"{m:<52} {mean(m, 'warmup_runs'):>9.1f} "
+            print(f"{m:<64} {mean(m, 'warmup_runs'):>9.1f} "
                   + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
-                  + f" {mean(m, 'after_warmup'):>16.3f}")
+                  + f" {mean(m, 'after_warmup'):>16.3f} {mean(m, 'after_shaped'):>16.2f}/4")
 
 if __name__ == "__main__":
     main()
