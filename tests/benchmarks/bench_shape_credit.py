@@ -283,6 +283,17 @@ def best_mean(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan
                                      order.index(q)))
 
 
+def cheapest_within_error(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan:
+    """`best_mean`'s pick, unless a cheaper plan's mean is within one standard error of the
+    best mean (the best plan's error): then the cheapest of those. Among many candidates the
+    best of noisy means is often a near tie that costs more (a second step that adds nothing)."""
+    best = best_mean(rewards, cost)
+    got = rewards[best]
+    error = statistics.stdev(got) / len(got) ** 0.5 if len(got) > 1 else 0.0
+    near = [q for q in rewards if statistics.fmean(rewards[q]) >= statistics.fmean(got) - error]
+    return min(near, key=lambda q: (cost[q], -statistics.fmean(rewards[q])))
+
+
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
             rng: random.Random, rehearsals: int | None, *, forced: bool = False,
             rounds: int = 1) -> tuple[list[tuple[int, int]], float]:
@@ -336,7 +347,8 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                 for q in new:
                     rewards[q] += [reward_draw(k, q, rng)[1] for _ in range(rehearsals)]
                     runs_paid += rehearsals
-                chosen.append(best_mean(rewards, k.cost))
+                pick = cheapest_within_error if args.warmup_tie == "cheaper" else best_mean
+                chosen.append(pick(rewards, k.cost))
             targets.append(chosen)
             oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9
                                       for q in chosen),
@@ -506,6 +518,9 @@ def main() -> None:
                    "training tasks are 6 a kind)")
     p.add_argument("--warmup-samples", type=int, default=8, help="exploring samples a task")
     p.add_argument("--warmup-explore", type=float, default=0.5)
+    p.add_argument("--warmup-tie", choices=("mean", "cheaper"), default="mean",
+                   help="the rehearsed warm-up's pick: the best mean; or the cheapest plan "
+                   "whose mean is within one standard error of it")
     p.add_argument("--warmup-force", type=float, default=0.25,
                    help="in a `forced` warm-up, the share of a task's samples forced to each "
                    "two-step shape")
