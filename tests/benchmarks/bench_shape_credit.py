@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -294,6 +295,19 @@ def cheapest_within_error(rewards: dict[Plan, list[float]], cost: dict[Plan, flo
     return min(near, key=lambda q: (cost[q], -statistics.fmean(rewards[q])))
 
 
+def rehearse(rewards: dict[Plan, list[float]], drawn: list[tuple[Plan, bool, float]],
+             rehearsals: int, run_once: Callable[[Plan], float]) -> int:
+    """Adds a round's sampled runs to a task's `rewards` (every run of each plan so far) and
+    runs each plan not seen in an earlier round `rehearsals` times more; returns how many
+    rehearsals it paid for. A plan seen before gains its new samples but no more rehearsals."""
+    new = [q for q in dict.fromkeys(q for q, _, _ in drawn) if q not in rewards]
+    for q, _, r in drawn:
+        rewards.setdefault(q, []).append(r)
+    for q in new:
+        rewards[q] += [run_once(q) for _ in range(rehearsals)]
+    return rehearsals * len(new)
+
+
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
             rng: random.Random, rehearsals: int | None, *, forced: bool = False,
             rounds: int = 1) -> tuple[list[tuple[int, int]], float]:
@@ -341,12 +355,8 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                     if best is not None:
                         chosen.append(best)
                     continue
-                new = [q for q in dict.fromkeys(q for q, _, _ in drawn) if q not in rewards]
-                for q, _, r in drawn:
-                    rewards.setdefault(q, []).append(r)
-                for q in new:
-                    rewards[q] += [reward_draw(k, q, rng)[1] for _ in range(rehearsals)]
-                    runs_paid += rehearsals
+                runs_paid += rehearse(rewards, drawn, rehearsals,
+                                      lambda q, k=k: reward_draw(k, q, rng)[1])
                 pick = cheapest_within_error if args.warmup_tie == "cheaper" else best_mean
                 chosen.append(pick(rewards, k.cost))
             targets.append(chosen)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,58 @@ def test_the_shipped_warm_up_picks_the_best_right_run_and_the_rehearsed_one_the_
     assert best_mean({lucky: [0.995, 0.245, 0.245], sure: [0.99, 0.99, 0.24]}, cost) == sure
     assert best_mean({lucky: [0.5, 0.5], sure: [0.5, 0.5, 0.5]}, cost) == sure
     assert best_mean({sure: [0.5], lucky: [0.5]}, cost) == lucky
+
+
+def test_a_rehearsal_round_pools_every_run_of_a_plan_and_rehearses_only_plans_new_to_the_task(
+        ) -> None:
+    from tests.benchmarks.bench_shape_credit import rehearse
+
+    a, b = (0, None, False), (1, 2, True)
+    rewards: dict = {}
+    assert rehearse(rewards, [(a, True, 1.0), (a, False, 0.2)], 2, lambda q: 0.5) == 2
+    assert rewards == {a: [1.0, 0.2, 0.5, 0.5]}
+    assert rehearse(rewards, [(b, True, 0.9), (a, True, 1.0)], 2, lambda q: 0.7) == 2
+    assert rewards == {a: [1.0, 0.2, 0.5, 0.5, 1.0], b: [0.9, 0.7, 0.7]}
+
+
+def test_ties_to_the_cheaper_take_the_cheapest_plan_within_one_standard_error_of_the_best(
+        ) -> None:
+    """The best mean's standard error decides what is a tie; outside it the best mean stands."""
+    from tests.benchmarks.bench_shape_credit import best_mean, cheapest_within_error
+
+    one, twice = (0, None, False), (0, 0, True)
+    cost = {one: 0.001, twice: 0.002}
+    near = {twice: [1.0, 0.25, 1.0, 1.0], one: [1.0, 0.25, 1.0, 0.25]}  # 0.8125 and 0.625
+    assert best_mean(near, cost) == twice
+    assert cheapest_within_error(near, cost) == one  # 0.625 >= 0.8125 - 0.1875
+    far = {twice: [1.0, 1.0, 1.0, 0.99], one: [0.25, 0.25, 0.25, 0.3]}
+    assert cheapest_within_error(far, cost) == twice
+
+
+def test_a_forced_warm_up_draws_its_share_of_each_two_step_shape_and_the_rest_free() -> None:
+    """Of 8 samples at a share of 0.25, the first two see, the next two are apart: whatever the
+    policy, whose second step starts at 0.02."""
+    import argparse
+
+    from tests.benchmarks.bench_shape_credit import Policy, kinds, warm_up
+
+    names, ks = kinds(1)
+    args = argparse.Namespace(warmup_tasks=1, warmup_samples=8, warmup_explore=0.0,
+                              warmup_force=0.25, warmup_steps=0, warmup_tie="mean", lr=0.1)
+    seen: list = []
+
+    class Recording(Policy):
+        def draw(self, rng: random.Random, explore: float, force: Any) -> Any:
+            out = super().draw(rng, explore, force)
+            seen.append((force, out[0]))
+            return out
+
+    policies = [Recording(len(names), 0.02) for _ in ks]
+    _, runs = warm_up(policies, ks, args, random.Random(0), 0, forced=True)
+    assert runs == 8
+    for k in range(len(ks)):
+        mine = seen[8 * k: 8 * k + 8]
+        assert [f for f, _ in mine] == [("more", "sees", "end")] * 2 + [
+            ("more", "apart", "end")] * 2 + [None] * 4
+        assert all(p[1] is not None and p[2] for _, p in mine[:2])
+        assert all(p[1] is not None and not p[2] for _, p in mine[2:4])
