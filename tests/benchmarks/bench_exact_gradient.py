@@ -155,6 +155,9 @@ def parse_args() -> argparse.Namespace:
                    help="0: every training task each warm step; k: the next k in turn")
     p.add_argument("--warm-eval-every", type=int, default=10,
                    help="evaluate the held-out tasks after every k-th warm step")
+    p.add_argument("--warm-until-fit", action="store_true",
+                   help="end the warm start at the first evaluation where a greedy conductor "
+                   "writes the oracle plan of every training task (held-out tasks not read)")
     return p.parse_args()
 
 
@@ -233,6 +236,10 @@ def sft_on_oracle(model: Any, recipe: Recipe, train: list[TaskTree], held: list[
         report(f"warm {step:>3}", evaluate(model, held), oracle_shapes, base,
                f"; training tasks: mean log pi(oracle plan) {fit[0]:.3f}, greedy writes the "
                f"oracle plan on {fit[1]}/{len(paths)}")
+        if args.warm_until_fit and fit[1] == len(paths):
+            print(f"the warm start fits every training task's oracle plan at step {step}",
+                  flush=True)
+            break
 
 
 def training_fit(model: Any, paths: list[OraclePath]) -> tuple[float, int]:
