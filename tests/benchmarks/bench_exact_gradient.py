@@ -57,11 +57,14 @@ form with each access the list of steps it sees (`[]`, `[0]`; `"all"` would be t
 in other words) and the fixed subtask, spelled as the tree expands it. pi of the plan is the
 product of its choice probabilities renormalised over the grammar's allowed tokens, read on the
 plan's own token path only (`_plan_tree.path_logprobs`: one sequence a task, the batch's
-sequences as one trie so the prompt text they share runs once), not over the whole tree. Each
-warm step is one optimiser step on the next `--warm-tasks-per-step` training tasks in the
-interleaved order. The held-out tasks are never trained on. **The assistance is total**: it
-reads the answer key (the oracle, from the sim's rules), which no product run does (the
-product's warm-up, trainer/warmup.py, reads only executed, scored runs); it measures whether
+sequences as one trie so the prompt text they share runs once), not over the whole tree (that
+spelling's probability: at most the plan's, which adds its other spellings). Each warm step is
+one optimiser step on the next `--warm-tasks-per-step` training tasks in the interleaved order
+(all of them by default); `--warm-until-fit` ends the warm start once a greedy conductor writes
+every training task's oracle plan. The held-out tasks are never trained on.
+**The assistance is total**: it reads the answer key (the oracle, from the sim's rules),
+which no product run does (the product's warm-up, trainer/warmup.py, reads only executed,
+scored runs); it measures whether
 this model and adapter can hold the structure and carry it to held-out tasks when shown it,
 not a method. After the warm start it reports what the updates report, plus the training
 tasks' mean log pi of their oracle plan and how many of them a greedy conductor would write;
