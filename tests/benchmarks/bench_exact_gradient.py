@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.bench_exact_gradient [--seed 1] [--updates 40]
         [--recipe examples/sim/recipe-plans.toml] [--tasks-per-update 0] [--subtask "Solve it"]
-        [--threads 1]
+        [--threads 1] [--warm-start oracle --warm-steps 60 --warm-lr 1e-3]
 
 GRPO samples a few plans per task and credits them against each other; when it stalls, the
 question is whether the sampled method failed to find the plans (exploration, credit) or the
@@ -46,6 +46,31 @@ oracle's; and, for one task of each kind, the probability the policy gives each 
 oracle's plan (agent, access, another step, agent, access). The ratio printed against the
 obvious baseline is the untrained policy's (update 0 in the same run).
 
+The oracle warm start (`--warm-start oracle`): the upper bound of any warm start. Before the
+exact-gradient updates the policy is fine-tuned, with the same LoRA, a fresh optimiser of the
+trainer's family (`make_optimizer` at `--warm-lr`) and the recipe's gradient clip, to maximise
+
+    mean over TRAINING tasks of  log pi(oracle plan | task)
+
+each task's oracle plan (sim_structure.oracle, the plan oracle.jsonl names) written in the bare
+form with each access the list of steps it sees (`[]`, `[0]`; `"all"` would be the same plan
+in other words) and the fixed subtask, spelled as the tree expands it. pi of the plan is the
+product of its choice probabilities renormalised over the grammar's allowed tokens, read on the
+plan's own token path only (`_plan_tree.path_logprobs`: one sequence a task, the batch's
+sequences as one trie so the prompt text they share runs once), not over the whole tree (that
+spelling's probability: at most the plan's, which adds its other spellings). Each warm step is
+one optimiser step on the next `--warm-tasks-per-step` training tasks in the interleaved order
+(all of them by default); `--warm-until-fit` ends the warm start once a greedy conductor writes
+every training task's oracle plan. The held-out tasks are never trained on.
+**The assistance is total**: it reads the answer key (the oracle, from the sim's rules),
+which no product run does (the product's warm-up, trainer/warmup.py, reads only executed,
+scored runs); it measures whether
+this model and adapter can hold the structure and carry it to held-out tasks when shown it,
+not a method. After the warm start it reports what the updates report, plus the training
+tasks' mean log pi of their oracle plan and how many of them a greedy conductor would write;
+then `--updates` exact-gradient updates continue from the warm-started policy with a fresh
+optimiser at the recipe's (or `--learning-rate`) rate.
+
 The pool is shown whole and in the pool file's order (the routing recipe's per-rollout subsets
 and shuffling are sampling devices; an exact objective needs none). One process, `--threads`
 torch threads (1: the machine is shared).
@@ -54,14 +79,12 @@ torch threads (1: the machine is shared).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
 import time
 import tomllib
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,27 +96,29 @@ from conductor_engine.engine.contracts.training import (
     interleave_tags,
     split_heldout,
 )
-from conductor_engine.engine.plan.language import (
-    PlanError,
-    parse_plan,
-    plan_json_schema,
-)
-from conductor_engine.engine.plan.prompts import conductor_messages
-from conductor_engine.engine.providers.local.chat import render_chat
-from conductor_engine.engine.providers.local.grammar import CHOICE_MAX
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.sim_structure import (
-    Oracle,
-    PlanStep,
     StructuredPoolSpec,
-    expected_reward,
     shape,
     structured_pool_toml,
     structured_tasks,
 )
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.trainer.grpo import compute_of, make_optimizer
+from conductor_engine.trainer.grpo import make_optimizer
 from conductor_engine.trainer.policy import load_policy
+from tests.benchmarks._plan_tree import (
+    OraclePath,
+    TaskTree,
+    build_tree,
+    choice_logprobs,
+    greedy,
+    greedy_writes,
+    oracle_decisions,
+    oracle_path,
+    path_logprobs,
+    pick_logprobs,
+    value,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,357 +149,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", type=float, default=0.0,
                    help="stop once greedy held-out expected/oracle reaches this (0: never)")
+    p.add_argument("--warm-start", choices=("none", "oracle"), default="none",
+                   help="oracle: first fine-tune on the training tasks' oracle plans (total "
+                   "assistance: reads the answer key; an upper bound, not a method)")
+    p.add_argument("--warm-steps", type=int, default=60)
+    p.add_argument("--warm-lr", type=float, default=0.0, help="0: the recipe's learning rate")
+    p.add_argument("--warm-tasks-per-step", type=int, default=0,
+                   help="0: every training task each warm step; k: the next k in turn")
+    p.add_argument("--warm-eval-every", type=int, default=10,
+                   help="evaluate the held-out tasks after every k-th warm step")
+    p.add_argument("--warm-until-fit", action="store_true",
+                   help="end the warm start at the first evaluation where a greedy conductor "
+                   "writes the oracle plan of every training task (held-out tasks not read)")
     return p.parse_args()
-
-
-# ------------------------------------------------------------------------- the plan tree
-
-
-@dataclass
-class Choice:
-    """A point where the grammar leaves a choice: the logits of trie node `ctx` renormalised
-    over `allowed`; `children[i]` follows `allowed[i]`: a Choice within the same option (the
-    `0` or `]` after `[`), or a Branch once the option is resolved."""
-
-    ctx: int
-    allowed: list[int]
-    children: list[Choice | Branch] = field(default_factory=list)
-    index: int = -1  # its row among the tree's choices
-
-
-@dataclass
-class Branch:
-    """A resolved option (the text up to the next choice, `text`) and what follows it,
-    expanded once from its shortest spelling: the next decision, or the plan's end (`leaf`)."""
-
-    text: str
-    next: Choice | None = None
-    leaf: Leaf | None = None
-
-
-@dataclass
-class Leaf:
-    text: str
-    plan: list[PlanStep] | None
-    reward: float
-
-
-class TreeBuilder:
-    """Every plan of one prompt, as a token trie walked with the task's xgrammar matcher the
-    way grammar.GrammarMask walks it (forced text in the tokenizer's split, one token at a time;
-    free text replaced by the fixed subtask)."""
-
-    def __init__(self, tokenizer: Any, compiled: Any, info: Any, subtask: str,
-                 score: Any) -> None:
-        import xgrammar as xgr
-
-        self.tok = tokenizer
-        self.matcher = xgr.GrammarMatcher(compiled)  # rollback is unbounded
-        self.vocab = int(info.vocab_size)
-        self.stop = set(info.stop_token_ids)
-        self.bitmask = xgr.allocate_token_bitmask(1, self.vocab)
-        self.subtask = self.encode(subtask)
-        self.score = score  # plan text -> Leaf
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-        self.children: dict[tuple[int, int], int] = {}
-        self.choices: list[Choice] = []
-        self._bits = torch.arange(32, dtype=torch.int32)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def node(self, parent: int, token: int) -> int:
-        key = (parent, token)
-        if key not in self.children:
-            self.children[key] = len(self.tokens)
-            self.tokens.append(token)
-            self.parents.append(parent)
-        return self.children[key]
-
-    def build(self, prompt: list[int]) -> Choice | Branch:
-        at = -1
-        for t in prompt:
-            at = self.node(at, t)
-        return self._expand(at, [])
-
-    # the matcher's next move: ("forced", token) | ("free", None) | ("end", None) |
-    # ("choice", allowed)
-    def _next(self) -> tuple[str, Any]:
-        m = self.matcher
-        if m.is_terminated():
-            return "end", None
-        jump = m.find_jump_forward_string()
-        m.fill_next_token_bitmask(self.bitmask, 0)
-        words = self.bitmask[0]
-        if jump:
-            first = self.encode(jump)[0]
-            if (int(words[first // 32]) >> (first % 32)) & 1:
-                return "forced", first
-        allowed = ((words[:, None] >> self._bits) & 1).flatten()[: self.vocab].nonzero()
-        ids = [int(t) for t in allowed[:, 0].tolist()]
-        if len(ids) == 1:
-            return ("end", None) if ids[0] in self.stop else ("forced", ids[0])
-        if len(ids) > CHOICE_MAX:
-            return "free", None
-        return "choice", [t for t in ids if t not in self.stop]
-
-    def _accept(self, token: int) -> None:
-        if not self.matcher.accept_token(token):
-            raise RuntimeError(f"the plan grammar rejected token {token}")
-
-    def _expand(self, at: int, text: list[int]) -> Choice | Branch:
-        """From trie node `at` (plan tokens so far `text`): follow forced text, then the next
-        decision (a Choice) or the plan's end (a Branch with its Leaf)."""
-        accepted = 0
-        try:
-            while True:
-                kind, value = self._next()
-                if kind == "forced":
-                    self._accept(value)
-                    accepted += 1
-                    at = self.node(at, value)
-                    text.append(value)
-                elif kind == "free":
-                    for t in self.subtask:
-                        self._accept(t)
-                        accepted += 1
-                        at = self.node(at, t)
-                        text.append(t)
-                elif kind == "end":
-                    plan_text = self.tok.decode(text)
-                    return Branch(text=plan_text, leaf=self.score(plan_text))
-                else:
-                    return self._decision(at, text, value)
-        finally:
-            if accepted:
-                self.matcher.rollback(accepted)
-                del text[len(text) - accepted:]
-
-    def _decision(self, at: int, text: list[int], allowed: list[int]) -> Choice:
-        """A decision: every token path until the option is resolved (the next move forced or
-        free, or the end), grouped by the text they resolve to; each group expanded once."""
-        branches: dict[str, Branch] = {}
-        spellings: dict[str, tuple[int, list[int]]] = {}  # resolved text -> shortest path
-
-        def walk(ctx: int, allowed: list[int], path: list[int]) -> Choice:
-            choice = Choice(ctx=ctx, allowed=allowed)
-            self.choices.append(choice)
-            for t in allowed:
-                self._accept(t)
-                path.append(t)
-                kind, value = self._next()
-                if kind == "choice":
-                    child = self.node(ctx, t)
-                    choice.children.append(walk(child, value, path))
-                else:
-                    key = self._resolved(text + path)
-                    if key not in branches:
-                        branches[key] = Branch(text=key)
-                    if key not in spellings or len(path) < len(spellings[key][1]):
-                        spellings[key] = (len(path), list(path))
-                    choice.children.append(branches[key])
-                path.pop()
-                self.matcher.rollback(1)
-            return choice
-
-        root = walk(at, allowed, [])
-        for key, (_, path) in spellings.items():
-            node = at
-            for t in path:
-                self._accept(t)
-                node = self.node(node, t)
-            follow = self._expand(node, text + path)
-            self.matcher.rollback(len(path))
-            if isinstance(follow, Choice):
-                branches[key].next = follow
-            else:
-                branches[key].leaf = follow.leaf
-        return root
-
-    def _resolved(self, text: list[int]) -> str:
-        """The plan text once the forced text after `text` is written (up to the next choice,
-        free text or the end): what identifies an option, whatever its spelling."""
-        accepted = 0
-        extra: list[int] = []
-        while True:
-            kind, value = self._next()
-            if kind != "forced":
-                break
-            self._accept(value)
-            accepted += 1
-            extra.append(value)
-        if accepted:
-            self.matcher.rollback(accepted)
-        return str(self.tok.decode(text + extra))
-
-
-@dataclass
-class TaskTree:
-    task: Task
-    oracle: Oracle
-    parts: list[str]
-    root: Choice | Branch
-    tokens: list[int]
-    parents: list[int]
-    choices: list[Choice]
-    prompt_len: int
-    plans: int = 0
-
-
-def build_tree(task: Task, oracle: Oracle, pool: Pool, spec: StructuredPoolSpec,
-               tokenizer: Any, compiler: Any, info: Any, *, subtask: str = "Solve it",
-               max_steps: int = 0) -> TaskTree:
-    """Every plan of `task` as the conductor would write it for `pool` (the whole pool, in
-    its order), each leaf scored with the sim's expected reward."""
-    agents = pool.available()
-    ids = [a.id for a in agents]
-    parts = task.parts or task.tags
-    max_steps = max_steps or task.options.max_steps
-    messages = conductor_messages(task.question, agents, max_steps=max_steps, json_mode=True)
-    prompt = list(tokenizer(render_chat(tokenizer, messages),
-                            add_special_tokens=False)["input_ids"])
-    schema = plan_json_schema(ids, max_steps, subtask_max_chars=task.options.subtask_max_chars)
-    compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-    roles = spec.agents()
-    seen: set[str] = set()
-
-    def score(text: str) -> Leaf:
-        seen.add(text)
-        try:
-            plan = parse_plan(text, ids, max_steps=max_steps)
-        except PlanError:
-            return Leaf(text=text, plan=None, reward=0.0)
-        steps = [PlanStep(agent=s.agent, sees=s.sees(i)) for i, s in enumerate(plan.steps)]
-        value, _, _ = expected_reward(steps, roles, parts, spec.wrong, spec.cost_penalty_per_usd)
-        return Leaf(text=text, plan=steps, reward=value)
-
-    b = TreeBuilder(tokenizer, compiled, info, subtask, score)
-    root = b.build(prompt)
-    for i, c in enumerate(b.choices):
-        c.index = i
-    return TaskTree(task=task, oracle=oracle, parts=parts, root=root, tokens=b.tokens,
-                    parents=b.parents, choices=b.choices, prompt_len=len(prompt),
-                    plans=len(seen))
-
-
-# ------------------------------------------------------------------------- the objective
-
-
-def choice_logprobs(model: Any, tree: TaskTree) -> list[torch.Tensor]:
-    """log pi(token | context) at every choice of the tree, over its allowed tokens: one
-    forward pass over the whole token trie (each token attends to its ancestors)."""
-    n = len(tree.tokens)
-    depth = [0] * n
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(tree.parents):
-        if p >= 0:
-            depth[i] = depth[p] + 1
-            mask[i] = mask[p]
-        mask[i, i] = True
-    bias = torch.zeros(n, n).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    ids = torch.tensor([tree.tokens])
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = compute_of(model).autocast
-    # the decoder stack alone (its last hidden state is after the final norm), the LM head
-    # only where a choice is read (the head is a fifth of the model at 49k tokens), in float32
-    with torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext():
-        h = causal.model(input_ids=ids, attention_mask=bias[None, None],
-                         position_ids=torch.tensor([depth])).last_hidden_state[0]
-    head = causal.get_output_embeddings()
-    ctx = torch.tensor([c.ctx for c in tree.choices])
-    logits = head(h[ctx].float()).float()
-    return [torch.log_softmax(logits[k, c.allowed], dim=-1) for k, c in enumerate(tree.choices)]
-
-
-def value(node: Choice | Branch, lp: list[torch.Tensor],
-          memo: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-    """E[reward] under pi from this point: sum over options of pi(option) * its value (a
-    branch reached by several spellings is valued once)."""
-    memo = {} if memo is None else memo
-    if id(node) in memo:
-        return memo[id(node)]
-    if isinstance(node, Branch):
-        if node.leaf is not None:
-            out = torch.tensor(node.leaf.reward)
-        else:
-            assert node.next is not None
-            out = value(node.next, lp, memo)
-    else:
-        values = torch.stack([value(child, lp, memo) for child in node.children])
-        out = (lp[node.index].exp() * values).sum()
-    memo[id(node)] = out
-    return out
-
-
-def plan_probabilities(node: Choice | Branch, lp: list[torch.Tensor], p: float = 1.0,
-                       out: dict[str, float] | None = None) -> dict[str, float]:
-    """pi of every plan text under `node` (they sum to 1 from the root)."""
-    out = {} if out is None else out
-    if isinstance(node, Branch):
-        if node.leaf is not None:
-            out[node.leaf.text] = out.get(node.leaf.text, 0.0) + p
-        else:
-            assert node.next is not None
-            plan_probabilities(node.next, lp, p, out)
-        return out
-    probs = lp[node.index].exp().tolist()
-    for q, child in zip(probs, node.children, strict=True):
-        plan_probabilities(child, lp, p * q, out)
-    return out
-
-
-def greedy(node: Choice | Branch, lp: list[torch.Tensor]) -> Leaf:
-    """The plan a greedy conductor writes: the most likely token at every choice."""
-    while True:
-        if isinstance(node, Branch):
-            if node.leaf is not None:
-                return node.leaf
-            assert node.next is not None
-            node = node.next
-        else:
-            node = node.children[int(lp[node.index].argmax())]
-
-
-def leaves_under(node: Choice | Branch) -> list[Leaf]:
-    if isinstance(node, Branch):
-        if node.leaf is not None:
-            return [node.leaf]
-        assert node.next is not None
-        return leaves_under(node.next)
-    return [leaf for c in node.children for leaf in leaves_under(c)]
-
-
-def oracle_decisions(root: Choice | Branch, lp: list[torch.Tensor], best: list[PlanStep]
-                     ) -> list[float]:
-    """pi of each decision of the oracle's plan, given the ones before: at each decision the
-    mass of the options that still lead to the oracle's plan (step 0's `"all"` and `[]` both
-    see nothing; step 1's `"all"` and `[0]` both see step 0), then on along the likeliest."""
-    out: list[float] = []
-    node: Choice | Branch | None = root
-    while node is not None:
-        if isinstance(node, Branch):
-            node = node.next
-            continue
-        mass: dict[int, tuple[float, Branch]] = {}
-        _options_to(node, lp, best, 1.0, mass)
-        if not mass:
-            break
-        out.append(sum(p for p, _ in mass.values()))
-        node = max(mass.values(), key=lambda pb: pb[0])[1]
-    return out
-
-
-def _options_to(c: Choice | Branch, lp: list[torch.Tensor], best: list[PlanStep], p: float,
-                mass: dict[int, tuple[float, Branch]]) -> None:
-    """Add to `mass` each option of the decision at `c` that leads to `best`, with pi of it."""
-    if isinstance(c, Branch):
-        if any(leaf.plan == best for leaf in leaves_under(c)):
-            mass[id(c)] = (mass.get(id(c), (0.0, c))[0] + p, c)
-        return
-    probs = lp[c.index].exp().tolist()
-    for q, child in zip(probs, c.children, strict=True):
-        _options_to(child, lp, best, p * q, mass)
 
 
 # ------------------------------------------------------------------------------- the run
@@ -500,7 +187,7 @@ def evaluate(model: Any, trees: list[TaskTree]) -> dict[str, Any]:
             "odds": odds}
 
 
-def report(update: int, ev: dict[str, Any], oracle_shapes: dict[str, str], base: float,
+def report(label: str, ev: dict[str, Any], oracle_shapes: dict[str, str], base: float,
            extra: str) -> None:
     shapes = "; ".join(
         f"{kind} ({oracle_shapes[kind]}): " + ", ".join(
@@ -508,11 +195,64 @@ def report(update: int, ev: dict[str, Any], oracle_shapes: dict[str, str], base:
         for kind, c in ev["shapes"].items())
     odds = "; ".join(f"{k} " + " ".join(f"{p:.3g}" for p in v) for k, v in ev["odds"].items())
     ratio = ev["expected"] / base if base else 0.0
-    print(f"update {update:>2}: held-out expected/oracle {ev['expected']:.3f} "
+    print(f"{label}: held-out expected/oracle {ev['expected']:.3f} "
           f"(x{ratio:.2f} the untrained policy's), greedy/oracle {ev['greedy']:.3f}{extra}\n"
           f"    greedy shapes: {shapes}\n"
           f"    pi of the oracle plan's decisions (agent, access, another step, agent, "
           f"access): {odds}", flush=True)
+
+
+def sft_on_oracle(model: Any, recipe: Recipe, train: list[TaskTree], held: list[TaskTree],
+                  args: argparse.Namespace, oracle_shapes: dict[str, str],
+                  base: float) -> None:
+    """The oracle warm start: AdamW steps up the mean log pi(oracle plan | task) over the
+    training tasks, `args.warm_tasks_per_step` tasks a step in the interleaved order, with the
+    recipe's gradient clip; the held-out tasks evaluated every `args.warm_eval_every` steps."""
+    lr = args.warm_lr or recipe.loss.learning_rate
+    optimizer = make_optimizer(model, recipe.loss.model_copy(update={"learning_rate": lr}))
+    params = [p for p in model.parameters() if p.requires_grad]
+    paths = [oracle_path(t, args.subtask) for t in train]
+    per_step = args.warm_tasks_per_step or len(paths)
+    print(f"oracle warm start (TOTAL ASSISTANCE: it reads each training task's oracle plan, "
+          f"the answer key no product run has; held-out tasks never): {args.warm_steps} steps "
+          f"of {per_step} tasks, AdamW lr {lr}, clip {recipe.loss.max_grad_norm}; "
+          f"{sum(len(p.picks) for p in paths) / len(paths):.1f} choices a plan", flush=True)
+    cursor = 0
+    for step in range(1, args.warm_steps + 1):
+        t0 = time.monotonic()
+        batch = [paths[(cursor + k) % len(paths)] for k in range(per_step)]
+        cursor += per_step
+        optimizer.zero_grad(set_to_none=True)
+        lp = path_logprobs(model, batch)
+        (-lp.mean()).backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, recipe.loss.max_grad_norm))
+        if math.isfinite(norm):
+            optimizer.step()
+        took = time.monotonic() - t0
+        line = (f"warm {step:>3}: mean log pi(oracle plan) before the step "
+                f"{float(lp.detach().mean()):.3f}, grad norm {norm:.3g}, {took:.0f} s")
+        if step % args.warm_eval_every and step != args.warm_steps:
+            print(line, flush=True)
+            continue
+        print(line, flush=True)
+        fit = training_fit(model, paths)
+        report(f"warm {step:>3}", evaluate(model, held), oracle_shapes, base,
+               f"; training tasks: mean log pi(oracle plan) {fit[0]:.3f}, greedy writes the "
+               f"oracle plan on {fit[1]}/{len(paths)}")
+        if args.warm_until_fit and fit[1] == len(paths):
+            print(f"the warm start fits every training task's oracle plan at step {step}",
+                  flush=True)
+            break
+
+
+def training_fit(model: Any, paths: list[OraclePath]) -> tuple[float, int]:
+    """The training tasks' mean log pi of their oracle plan, and on how many of them a greedy
+    conductor writes it."""
+    with torch.no_grad():
+        lps = pick_logprobs(model, paths)
+    total = sum(float(sum(lp[k] for lp, (_, _, k) in zip(v, p.picks, strict=True)))
+                for v, p in zip(lps, paths, strict=True))
+    return total / len(paths), sum(greedy_writes(v, p) for v, p in zip(lps, paths, strict=True))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -561,7 +301,6 @@ def main(args: argparse.Namespace) -> int:
           f"after a {train_trees[0].prompt_len}-token prompt; built in "
           f"{time.monotonic() - started:.0f} s", flush=True)
     oracle_shapes = {t.oracle.kind: t.oracle.shape for t in held_trees}
-    optimizer = make_optimizer(model, recipe.loss)
     params = [p for p in model.parameters() if p.requires_grad]
     per_update = args.tasks_per_update or len(train_trees)
     print(f"LoRA r={recipe.policy.lora_r}, AdamW lr {recipe.loss.learning_rate}, clip "
@@ -570,7 +309,13 @@ def main(args: argparse.Namespace) -> int:
 
     model.eval()  # no dropout; the gradient is exact
     base = evaluate(model, held_trees)
-    report(0, base, oracle_shapes, base["expected"], "")
+    report("update  0", base, oracle_shapes, base["expected"], "")
+    if args.warm_start == "oracle":
+        sft_on_oracle(model, recipe, train_trees, held_trees, args, oracle_shapes,
+                      base["expected"])
+        print("exact-gradient updates from the oracle warm start (a fresh optimiser):",
+              flush=True)
+    optimizer = make_optimizer(model, recipe.loss)
     cursor = 0
     for update in range(1, args.updates + 1):
         t0 = time.monotonic()
@@ -592,7 +337,7 @@ def main(args: argparse.Namespace) -> int:
                   f"{objective:.3f}, grad norm {norm:.3g}, {took:.0f} s", flush=True)
             continue
         ev = evaluate(model, held_trees)
-        report(update, ev, oracle_shapes, base["expected"],
+        report(f"update {update:>2}", ev, oracle_shapes, base["expected"],
                f"; training expected/oracle before the step {objective:.3f}, grad norm "
                f"{norm:.3g}, {took:.0f} s")
         if args.stop_at and ev["greedy"] >= args.stop_at:

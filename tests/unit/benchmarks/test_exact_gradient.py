@@ -1,5 +1,7 @@
-"""The yardstick's plan tree (tests/benchmarks/bench_exact_gradient.py): every plan the grammar
-allows, with the probability the policy gives it, read in one tree-attention pass. Against a
+"""The yardstick's plan tree (tests/benchmarks/_plan_tree.py, run by bench_exact_gradient.py):
+every plan the grammar allows, with the probability the policy gives it, read in one
+tree-attention pass; and the oracle plan's own token path, which the oracle warm start trains
+on. Against a
 one-layer conductor with SmolLM2's tokenizer (tests/tiny_policy.py), the real plan grammar and
 the pool of `conductor sim pool --structure --seed 1`."""
 
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ def _trees(model_dir: Path, tmp_path: Path, kinds: tuple[str, ...]) -> tuple[Any
     )
     from conductor_engine.engine.tasks.files import load_tasks
     from conductor_engine.trainer.policy import load_policy
-    from tests.benchmarks.bench_exact_gradient import build_tree
+    from tests.benchmarks._plan_tree import build_tree
 
     spec = StructuredPoolSpec(seed=1, tasks_per_kind=1)
     (tmp_path / "pool.toml").write_text(structured_pool_toml(spec))
@@ -59,7 +62,7 @@ def test_the_tree_holds_every_plan_once_and_pi_sums_to_one_over_them(
     them with the oracle's expected reward."""
     import torch
 
-    from tests.benchmarks.bench_exact_gradient import (
+    from tests.benchmarks._plan_tree import (
         choice_logprobs,
         leaves_under,
         oracle_decisions,
@@ -96,7 +99,7 @@ def test_tree_attention_gives_each_choice_the_log_probs_of_a_plain_forward_pass(
     model gives the same tokens run alone (the context's ancestors only, positions 0..n)."""
     import torch
 
-    from tests.benchmarks.bench_exact_gradient import choice_logprobs
+    from tests.benchmarks._plan_tree import choice_logprobs
 
     policy, (tree,) = _trees(tiny_policy_dir, tmp_path, ("review",))
     model = policy.model.get_base_model()
@@ -121,7 +124,7 @@ def test_a_step_up_the_exact_gradient_raises_the_expected_reward(
 
     from conductor_engine.engine.contracts.training import LossConfig
     from conductor_engine.trainer.grpo import make_optimizer
-    from tests.benchmarks.bench_exact_gradient import choice_logprobs, value
+    from tests.benchmarks._plan_tree import choice_logprobs, value
 
     policy, trees = _trees(tiny_policy_dir, tmp_path, ("one", "generalist"))
     model = policy.model
@@ -139,3 +142,56 @@ def test_a_step_up_the_exact_gradient_raises_the_expected_reward(
     with torch.no_grad():
         after = objective()
     assert float(after) > float(before.detach())
+
+
+def test_the_oracle_path_log_prob_is_the_trees_product_over_its_picks(
+    tiny_policy_dir: Path, tmp_path: Path,
+) -> None:
+    """log pi of the oracle plan read on its own token path (one sequence per task, batched as
+    one trie) equals the sum of the tree's log-probs at the choices of that path, for a one-
+    and a two-step oracle, and is at most the tree's probability of the plan text (which adds
+    every spelling); a greedy-writes verdict agrees with the tree's greedy plan. A wrong
+    position, a softmax over the whole vocabulary or a missed choice fails it."""
+    import torch
+
+    from tests.benchmarks._plan_tree import (
+        Branch,
+        Choice,
+        choice_logprobs,
+        greedy,
+        greedy_writes,
+        oracle_path,
+        path_logprobs,
+        pick_logprobs,
+        plan_probabilities,
+    )
+
+    policy, trees = _trees(tiny_policy_dir, tmp_path, ("one", "split"))
+    assert [len(t.oracle.plan) for t in trees] == [1, 2]
+    paths = [oracle_path(t) for t in trees]
+    # one step: agent, access, the end; two steps: five decisions, `[0]` read as `[`,`0`
+    assert [len(p.picks) for p in paths] == [3, 6]
+    with torch.no_grad():
+        together = path_logprobs(policy.model, paths)
+        alone = torch.cat([path_logprobs(policy.model, [p]) for p in paths])
+        picks = pick_logprobs(policy.model, paths)
+        for tree, path, got, lps in zip(trees, paths, together, picks, strict=True):
+            lp = choice_logprobs(policy.model, tree)
+            # the tree's product along the same picks, walked from the root
+            want, node, k = 0.0, tree.root, 0
+            while not (isinstance(node, Branch) and node.leaf is not None):
+                if isinstance(node, Branch):
+                    node = node.next
+                    continue
+                assert isinstance(node, Choice)
+                pos, allowed, pick = path.picks[k]
+                assert allowed == node.allowed and path.tokens[pos] == tree.tokens[node.ctx]
+                want += float(lp[node.index][pick])
+                node, k = node.children[pick], k + 1
+            assert k == len(path.picks)
+            assert node.leaf.plan == tree.oracle.plan and node.leaf.text == path.text
+            assert float(got) == pytest.approx(want, abs=1e-4)
+            assert float(got) < -1e-3  # a real distribution, not a forced path
+            assert math.exp(float(got)) <= plan_probabilities(tree.root, lp)[path.text] + 1e-6
+            assert greedy_writes(lps, path) == (greedy(tree.root, lp).text == path.text)
+        assert torch.allclose(together, alone, atol=1e-4)
