@@ -29,6 +29,7 @@ import structlog
 from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
+from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.traces import (
     PolicyRef,
     StoredGroup,
@@ -368,10 +369,12 @@ class TraceStore:
         earlier run (the warm-up's candidates, trainer/warmup.py, which decides which of them
         are honest). Only these task ids: a held-out task's runs (`heldout~ID`) are never
         among them. `correct_only`: runs whose verdict said right; `policies`: runs these
-        conductors planned. One indexed query; only the ranked rows' documents are read."""
-        args: list[Any] = [task_ids, min_reward, per_task]
+        conductors planned. Never a fixed plan's run (policy `baseline`: no conductor wrote
+        it, so there is nothing to learn from it). One indexed query; only the ranked rows'
+        documents are read."""
+        args: list[Any] = [task_ids, min_reward, per_task, BASELINE_POLICY]
         where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
-                 "AND task_id = ANY($1) AND reward >= $2 "
+                 "AND task_id = ANY($1) AND reward >= $2 AND policy_name <> $4 "
                  # a verdict the candidate could have forged never ranks (code_tests.UNTRUSTED)
                  "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
         if correct_only:

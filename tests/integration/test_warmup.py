@@ -210,7 +210,7 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
 ) -> None:
     """`TraceStore.best_runs`, the warm-up's candidates: per task the best completed runs with
     a reward (higher reward, then cheaper), none whose verdict the candidate could have forged,
-    none of another task (a held-out run of the same task included)."""
+    none of another task (a held-out run of the same task included), none of a fixed plan."""
     from tests.unit.trainer.test_warmup import scored
 
     a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
@@ -222,6 +222,7 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
         "invalid": scored(b, 1.0, status="invalid_plan"),
         "wrong": scored(b, 0.25, correct=False),
         "b": scored(b, 0.9),
+        "fixed": scored(b, 1.0, conductor="baseline"),  # a fixed plan's run: nothing to learn
     }
     for trace in runs.values():
         await trace_store.write(trace)
@@ -237,3 +238,36 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
         runs["b"].workflow_id]
     assert ids(await trace_store.best_runs([b], per_task=5, min_reward=0.95)) == []
     assert await trace_store.best_runs([a], per_task=1, policies=["nobody"]) == []
+
+
+async def test_the_store_gives_each_tasks_newest_scored_runs_right_and_wrong_and_its_rehearsals(
+    trace_store: TraceStore,
+) -> None:
+    """`TraceStore.scored_runs`, the evidence of plan means: per task the newest completed
+    runs with a reward, wrong ones included, none forged, none of a held-out run; with
+    `policies`, those conductors' runs and every run of the rehearsal batch."""
+    from tests.unit.trainer.test_warmup import scored
+
+    a = f"a-{uuid.uuid4().hex[:6]}"
+    runs = {f"m{m}": scored(a, 1.0 if m % 2 else 0.5, correct=bool(m % 2), minute=m)
+            for m in range(4)}
+    runs["forged"] = scored(a, 1.0, trusted=False, minute=9)
+    runs["held-out"] = scored(f"heldout~{a}", 1.0, minute=9)
+    runs["invalid"] = scored(a, 0.0, status="invalid_plan", minute=9)
+    runs["other"] = scored(a, 1.0, conductor="someone", minute=8)
+    runs["rehearsed"] = scored(a, 1.0, conductor="baseline", minute=7)
+    runs["rehearsed"].task.batch = "rehearse-x"
+    for trace in runs.values():
+        await trace_store.write(trace)
+
+    async def ids(**kw: object) -> list[str]:
+        found = await trace_store.scored_runs([a], **kw)  # type: ignore[arg-type]
+        return [r.workflow_id for r in found]
+
+    def wid(*keys: str) -> list[str]:
+        return [runs[k].workflow_id for k in keys]
+
+    assert await ids(per_task=3) == wid("other", "rehearsed", "m3")
+    assert await ids(per_task=10, policies=["teacher"]) == wid("m3", "m2", "m1", "m0")
+    assert await ids(per_task=2, policies=["teacher"], batch="rehearse-x") == wid(
+        "rehearsed", "m3")
