@@ -244,16 +244,7 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
     task the best run of each of its `cfg.per_task` best plans (rank plan_mean), or its best
     `cfg.per_task` runs (rank run); best first per task, tasks in id order."""
     if cfg.rank == "plan_mean":
-        ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
-        chosen = [p for plans in ranked.values()
-                  for p in [p for p in plans if p.best is not None][: cfg.per_task]]
-        return Selection(
-            plans=[p.best for p in chosen if p.best is not None],
-            left_out=count_reasons(reasons),
-            ranked_plans=sum(len(p) for p in ranked.values()),
-            counted_runs=sum(len(p.runs) for plans in ranked.values() for p in plans),
-            plan_means={(p.best.workflow_id, p.best.run_id): p.mean_reward for p in chosen
-                        if p.best is not None})
+        return _by_plan(traces, task_ids, cfg, rehearsal_batch)
     allowed = frozenset(task_ids)
     by_task: dict[str, list[Trace]] = {}
     reasons: list[str] = []
@@ -266,6 +257,22 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
     plans = [t for task in sorted(by_task)
              for t in sorted(by_task[task], key=rank_key)[: cfg.per_task]]
     return Selection(plans=plans, left_out=count_reasons(reasons))
+
+
+def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
+             rehearsal_batch: str | None) -> Selection:
+    """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
+    that have a run to train on."""
+    ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
+    chosen = [p for plans in ranked.values()
+              for p in [p for p in plans if p.best is not None][: cfg.per_task]]
+    return Selection(
+        plans=[p.best for p in chosen if p.best is not None],
+        left_out=count_reasons(reasons),
+        ranked_plans=sum(len(p) for p in ranked.values()),
+        counted_runs=sum(len(p.runs) for plans in ranked.values() for p in plans),
+        plan_means={(p.best.workflow_id, p.best.run_id): p.mean_reward for p in chosen
+                    if p.best is not None})
 
 
 def stored_traces(runs: Sequence[StoredRun]) -> tuple[list[Trace], dict[str, int]]:
