@@ -296,7 +296,8 @@ async def selections(store: TraceStore, judge: Judge, train: list[Task], recipe:
                        if r.trace is not None
                        and (r.trace.policy.name != policy or r.trace.policy.version == "base")]
     samples = [t for t in before_training if t.task.batch != batch]
-    ways = [("best run by reward", select_plans(samples, ids, revised(cfg, rank="run"))),
+    by_run = revised(cfg, rank="run", rehearse=0)
+    ways = [("best run by reward", select_plans(samples, ids, by_run)),
             ("plan mean, samples only", select_plans(samples, ids,
                                                      revised(cfg, rank="plan_mean")))]
     if rehearsed:
