@@ -231,10 +231,10 @@ def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: Warmu
     ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     out: dict[str, list[Plan]] = {}
     for task, plans in ranked.items():
-        chosen = [p.best.rounds[0].plan for p in plans
-                  if p.best is not None and len(p.signature) == 1 and p.best.rounds[0].plan]
-        if chosen[: cfg.rehearse_plans]:
-            out[task] = [p for p in chosen[: cfg.rehearse_plans] if p is not None]
+        chosen = [plan for p in plans if p.best is not None and len(p.signature) == 1
+                  and (plan := p.best.rounds[0].plan) is not None][: cfg.rehearse_plans]
+        if chosen:
+            out[task] = chosen
     return out
 
 
