@@ -31,6 +31,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from conductor_engine.engine.contracts.limits import MAX_REHEARSAL_RUNS
 from conductor_engine.engine.contracts.names import (
     REHEARSAL_PLANS_ACTIVITY,
     UPDATE_ACTIVITY,
@@ -193,8 +194,14 @@ class Trainer:
         if req.task_list is not None:
             task_ids += [t.id for t in await read_all(store.blobs, req.task_list)]
         traces, _ = stored_traces(await self._warmup_runs(store, task_ids, req))
-        return RehearsalPlans(plans=candidate_plans(traces, task_ids, req.recipe.warmup,
-                                                    req.rehearsal_batch))
+        cfg = req.recipe.warmup
+        plans = candidate_plans(traces, task_ids, cfg, req.rehearsal_batch)
+        runs = sum(len(p) for p in plans.values()) * cfg.rehearse
+        if runs > MAX_REHEARSAL_RUNS:
+            raise RehearsalTooLarge(
+                f"the rehearsal would start {runs:,} runs, over the {MAX_REHEARSAL_RUNS:,} one "
+                "training run holds: lower [warmup] rehearse or rehearse_plans")
+        return RehearsalPlans(plans=plans)
 
     async def warm_up(self, req: WarmupRequest) -> WarmupResult:
         async with self._lock:
@@ -516,6 +523,10 @@ def _warmed(version: PolicyVersion, started: float) -> WarmupResult:
         "seconds": time.monotonic() - started})
 
 
+class RehearsalTooLarge(ValueError):
+    """More rehearsal runs than one training run holds (limits.py MAX_REHEARSAL_RUNS)."""
+
+
 class TrainerActivities:
     def __init__(self, settings: Settings) -> None:
         self.trainer = Trainer(settings)
@@ -536,7 +547,10 @@ class TrainerActivities:
 
     @activity.defn(name=REHEARSAL_PLANS_ACTIVITY)
     async def rehearsal_plans(self, req: WarmupRequest) -> RehearsalPlans:
-        return await heartbeating(self.trainer.rehearsal_plans(req))
+        try:
+            return await heartbeating(self.trainer.rehearsal_plans(req))
+        except RehearsalTooLarge as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
 
 
 def build_trainer_worker(client: Client, settings: Settings) -> Worker:

@@ -37,6 +37,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.limits import MAX_REHEARSAL_RUNS
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         REHEARSAL_PLANS_ACTIVITY,
@@ -96,10 +97,6 @@ REHEARSAL_SAMPLES_FROM = 1_000_000
 """The sample number of a rehearsal's first repeat: far from any rollout's (0 .. group_size),
 so a rehearsal draws afresh rather than repeating the run it rehearses (the sim provider seeds
 an agent's answer with the sample)."""
-
-MAX_REHEARSAL_RUNS = 4_000
-"""The most rehearsal runs one training run starts: child runs in one workflow history, each
-a handful of events, under Temporal's 50,000."""
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.

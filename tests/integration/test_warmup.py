@@ -271,3 +271,34 @@ async def test_the_store_gives_each_tasks_newest_scored_runs_right_and_wrong_and
     assert await ids(per_task=10, policies=["teacher"]) == wid("m3", "m2", "m1", "m0")
     assert await ids(per_task=2, policies=["teacher"], batch="rehearse-x") == wid(
         "rehearsed", "m3")
+
+
+async def test_a_rehearsal_larger_than_one_training_run_holds_is_refused_before_any_plan(
+    settings: Settings, trace_store: TraceStore,
+) -> None:
+    """Four tasks with sixteen right plans each, rehearsed 64 times: 4,096 runs, over the
+    4,000 one training run holds; the trainer refuses in one line before returning any plan,
+    and the same with 62 repeats passes (3,968 runs)."""
+    from conductor_engine.engine.contracts.training import WarmupRequest
+    from conductor_engine.trainer.service import RehearsalTooLarge, Trainer
+    from tests.unit.trainer.test_warmup import planned
+
+    ids = [f"big-{uuid.uuid4().hex[:6]}" for _ in range(4)]
+    agents = [f"agent{i}" for i in range(4)]
+    for task_id in ids:
+        for a in agents:
+            for b in agents:
+                await trace_store.write(planned(task_id, ((a, []), (b, [0])), 1.0))
+
+    def asked(rehearse: int) -> WarmupRequest:
+        warm = WarmupConfig(enabled=True, conductors=["teacher"], rehearse=rehearse,
+                            rehearse_plans=16)
+        return WarmupRequest(name="nobody", parent=0, update_id="x", task_ids=ids,
+                             recipe=Recipe(warmup=warm), rehearsal_batch="rehearse-nobody")
+
+    trainer = Trainer(settings)
+    with pytest.raises(RehearsalTooLarge, match="would start 4,096 runs, over the 4,000 one "
+                       "training run holds: lower \\[warmup\\] rehearse or rehearse_plans"):
+        await trainer.rehearsal_plans(asked(64))
+    plans = (await trainer.rehearsal_plans(asked(62))).plans
+    assert sorted(plans) == sorted(ids) and {len(p) for p in plans.values()} == {16}
