@@ -37,7 +37,6 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from conductor_engine.engine.contracts.limits import MAX_REHEARSAL_RUNS
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         REHEARSAL_PLANS_ACTIVITY,
@@ -366,24 +365,19 @@ class TrainingWorkflow:
 
     async def _rehearse(self, inp: TrainInput, req: WarmupRequest) -> Rehearsal:
         """Each training task's best candidate plans (asked of the trainer, which reads the
-        store), each run `rehearse` more times as a fixed plan (Task.plan, as `conductor
-        eval` runs its baselines), as child runs like rollouts, labelled with the run's
-        rehearsal batch. They are scored and recorded like any run, and the warm-up counts
-        their rewards towards their plan's mean. Repeat r of every plan of a task is sample
-        REHEARSAL_SAMPLES_FROM + r: apart from the samples rollouts use, and the same for
-        every plan of the task, so plans are compared on the same draws."""
+        store and refuses more runs than limits.py MAX_REHEARSAL_RUNS), each run `rehearse`
+        more times as a fixed plan (Task.plan, as `conductor eval` runs its baselines), as
+        child runs like rollouts, labelled with the run's rehearsal batch. They are scored
+        and recorded like any run, and the warm-up counts their rewards towards their plan's
+        mean. Repeat r of every plan of a task is sample REHEARSAL_SAMPLES_FROM + r: apart
+        from the samples rollouts use, and the same for every plan of the task, so plans are
+        compared on the same draws."""
         p, cfg = self._progress, inp.recipe.warmup
         p.phase = "rehearsal"
         started = workflow.time()
         candidates = await workflow.execute_activity(
             REHEARSAL_PLANS_ACTIVITY, req, result_type=RehearsalPlans,
             **_on_the_trainer(inp), summary=f"rehearsal plans · {inp.policy}")
-        runs = sum(len(plans) for plans in candidates.plans.values()) * cfg.rehearse
-        if runs > MAX_REHEARSAL_RUNS:
-            raise ApplicationError(
-                f"the rehearsal would start {runs} runs, more than one training run's history "
-                f"holds ({MAX_REHEARSAL_RUNS}): lower [warmup] rehearse or rehearse_plans",
-                type="RehearsalTooLarge", non_retryable=True)
         if inp.tasks or inp.task_list is None:
             tasks = list(inp.tasks)
         else:
