@@ -31,12 +31,19 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, WARMUP_ACTIVITY
+from conductor_engine.engine.contracts.limits import MAX_REHEARSAL_RUNS
+from conductor_engine.engine.contracts.names import (
+    REHEARSAL_PLANS_ACTIVITY,
+    UPDATE_ACTIVITY,
+    WARMUP_ACTIVITY,
+)
 from conductor_engine.engine.contracts.policy_versions import version_label
+from conductor_engine.engine.contracts.traces import StoredRun
 from conductor_engine.engine.contracts.training import (
     LossConfig,
     PolicyConfig,
     Recipe,
+    RehearsalPlans,
     UpdateRequest,
     UpdateResult,
     WarmupRequest,
@@ -74,7 +81,12 @@ from conductor_engine.trainer.rollouts import (
     update_samples,
 )
 from conductor_engine.trainer.tracking import SAMPLE_PLANS, SamplePlan, Trackers, iteration_of
-from conductor_engine.trainer.warmup import select_plans, stored_traces, warmup_samples
+from conductor_engine.trainer.warmup import (
+    candidate_plans,
+    select_plans,
+    stored_traces,
+    warmup_samples,
+)
 
 T = TypeVar("T")
 
@@ -160,6 +172,37 @@ class Trainer:
         result.reason = step.skipped
         return result
 
+    @staticmethod
+    async def _warmup_runs(store: TraceStore, task_ids: list[str], req: WarmupRequest
+                           ) -> list[StoredRun]:
+        """The stored runs the warm-up ranks: the newest `recent_runs` of each training task
+        (rank plan_mean: right and wrong ones are evidence of a plan's mean), or the best
+        `per_task` (rank run)."""
+        cfg = req.recipe.warmup
+        if cfg.rank == "plan_mean":
+            return await store.scored_runs(task_ids, per_task=cfg.recent_runs,
+                                           policies=cfg.conductors, batch=req.rehearsal_batch)
+        return await store.best_runs(task_ids, per_task=cfg.per_task, min_reward=cfg.min_reward,
+                                     correct_only=cfg.correct_only, policies=cfg.conductors)
+
+    async def rehearsal_plans(self, req: WarmupRequest) -> RehearsalPlans:
+        """Each training task's best candidate plans to rehearse before the warm-up
+        (trainer/warmup.py `candidate_plans`), from the runs the warm-up would rank. Reads the
+        store only: no weights are touched, so no update waits for it."""
+        store = await shared_store(self.settings)
+        task_ids = list(req.task_ids)
+        if req.task_list is not None:
+            task_ids += [t.id for t in await read_all(store.blobs, req.task_list)]
+        traces, _ = stored_traces(await self._warmup_runs(store, task_ids, req))
+        cfg = req.recipe.warmup
+        plans = candidate_plans(traces, task_ids, cfg, req.rehearsal_batch)
+        runs = sum(len(p) for p in plans.values()) * cfg.rehearse
+        if runs > MAX_REHEARSAL_RUNS:
+            raise RehearsalTooLarge(
+                f"the rehearsal would start {runs:,} runs, over the {MAX_REHEARSAL_RUNS:,} one "
+                "training run holds: lower [warmup] rehearse or rehearse_plans")
+        return RehearsalPlans(plans=plans)
+
     async def warm_up(self, req: WarmupRequest) -> WarmupResult:
         async with self._lock:
             return await self._warm_up(req)
@@ -183,25 +226,25 @@ class Trainer:
         task_ids = list(req.task_ids)
         if req.task_list is not None:
             task_ids += [t.id for t in await read_all(store.blobs, req.task_list)]
-        runs = await store.best_runs(task_ids, per_task=cfg.per_task, min_reward=cfg.min_reward,
-                                     correct_only=cfg.correct_only, policies=cfg.conductors)
-        traces, unreadable = stored_traces(runs)
+        traces, unreadable = stored_traces(await self._warmup_runs(store, task_ids, req))
+        selection = select_plans(traces, task_ids, cfg, req.rehearsal_batch)
         as_update = UpdateRequest(name=req.name, parent=req.parent, update_id=req.update_id,
                                   recipe=req.recipe)
-        kept = await self._hold(as_update, registry, store) if traces else None
-        if kept is not None and any(needs_reconstruction(a) for t in traces for r in t.rounds
-                                    for a in r.attempts[-1:]):
+        kept = await self._hold(as_update, registry, store) if selection.plans else None
+        if kept is not None and any(needs_reconstruction(a) for t in selection.plans
+                                    for r in t.rounds for a in r.attempts[-1:]):
             vocab = await asyncio.to_thread(vocabulary, kept.policy.model, kept.policy.tokenizer)
-            rebuilt = [reconstruct_trace(t, vocab) for t in traces]
+            rebuilt = [reconstruct_trace(t, vocab) for t in selection.plans]
             unreadable["grammar_rejected"] = sum(isinstance(t, str) for t in rebuilt)
-            traces = [t for t in rebuilt if not isinstance(t, str)]
-        selection = select_plans(traces, task_ids, cfg)
+            selection.plans = [t for t in rebuilt if not isinstance(t, str)]
         left_out = {**selection.left_out, **{k: v for k, v in unreadable.items() if v}}
         result = WarmupResult(
             name=req.name, version=req.parent, published=False, tasks=len(set(task_ids)),
             tasks_with_plans=selection.tasks, plans=len(selection.plans),
             conductors=selection.conductors(), mean_reward=selection.mean_reward(),
-            left_out=left_out)
+            left_out=left_out, rank=cfg.rank, ranked_plans=selection.ranked_plans,
+            counted_runs=selection.counted_runs, mean_plan_reward=selection.mean_plan_reward(),
+            shapes=selection.shapes())
         samples = [] if kept is None else warmup_samples(selection.plans,
                                                          kept.policy.tokenizer, cfg)
         if kept is None or not samples:
@@ -233,6 +276,7 @@ class Trainer:
         result.seconds = time.monotonic() - started
         log.info("warm-up published", policy=req.name, version=published.label,
                  plans=result.plans, tasks=f"{result.tasks_with_plans}/{result.tasks}",
+                 rank=cfg.rank, shapes=result.shapes,
                  logprob=f"{tuned.logprob_before:.3f} -> {tuned.logprob_after:.3f}",
                  steps=tuned.step.steps, trained_tokens=tuned.step.tokens,
                  passed_tokens=tuned.step.passed_tokens,
@@ -479,6 +523,10 @@ def _warmed(version: PolicyVersion, started: float) -> WarmupResult:
         "seconds": time.monotonic() - started})
 
 
+class RehearsalTooLarge(ValueError):
+    """More rehearsal runs than one training run holds (limits.py MAX_REHEARSAL_RUNS)."""
+
+
 class TrainerActivities:
     def __init__(self, settings: Settings) -> None:
         self.trainer = Trainer(settings)
@@ -497,10 +545,18 @@ class TrainerActivities:
         except (StaleParent, PolicyError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
 
+    @activity.defn(name=REHEARSAL_PLANS_ACTIVITY)
+    async def rehearsal_plans(self, req: WarmupRequest) -> RehearsalPlans:
+        try:
+            return await heartbeating(self.trainer.rehearsal_plans(req))
+        except RehearsalTooLarge as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+
 
 def build_trainer_worker(client: Client, settings: Settings) -> Worker:
     """The trainer service's worker: one update at a time on the settings' trainer queue."""
     activities = TrainerActivities(settings)
     return Worker(client, task_queue=settings.trainer_task_queue,
-                  activities=[activities.grpo_update, activities.warmup_update],
+                  activities=[activities.grpo_update, activities.warmup_update,
+                              activities.rehearsal_plans],
                   max_concurrent_activities=1)

@@ -17,8 +17,23 @@ Which runs (`select_plans`), per training task:
 - only honest ones, as GRPO's groups decide (engine/rewards/rollouts.py `as_rollout`): no
   failed or cancelled run, no verifier error, no verdict the candidate could have forged, no
   run that needed retry feedback to write its plan; and a completed run, whose plan was valid;
-- best first: reward descending, then the run's cost ascending (of two plans that scored alike
-  the cheaper is learned), then the earlier run.
+- best first, in one of two ways (`rank`):
+  - `plan_mean` (the default): a task's runs are grouped by their plan's signature (each
+    step's agent and which earlier steps it sees; the subtasks' wording is not part of it), and
+    each plan is scored by its mean reward over all its counted runs, right and wrong alike;
+    plans rank by that mean, then by how many runs it rests on, then by their mean cost, and
+    the warm-up trains on the best run (below) of each of the best `per_task` plans that have
+    a run it may train on (a conductor-written one passing `correct_only` and `min_reward`).
+    With a handful of runs per task the best single run is mostly luck: a cheap one-step plan
+    that was right once beats a review plan that is right nine times in ten. The mean over
+    all of a plan's runs is the estimate of its expected reward that a run's own reward is not.
+    Rehearsal (`rehearse`, run by the training workflow before the warm-up) executes each
+    task's best candidate plans again as fixed plans; their runs count towards their plan's
+    mean (they are recorded under the policy `baseline` in the run's rehearsal batch, and
+    counted whoever `conductors` names), never trained on themselves: they carry no
+    conductor tokens.
+  - `run`: the runs themselves, reward descending, then the run's cost ascending (of two
+    plans that scored alike the cheaper is learned), then the earlier run.
 
 The loss is the cross-entropy of each selected plan's tokens under the policy, over the tokens
 the plan grammar did not force (the forced ones have probability 1 and no gradient, as in GRPO;
@@ -46,6 +61,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor_engine.engine.contracts.plan_shapes import Outcome, shape_label
+from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.traces import StoredRun, Trace
 from conductor_engine.engine.contracts.training import (
     LossConfig,
@@ -65,6 +82,10 @@ class Selection:
 
     plans: list[Trace] = field(default_factory=list)
     left_out: dict[str, int] = field(default_factory=dict)
+    ranked_plans: int = 0
+    counted_runs: int = 0
+    plan_means: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Rank plan_mean: the mean reward of each selected run's plan, by (workflow id, run id)."""
 
     @property
     def tasks(self) -> int:
@@ -77,6 +98,15 @@ class Selection:
         rewards = [reward_of(t) for t in self.plans]
         return sum(rewards) / len(rewards) if rewards else None
 
+    def mean_plan_reward(self) -> float | None:
+        means = [self.plan_means[k] for t in self.plans
+                 if (k := (t.workflow_id, t.run_id)) in self.plan_means]
+        return sum(means) / len(means) if means else None
+
+    def shapes(self) -> dict[str, int]:
+        return dict(Counter(signature_shape(plan_signature(t)) for t in self.plans
+                            ).most_common())
+
 
 def reward_of(trace: Trace) -> float:
     return trace.reward.value if trace.reward and trace.reward.value is not None else 0.0
@@ -87,17 +117,31 @@ def rank_key(trace: Trace) -> tuple[float, float, Any, str]:
     return (-reward_of(trace), trace.totals.cost_usd, trace.finished_at, trace.workflow_id)
 
 
-def why_not(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig) -> str | None:
-    """Why this stored run is not a plan to learn from, or None when it is one."""
+def why_not_counted(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig,
+                    rehearsal_batch: str | None = None) -> str | None:
+    """Why this stored run says nothing about its plan's reward on a training task, or None
+    when it counts (a run of this training run's rehearsal counts whoever `conductors` names)."""
     if trace.depth != 0 or trace.task.id not in task_ids:
         return "not_a_training_task"
-    if cfg.conductors is not None and trace.policy.name not in cfg.conductors:
+    rehearsed = rehearsal_batch is not None and trace.task.batch == rehearsal_batch
+    if cfg.conductors is not None and not rehearsed and trace.policy.name not in cfg.conductors:
         return "other_conductor"
     honest = as_rollout(trace)
     if not isinstance(honest, Trace):
         return honest  # failed, untrusted, verifier error, no reward, plan retried ...
     if honest.status != "completed":
         return "invalid_plan"  # a run that became its invalid first attempt included
+    return None
+
+
+def why_not(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig) -> str | None:
+    """Why this stored run is not a plan to learn from, or None when it is one."""
+    return why_not_counted(trace, task_ids, cfg) or why_not_trained(trace, cfg)
+
+
+def why_not_trained(trace: Trace, cfg: WarmupConfig) -> str | None:
+    """Why a counted run is not one to train on (a wrong answer, too low a reward, no
+    conductor prompt: a fixed plan's), or None."""
     verdict = trace.reward.verdict if trace.reward else None
     if cfg.correct_only and not (verdict is not None and verdict.correct):
         return "not_correct"
@@ -108,10 +152,99 @@ def why_not(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig) -> str | 
     return None
 
 
-def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig
-                 ) -> Selection:
-    """The best `cfg.per_task` runs of each training task among `traces` (see the module
-    docstring), best first per task, tasks in id order."""
+Signature = tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
+"""A run's plans as the warm-up compares them: per round, each step's agent and the earlier
+steps it sees ("all" and the list of every earlier step are the same); not the subtasks."""
+
+
+def plan_signature(trace: Trace) -> Signature:
+    return tuple(tuple((s.agent, tuple(s.sees(i))) for i, s in enumerate(r.plan.steps))
+                 for r in trace.rounds if r.plan is not None)
+
+
+def signature_shape(signature: Signature) -> str:
+    """The shape of a signature's plans as people name it ("2 steps (sees)"), rounds joined
+    by " then "."""
+    labels = []
+    for steps in signature:
+        outcomes: list[Outcome] = []
+        for _, sees in steps[1:]:
+            outcomes += ["more", "sees" if sees else "apart"]
+        labels.append(shape_label((*outcomes, "end")))
+    return " then ".join(labels) or "no plan"
+
+
+@dataclass
+class RankedPlan:
+    """One plan of one task: its counted runs, their mean reward and cost, and the run the
+    warm-up would train on (the best by `rank_key` it may train on), if any."""
+
+    task_id: str
+    signature: Signature
+    runs: list[Trace] = field(default_factory=list)
+    best: Trace | None = None
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(reward_of(t) for t in self.runs) / len(self.runs)
+
+    @property
+    def mean_cost(self) -> float:
+        return sum(t.totals.cost_usd for t in self.runs) / len(self.runs)
+
+    def key(self) -> tuple[float, int, float, str]:
+        """Best first: the higher mean reward, then more runs, then cheaper, then a stable
+        order (the signature's text)."""
+        return (-self.mean_reward, -len(self.runs), self.mean_cost, repr(self.signature))
+
+
+def rank_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
+               rehearsal_batch: str | None = None
+               ) -> tuple[dict[str, list[RankedPlan]], list[str]]:
+    """Each training task's plans among `traces`, best first (RankedPlan.key), and why each
+    run that does not count was left out."""
+    allowed = frozenset(task_ids)
+    plans: dict[tuple[str, Signature], RankedPlan] = {}
+    reasons: list[str] = []
+    for trace in traces:
+        reason = why_not_counted(trace, allowed, cfg, rehearsal_batch)
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        sig = plan_signature(trace)
+        plan = plans.setdefault((trace.task.id, sig), RankedPlan(trace.task.id, sig))
+        plan.runs.append(trace)
+        if why_not_trained(trace, cfg) is None and (
+                plan.best is None or rank_key(trace) < rank_key(plan.best)):
+            plan.best = trace
+    by_task: dict[str, list[RankedPlan]] = {}
+    for plan in plans.values():
+        by_task.setdefault(plan.task_id, []).append(plan)
+    return {t: sorted(by_task[t], key=RankedPlan.key) for t in sorted(by_task)}, reasons
+
+
+def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
+                    rehearsal_batch: str | None = None) -> dict[str, list[Plan]]:
+    """Each training task's `cfg.rehearse_plans` best plans the warm-up could train on, as
+    the plan of each one's best run (its subtasks as its conductor wrote them): what the
+    rehearsal runs again. Only one-round plans: a fixed plan is one round."""
+    ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
+    out: dict[str, list[Plan]] = {}
+    for task, plans in ranked.items():
+        chosen = [plan for p in plans if p.best is not None and len(p.signature) == 1
+                  and (plan := p.best.rounds[0].plan) is not None][: cfg.rehearse_plans]
+        if chosen:
+            out[task] = chosen
+    return out
+
+
+def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
+                 rehearsal_batch: str | None = None) -> Selection:
+    """What the warm-up trains on among `traces` (see the module docstring): per training
+    task the best run of each of its `cfg.per_task` best plans (rank plan_mean), or its best
+    `cfg.per_task` runs (rank run); best first per task, tasks in id order."""
+    if cfg.rank == "plan_mean":
+        return _by_plan(traces, task_ids, cfg, rehearsal_batch)
     allowed = frozenset(task_ids)
     by_task: dict[str, list[Trace]] = {}
     reasons: list[str] = []
@@ -124,6 +257,22 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
     plans = [t for task in sorted(by_task)
              for t in sorted(by_task[task], key=rank_key)[: cfg.per_task]]
     return Selection(plans=plans, left_out=count_reasons(reasons))
+
+
+def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
+             rehearsal_batch: str | None) -> Selection:
+    """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
+    that have a run to train on."""
+    ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
+    chosen = [p for plans in ranked.values()
+              for p in [p for p in plans if p.best is not None][: cfg.per_task]]
+    return Selection(
+        plans=[p.best for p in chosen if p.best is not None],
+        left_out=count_reasons(reasons),
+        ranked_plans=sum(len(p) for p in ranked.values()),
+        counted_runs=sum(len(p.runs) for plans in ranked.values() for p in plans),
+        plan_means={(p.best.workflow_id, p.best.run_id): p.mean_reward for p in chosen
+                    if p.best is not None})
 
 
 def stored_traces(runs: Sequence[StoredRun]) -> tuple[list[Trace], dict[str, int]]:

@@ -39,23 +39,29 @@ from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflo
 with workflow.unsafe.imports_passed_through():
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
+        REHEARSAL_PLANS_ACTIVITY,
         STOP_SIGNAL,
         TRAINING_WORKFLOW,
         UPDATE_ACTIVITY,
         WARMUP_ACTIVITY,
         heldout_batch,
         heldout_workflow_id,
+        rehearsal_batch,
+        rehearsal_workflow_id,
         rollout_workflow_id,
         update_id,
         warmup_id,
     )
     from conductor_engine.engine.contracts.plan_shapes import forced_rollouts, forced_shape
+    from conductor_engine.engine.contracts.plans import Plan
     from conductor_engine.engine.contracts.policy_versions import version_label
     from conductor_engine.engine.contracts.records import RunResult
     from conductor_engine.engine.contracts.strict import revised
     from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
     from conductor_engine.engine.contracts.training import (
         Recipe,
+        Rehearsal,
+        RehearsalPlans,
         UpdateRequest,
         UpdateResult,
         WarmupRequest,
@@ -81,6 +87,15 @@ with workflow.unsafe.imports_passed_through():
         StartWaves,
     )
     from conductor_engine.workflows.tasks import read_tasks
+
+# Training runs started from here on rehearse candidate plans before the warm-up when the recipe
+# asks (`[warmup] rehearse`); a recipe recorded before that has no such setting.
+REHEARSAL_PATCH = "warmup-rehearsal"
+
+REHEARSAL_SAMPLES_FROM = 1_000_000
+"""The sample number of a rehearsal's first repeat: far from any rollout's (0 .. group_size),
+so a rehearsal draws afresh rather than repeating the run it rehearses (the sim provider seeds
+an agent's answer with the sample)."""
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.
@@ -322,24 +337,79 @@ class TrainingWorkflow:
 
     async def _warmup(self, inp: TrainInput) -> None:
         """The warm-up on scored plans of the training tasks (trainer/warmup.py), on the
-        trainer's queue like an update; GRPO continues from the version it publishes, which
-        the held-out tasks answer first when they are evaluated."""
+        trainer's queue like an update, after the rehearsal of its candidate plans when the
+        recipe asks for one; GRPO continues from the version it publishes, which the held-out
+        tasks answer first when they are evaluated."""
         p = self._progress
-        p.phase = "warmup"
         req = WarmupRequest(
             name=inp.policy, parent=p.version, recipe=inp.recipe,
             update_id=warmup_id(workflow.info().workflow_id),
             task_ids=[t.id for t in inp.tasks], task_list=None if inp.tasks else inp.task_list)
+        rehearsal = None
+        # a recipe recorded before rehearsals existed has none: its history replays unchanged
+        if inp.recipe.warmup.rehearses and workflow.patched(REHEARSAL_PATCH):
+            req = revised(req, rehearsal_batch=rehearsal_batch(inp.name))
+            rehearsal = await self._rehearse(inp, req)
+        p.phase = "warmup"
         result = await workflow.execute_activity(
             WARMUP_ACTIVITY, req, result_type=WarmupResult,
             **_on_the_trainer(inp),
             summary=f"warm-up · {inp.policy} {p.label} → v{p.version + 1}",
         )
+        result.rehearsal = rehearsal
         p.warmup = result
         if result.published:
             p.version = result.version
             if self._evaluates(inp):
                 await self._heldout(inp)
+
+    async def _rehearse(self, inp: TrainInput, req: WarmupRequest) -> Rehearsal:
+        """Each training task's best candidate plans (asked of the trainer, which reads the
+        store and refuses more runs than limits.py MAX_REHEARSAL_RUNS), each run `rehearse`
+        more times as a fixed plan (Task.plan, as `conductor eval` runs its baselines), as
+        child runs like rollouts, labelled with the run's rehearsal batch. They are scored
+        and recorded like any run, and the warm-up counts their rewards towards their plan's
+        mean. Repeat r of every plan of a task is sample REHEARSAL_SAMPLES_FROM + r: apart
+        from the samples rollouts use, and the same for every plan of the task, so plans are
+        compared on the same draws."""
+        p, cfg = self._progress, inp.recipe.warmup
+        p.phase = "rehearsal"
+        started = workflow.time()
+        candidates = await workflow.execute_activity(
+            REHEARSAL_PLANS_ACTIVITY, req, result_type=RehearsalPlans,
+            **_on_the_trainer(inp), summary=f"rehearsal plans · {inp.policy}")
+        if inp.tasks or inp.task_list is None:
+            tasks = list(inp.tasks)
+        else:
+            tasks = await read_tasks(inp.task_list, 0, inp.task_list.total)
+        batch = rehearsal_batch(inp.name)
+        chain = workflow.info().first_execution_run_id[:8]
+        children = FanOut(inp.concurrency, StartWaves(enabled=True))
+        rewards: list[float] = []
+        left_out: list[LeftOutReason] = []
+
+        async def one(task: Task, k: int, plan: Plan, r: int) -> None:
+            options = revised(task.options, plan=plan, refinement_rounds=0, result="summary",
+                              max_plan_attempts=1)
+            run = revised(task, batch=batch, options=options,
+                          sampling=rollout_sampling(REHEARSAL_SAMPLES_FROM + r))
+            wid = rehearsal_workflow_id(inp.name, chain, task.id, k, r)
+            res = _collected(await children.run(run, wid, f"rehearsal · {inp.name}"))
+            reason = "run_failed" if res is None else _unscored(res)  # None: before a reset
+            if reason is not None:
+                left_out.append(reason)
+                return
+            assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
+            rewards.append(res.reward.value)
+
+        await asyncio.gather(*(one(task, k, plan, r) for task in tasks
+                               for k, plan in enumerate(candidates.plans.get(task.id, []))
+                               for r in range(cfg.rehearse)))
+        return Rehearsal(
+            tasks=sum(1 for t in tasks if candidates.plans.get(t.id)),
+            plans=sum(len(candidates.plans.get(t.id, [])) for t in tasks), runs=len(rewards),
+            mean_reward=sum(rewards) / len(rewards) if rewards else None,
+            left_out=count_reasons(left_out), seconds=workflow.time() - started)
 
     async def _update(self, inp: TrainInput, recipe: Recipe) -> UpdateResult:
         p = self._progress

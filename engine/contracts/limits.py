@@ -25,6 +25,13 @@ only inside a semaphore of `concurrency` slots, so neither ever has more pending
 this; each has at most one pending activity of its own (reading tasks, the report, the update).
 A server configured with a higher limit still gets at most this many."""
 
+MAX_REHEARSAL_RUNS = 4000
+"""The most fixed-plan runs a training run's rehearsal starts before its warm-up (candidate
+plans x `[warmup] rehearse`). Every one is a child of the training workflow's first run, a
+handful of events each in its history (Temporal fails a history past 50,000 events), and the
+candidate plans come back to the workflow in one activity result. The trainer refuses a larger
+rehearsal before it returns a plan (trainer/service.py `rehearsal_plans`)."""
+
 START_BYTES_PER_WORKFLOW_TASK = 2 * 1024 * 1024
 """The most bytes of child-start commands (each carries its child's task) one workflow task of
 the batch or training workflow sends; the next wave starts once these children have started.

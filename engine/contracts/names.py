@@ -32,6 +32,8 @@ UPDATE_ACTIVITY = "grpo_update"
 """One GRPO update, on the trainer task queue (trainer/service.py)."""
 WARMUP_ACTIVITY = "warmup_update"
 """The warm-up on scored plans before a training run's first update (trainer/warmup.py)."""
+REHEARSAL_PLANS_ACTIVITY = "warmup_rehearsal_plans"
+"""Each training task's candidate plans to rehearse before the warm-up (trainer/warmup.py)."""
 
 # --- workflows, their query and signal ---------------------------------------------------------
 
@@ -121,6 +123,18 @@ def heldout_batch(name: str, version: str) -> str:
 def heldout_workflow_id(name: str, chain: str, version: str, task_id: str) -> str:
     """One held-out run, `train-NAME/CHAIN/heldout-vK/TASK_ID`."""
     return f"{training_workflow_id(name)}/{chain}/heldout-{version}/{task_id}"
+
+
+def rehearsal_batch(name: str) -> str:
+    """The batch label of training run NAME's rehearsals, `rehearse-NAME`: fixed-plan runs of
+    the candidate plans before its warm-up, counted towards their plans' mean rewards."""
+    return f"rehearse-{name}"
+
+
+def rehearsal_workflow_id(name: str, chain: str, task_id: str, plan: int, repeat: int) -> str:
+    """One rehearsal run, `train-NAME/CHAIN/rehearse/TASK_ID/pK/R`: candidate plan K of the
+    task, its R-th run."""
+    return f"{training_workflow_id(name)}/{chain}/rehearse/{task_id}/p{plan}/{repeat}"
 
 
 def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:

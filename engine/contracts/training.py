@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from conductor_engine.engine.contracts.plans import Plan
 from conductor_engine.engine.contracts.policy_versions import Version
 from conductor_engine.engine.contracts.strict import Strict
 from conductor_engine.engine.contracts.task_list_refs import TaskList
@@ -290,9 +291,24 @@ class WarmupConfig(Strict):
 
     enabled: bool = Field(default=False, description="run the warm-up before iteration 0 (once "
                           "per training run: a resumed run does not redo it)")
-    per_task: int = Field(default=1, ge=1, le=64, description="the best N runs of each training "
-                          "task trained on: best by reward, ties by the run's cost (cheaper "
-                          "first), then the earlier run")
+    rank: Literal["plan_mean", "run"] = Field(
+        default="plan_mean", description="plan_mean: a task's runs grouped by plan (each step's "
+        "agent and which earlier steps it sees, not the subtasks' wording), each plan scored by "
+        "its mean reward over all its runs, right and wrong (then more runs, then cheaper), and "
+        "the best plan's best run trained on; run: the best runs by their own reward, then "
+        "cost (one lucky run of a cheap plan outranks a plan that is right nine times in ten)")
+    per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "
+                          "task trained on: distinct plans (one run each) with rank plan_mean, "
+                          "runs with rank run (best by reward, ties by the run's cost, cheaper "
+                          "first, then the earlier run)")
+    recent_runs: int = Field(default=256, ge=1, le=4096, description="rank plan_mean reads the "
+                             "newest N scored runs of each training task")
+    rehearse: int = Field(default=0, ge=0, le=64, description="before the warm-up, run each "
+                          "training task's top `rehearse_plans` candidate plans this many more "
+                          "times as fixed plans (scored and stored like any run; their rewards "
+                          "count towards their plan's mean); 0: no rehearsal")
+    rehearse_plans: int = Field(default=4, ge=0, le=16, description="candidate plans rehearsed "
+                                "per training task, the best ranked first; 0: no rehearsal")
     min_reward: float = Field(default=0.0, ge=0.0, description="runs rewarded below this are "
                               "never trained on")
     correct_only: bool = Field(default=True, description="only runs whose verdict says the "
@@ -309,6 +325,18 @@ class WarmupConfig(Strict):
     reward_weighted: bool = Field(default=False, description="weigh each plan's cross-entropy by "
                                   "its run's reward; false: every selected plan weighs 1 "
                                   "(rejection sampling)")
+
+    @property
+    def rehearses(self) -> bool:
+        """Whether the training run rehearses candidate plans before the warm-up."""
+        return self.enabled and self.rehearse > 0 and self.rehearse_plans > 0
+
+    @model_validator(mode="after")
+    def _rehearsal_needs_plan_means(self) -> WarmupConfig:
+        if self.rehearse and self.rehearse_plans and self.rank != "plan_mean":
+            raise ValueError("[warmup] rehearse counts towards a plan's mean reward: set "
+                             "rank = \"plan_mean\" or rehearse = 0")
+        return self
 
 
 Tracker = Literal["tensorboard", "trackio"]
@@ -434,6 +462,29 @@ class WarmupRequest(BaseModel):
                                 "(a run started with inline tasks)")
     task_list: TaskList | None = Field(default=None, description="the training tasks in the "
                                        "blob store; never the held-out ones")
+    rehearsal_batch: str | None = Field(
+        default=None, description="the batch of this run's rehearsals (fixed-plan runs of "
+        "candidate plans): they count towards their plan's mean whoever `conductors` names")
+
+
+class RehearsalPlans(BaseModel):
+    """Each training task's candidate plans to rehearse, the best ranked first (the plan of
+    each one's best conductor-written run, subtasks as that conductor wrote them)."""
+
+    plans: dict[str, list[Plan]] = Field(default_factory=dict,
+                                         description="by training task id")
+
+
+class Rehearsal(BaseModel):
+    """What the rehearsal before the warm-up ran: fixed-plan runs of candidate plans."""
+
+    tasks: int = Field(default=0, description="training tasks with a candidate plan")
+    plans: int = Field(default=0, description="candidate plans rehearsed")
+    runs: int = Field(default=0, description="rehearsal runs scored")
+    mean_reward: float | None = Field(default=None, description="of the scored runs")
+    left_out: dict[str, int] = Field(default_factory=dict, description="rehearsal runs that "
+                                     "scored nothing, by reason")
+    seconds: float = 0.0
 
 
 class WarmupResult(BaseModel):
@@ -449,6 +500,17 @@ class WarmupResult(BaseModel):
     conductors: dict[str, int] = Field(default_factory=dict,
                                        description="plans by the conductor that wrote them")
     mean_reward: float | None = Field(default=None, description="of the selected runs")
+    rank: Literal["plan_mean", "run"] = Field(default="run", description="how the runs were "
+                                              "ranked (WarmupConfig.rank)")
+    ranked_plans: int = Field(default=0, description="distinct plans ranked, all tasks together "
+                              "(rank plan_mean)")
+    counted_runs: int = Field(default=0, description="runs whose rewards the plan means count")
+    mean_plan_reward: float | None = Field(
+        default=None, description="the selected plans' mean rewards over their runs, averaged")
+    shapes: dict[str, int] = Field(default_factory=dict, description="selected plans by shape "
+                                   "(1 step, 2 steps (sees) ...)")
+    rehearsal: Rehearsal | None = Field(default=None, description="the rehearsal before it, if "
+                                        "the recipe asked for one")
     left_out: dict[str, int] = Field(default_factory=dict, description="candidate runs not "
                                      "trained on, by reason")
     logprob_before: float | None = Field(default=None, description="mean log-prob per trained "

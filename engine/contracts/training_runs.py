@@ -17,7 +17,8 @@ from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import Recipe, WarmupResult
 
-Phase = Literal["starting", "warmup", "rollouts", "update", "heldout", "stopped", "finished"]
+Phase = Literal["starting", "rehearsal", "warmup", "rollouts", "update", "heldout", "stopped",
+                "finished"]
 
 
 class IterationStats(BaseModel):

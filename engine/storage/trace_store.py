@@ -29,6 +29,7 @@ import structlog
 from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
+from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.traces import (
     PolicyRef,
     StoredGroup,
@@ -368,10 +369,12 @@ class TraceStore:
         earlier run (the warm-up's candidates, trainer/warmup.py, which decides which of them
         are honest). Only these task ids: a held-out task's runs (`heldout~ID`) are never
         among them. `correct_only`: runs whose verdict said right; `policies`: runs these
-        conductors planned. One indexed query; only the ranked rows' documents are read."""
-        args: list[Any] = [task_ids, min_reward, per_task]
+        conductors planned. Never a fixed plan's run (policy `baseline`: no conductor wrote
+        it, so there is nothing to learn from it). One indexed query; only the ranked rows'
+        documents are read."""
+        args: list[Any] = [task_ids, min_reward, per_task, BASELINE_POLICY]
         where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
-                 "AND task_id = ANY($1) AND reward >= $2 "
+                 "AND task_id = ANY($1) AND reward >= $2 AND policy_name <> $4 "
                  # a verdict the candidate could have forged never ranks (code_tests.UNTRUSTED)
                  "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
         if correct_only:
@@ -387,6 +390,40 @@ class TraceStore:
                     workflow_id) AS rank
                 FROM traces WHERE {where}) ranked
             WHERE rank <= $3 ORDER BY task_id, rank
+            """,
+            *args,
+        )
+        return list(await asyncio.gather(*(self._stored_run(r) for r in rows)))
+
+    async def scored_runs(
+        self, task_ids: list[str], *, per_task: int, policies: list[str] | None = None,
+        batch: str | None = None,
+    ) -> list[StoredRun]:
+        """The newest `per_task` completed, scored root runs of each of these tasks, right and
+        wrong alike (the warm-up's evidence of each plan's mean reward, trainer/warmup.py, which
+        decides which of them are honest), by task, newest first. Only these task ids: a
+        held-out task's runs (`heldout~ID`) are never among them; none whose verdict the
+        candidate could have forged. `policies`: runs these conductors planned, and with
+        `batch` also every run of that batch (a training run's rehearsals, whose fixed plans
+        are recorded under the policy `baseline`). One indexed query."""
+        args: list[Any] = [task_ids, per_task]
+        where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
+                 "AND task_id = ANY($1) "
+                 "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
+        if policies is not None:
+            args.append(policies)
+            who = f"policy_name = ANY(${len(args)})"
+            if batch is not None:
+                args.append(batch)
+                who += f" OR batch = ${len(args)}"
+            where += f" AND ({who})"
+        rows = await self.pool.fetch(
+            f"""
+            SELECT workflow_id, run_id, trace FROM (
+                SELECT workflow_id, run_id, trace, task_id, row_number() OVER (
+                    PARTITION BY task_id ORDER BY finished_at DESC, workflow_id) AS rank
+                FROM traces WHERE {where}) ranked
+            WHERE rank <= $2 ORDER BY task_id, rank
             """,
             *args,
         )

@@ -222,21 +222,38 @@ def _iteration_line(s: IterationStats) -> str:
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
 
 
+def rehearsal_line(w: WarmupResult) -> str | None:
+    """The rehearsal before the warm-up (WarmupResult.rehearsal), if there was one."""
+    r = w.rehearsal
+    if r is None:
+        return None
+    left = f" · left out {describe_counts(r.left_out)}" if r.left_out else ""
+    return (f"rehearsal · {r.plans} candidate plans of {r.tasks} training tasks · {r.runs} "
+            f"runs · their reward {_fmt(r.mean_reward)}{left} · {r.seconds:.1f}s")
+
+
 def warmup_line(w: WarmupResult) -> str:
     """The warm-up (WarmupResult): what it trained on, how far it moved the selected plans'
-    log-prob, and its compute; or why it published nothing."""
+    log-prob, and its compute; or why it published nothing. With the rehearsal's line first
+    when there was one."""
+    rehearsed = rehearsal_line(w)
+    before = f"{rehearsed}\n" if rehearsed else ""
     if not w.published:
-        return f"warm-up · nothing published: {w.reason}"
+        return f"{before}warm-up · nothing published: {w.reason}"
     by = ", ".join(f"{k} {v}" for k, v in w.conductors.items())
+    ranked = (f" · ranked by plan mean: {w.ranked_plans} plans over {w.counted_runs} runs, "
+              f"the chosen plans' mean {_fmt(w.mean_plan_reward)}" if w.rank == "plan_mean"
+              else "")
+    shapes = f" · shapes {describe_counts(w.shapes)}" if w.shapes else ""
     left = f" · left out {describe_counts(w.left_out)}" if w.left_out else ""
     step = w.step
     compute = (f" · {step.steps} steps, {step.tokens:,} trained tokens, "
                f"{step.passed_tokens:,} tokens passed, {step.seconds:.1f}s training"
                if step else "")
-    return (f"warm-up · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/{w.tasks} "
-            f"training tasks ({by}) · their reward {_fmt(w.mean_reward)} · log-prob per token "
-            f"{_fmt(w.logprob_before)} → {_fmt(w.logprob_after)}{left}{compute} · "
-            f"{w.seconds:.1f}s")
+    return (f"{before}warm-up · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/"
+            f"{w.tasks} training tasks ({by}) · their reward {_fmt(w.mean_reward)}{ranked}"
+            f"{shapes} · log-prob per token {_fmt(w.logprob_before)} → "
+            f"{_fmt(w.logprob_after)}{left}{compute} · {w.seconds:.1f}s")
 
 
 def heldout_line(e: HeldOutEval) -> str:

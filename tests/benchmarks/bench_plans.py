@@ -37,7 +37,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from conductor_engine.engine.contracts.names import training_workflow_id
+from conductor_engine.engine.contracts.names import rehearsal_batch, training_workflow_id
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
 from conductor_engine.engine.contracts.traces import Trace
@@ -72,6 +72,7 @@ from conductor_engine.runtime.cli.train import warmup_line
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.worker import build_worker
 from conductor_engine.trainer.service import build_trainer_worker
+from conductor_engine.trainer.warmup import select_plans
 from conductor_engine.workflows.train import (
     HeldOutEval,
     TrainingWorkflow,
@@ -241,6 +242,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
             if p.warmup is not None and not warmed:
                 print(warmup_line(p.warmup), flush=True)
+                for line in await selections(store, judge, train, recipe, pool.conductor.id,
+                                             name, p.warmup.rehearsal is not None):
+                    print(line, flush=True)
                 warmed = True
             for st in p.history[shown:]:
                 print(iteration_line(st), flush=True)
@@ -277,6 +281,45 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     return {"seed": seed, "crossed": crossed, "curve": curve, "shapes": last_shapes,
             "iterations": len(p.history),
             "seconds_per_iteration": seconds / max(len(p.history), 1)}
+
+
+async def selections(store: TraceStore, judge: Judge, train: list[Task], recipe: Recipe,
+                     policy: str, name: str, rehearsed: bool) -> list[str]:
+    """What each warm-up ranking would select from the same stored runs (the base samples,
+    and the rehearsal's runs where there was one; no GRPO rollout), judged exactly: per kind
+    the selected plans' shapes and oracle plans, and their mean expected reward over the
+    oracle's. The rehearsal is measured, not assumed: the same samples, ranked three ways."""
+    ids = [t.id for t in train]
+    cfg = recipe.warmup
+    batch = rehearsal_batch(name)
+    before_training = [r.trace for r in await store.scored_runs(ids, per_task=cfg.recent_runs)
+                       if r.trace is not None
+                       and (r.trace.policy.name != policy or r.trace.policy.version == "base")]
+    samples = [t for t in before_training if t.task.batch != batch]
+    by_run = revised(cfg, rank="run", rehearse=0)
+    ways = [("best run by reward", select_plans(samples, ids, by_run)),
+            ("plan mean, samples only", select_plans(samples, ids,
+                                                     revised(cfg, rank="plan_mean")))]
+    if rehearsed:
+        ways.append(("plan mean, rehearsed", select_plans(before_training, ids,
+                                                          revised(cfg, rank="plan_mean"),
+                                                          batch)))
+    lines = []
+    for label, chosen in ways:
+        shapes: dict[str, Counter[str]] = defaultdict(Counter)
+        exact: Counter[str] = Counter()
+        expected = oracle = 0.0
+        for t in chosen.plans:
+            best_plan = judge.oracles[t.task.id]
+            plan, value = judge.written(t)
+            shapes[best_plan.kind][shape(plan, judge.parts[t.task.id]) if plan else "none"] += 1
+            exact[best_plan.kind] += plan == best_plan.plan
+            expected, oracle = expected + value, oracle + best_plan.expected_reward
+        mean = expected / oracle if oracle else 0.0
+        lines.append(f"  warm-up selection, {label}: {len(chosen.plans)} plans, expected / "
+                     f"oracle {mean:.2f}\n    shapes: "
+                     f"{_shapes_line(shapes, exact, judge.oracles)}")
+    return lines
 
 
 async def scored_samples(conductor: ConductorClient, train: list[Task], recipe: Recipe,

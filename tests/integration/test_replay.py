@@ -4,12 +4,15 @@ instead of breaking runs that are in flight in production.
 
 Histories are named `<version>_<workflow>.json`. Keep old versions: runs started before a change
 must still replay (the workflow guards changes with `workflow.patched`). Record a new version,
-for a deliberate change only, with: python -m tests.integration.test_replay VERSION
+for a deliberate change only, with: python -m tests.integration.test_replay VERSION [NAME ...]
+(only the histories NAME ..., when given).
 
 The batch and training histories (`batch`, `batch_continued`, `train`) are a 6-task batch at
 concurrency 2 continuing as new after 4 children (one child fails), and one training iteration
 (the update a stand-in). v3's were recorded before task lists, child summaries and start waves
 (the tasks inline in the input, whole results from the children); v4's with them.
+`train_rehearsed` (v5) is a training iteration whose warm-up first rehearses one candidate plan of
+each of two tasks twice, the trainer's activities stand-ins.
 """
 
 from __future__ import annotations
@@ -23,18 +26,25 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer, Worker
 
 from conductor_engine.engine.contracts.names import (
+    REHEARSAL_PLANS_ACTIVITY,
     UPDATE_ACTIVITY,
+    WARMUP_ACTIVITY,
     batch_workflow_id,
     training_workflow_id,
 )
+from conductor_engine.engine.contracts.plans import Plan, Step
 from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.contracts.training import (
     Recipe,
+    RehearsalPlans,
     RolloutConfig,
     UpdateRequest,
     UpdateResult,
+    WarmupConfig,
+    WarmupRequest,
+    WarmupResult,
 )
-from conductor_engine.engine.contracts.training_runs import TrainInput
+from conductor_engine.engine.contracts.training_runs import TrainInput, TrainProgress
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.runtime.client import ConductorClient
@@ -84,6 +94,47 @@ async def record(
 @activity.defn(name=UPDATE_ACTIVITY)
 async def stand_in_update(req: UpdateRequest) -> UpdateResult:
     return UpdateResult(name=req.name, version=req.parent, published=False, reason="stand-in")
+
+
+@activity.defn(name=REHEARSAL_PLANS_ACTIVITY)
+async def stand_in_rehearsal_plans(req: WarmupRequest) -> RehearsalPlans:
+    return RehearsalPlans(plans={t: [Plan(steps=[Step(agent="gpt", subtask="Answer it.",
+                                                      access=[])])] for t in ("t0", "t1")})
+
+
+@activity.defn(name=WARMUP_ACTIVITY)
+async def stand_in_warmup(req: WarmupRequest) -> WarmupResult:
+    return WarmupResult(name=req.name, version=req.parent, published=False, reason="stand-in")
+
+
+async def record_rehearsed(
+    client: Client, settings: Settings, server: AgentServer
+) -> dict[str, WorkflowHistory]:
+    """A training iteration whose warm-up rehearses one candidate plan of each of two tasks
+    twice (the trainer's activities stand-ins): its history."""
+    server.set_responder("conductor", lambda p: plan_json(("gpt", "Answer it.", [])))
+    server.set_responder("gpt", _overloaded_for_3)
+    conductor = ConductorClient(client, settings)
+    opts = RunOptions(max_step_attempts=1, max_plan_attempts=1)
+    tasks = [Task(id=f"t{i}", question=f"Compute {i} + 1.", reference=str(i + 1),
+                  verifier="exact", options=opts) for i in range(2)]
+    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}-r"})
+    trainer_queue = f"{settings.task_queue}-trainer-r"
+    name = f"replay-{settings.task_queue}-r"
+    async with running_worker(client, settings, pool), Worker(
+            client, task_queue=trainer_queue,
+            activities=[stand_in_update, stand_in_rehearsal_plans, stand_in_warmup]):
+        await conductor.start_training(TrainInput(
+            name=name, policy=pool.conductor.id, tasks=tasks, iterations=1, concurrency=3,
+            trainer_task_queue=trainer_queue,
+            recipe=Recipe(rollouts=RolloutConfig(group_size=2, groups_per_update=2),
+                          warmup=WarmupConfig(enabled=True, rehearse=2, rehearse_plans=1))))
+        progress = await client.get_workflow_handle(
+            training_workflow_id(name), result_type=TrainProgress).result()
+    assert progress.warmup is not None and progress.warmup.rehearsal is not None
+    assert progress.warmup.rehearsal.runs + sum(progress.warmup.rehearsal.left_out.values()) == 4
+    return {"train_rehearsed": await client.get_workflow_handle(
+        training_workflow_id(name)).fetch_history()}
 
 
 def _overloaded_for_3(prompt: str) -> Reply:
@@ -146,13 +197,15 @@ async def test_a_fresh_run_replays_too(
 ) -> None:
     histories = await record(client, settings, agent_server)
     histories |= await record_parents(client, settings, agent_server)
-    assert set(histories) == {"conduct", "conduct_child", "batch", "batch_continued", "train"}
+    histories |= await record_rehearsed(client, settings, agent_server)
+    assert set(histories) == {"conduct", "conduct_child", "batch", "batch_continued", "train",
+                              "train_rehearsed"}
     replayer = _replayer(settings)
     for history in histories.values():
         await replayer.replay_workflow(history)
 
 
-async def _main(version: str) -> None:  # pragma: no cover - the re-recording entry point
+async def _main(version: str, only: list[str]) -> None:  # pragma: no cover - re-recording
     import os
     import tempfile
 
@@ -175,7 +228,10 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
             client = await connect_temporal(settings, start_embedded=False)
             histories = await record(client, settings, server)
             histories |= await record_parents(client, settings, server)
+            histories |= await record_rehearsed(client, settings, server)
             for name, history in histories.items():
+                if only and name not in only:
+                    continue
                 saved = {"workflow_id": history.workflow_id,
                          "history": json.loads(history.to_json())}
                 (HISTORIES / f"{version}_{name}.json").write_text(json.dumps(saved, indent=1))
@@ -191,4 +247,4 @@ async def _main(version: str) -> None:  # pragma: no cover - the re-recording en
 if __name__ == "__main__":
     import sys
 
-    asyncio.run(_main(sys.argv[1]))
+    asyncio.run(_main(sys.argv[1], sys.argv[2:]))

@@ -16,7 +16,7 @@ from conductor_engine.engine.contracts.names import training_workflow_id, warmup
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
-from conductor_engine.engine.contracts.traces import StoredRun
+from conductor_engine.engine.contracts.traces import StoredRun, Trace
 from conductor_engine.engine.contracts.training import (
     HeldOutConfig,
     LossConfig,
@@ -114,12 +114,103 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     assert [v.metrics.get("phase") for v in history] == ["warmup", None, None]
 
 
+@pytest.mark.slow  # about 30 s: 16 rehearsal runs, a warm-up, one GRPO iteration
+async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means_pick_the_plan(
+    client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
+) -> None:
+    """Two training tasks (math, code), each with two one-step plans its conductor wrote and
+    that were right once: a cheap one with the agent that is weak at the task (skill 0.1, the
+    lucky run) and a dearer one with the competent agent (0.95). Ranked on those runs alone
+    the cheap one is learned. The training run rehearses both plans of each task four more
+    times as fixed plans on the pool's queue; their runs are scored and stored in the run's
+    rehearsal batch, counted towards their plans' means, and the competent agent's plan is
+    the one learned."""
+    from conductor_engine.engine.contracts.agent_calls import Message
+    from conductor_engine.engine.contracts.names import BASELINE_POLICY, rehearsal_batch
+    from conductor_engine.engine.contracts.plans import Plan, Step
+    from conductor_engine.engine.contracts.traces import PolicyRef
+    from conductor_engine.trainer.warmup import plan_signature, rank_plans
+    from tests.plans import plan_json
+    from tests.unit.trainer.test_warmup import scored
+
+    settings = trainer_settings(settings)
+    pool = sim_pool(str(tiny_policy_dir))
+    policy = pool.conductor.id
+    train = sim_tasks({"sim-math-1", "sim-code-1"})
+    weak, competent = {"sim-math-1": "bravo", "sim-code-1": "alpha"}, {
+        "sim-math-1": "alpha", "sim-code-1": "bravo"}
+
+    def written(task: Task, agent: str, cost: float) -> Trace:
+        """A right run of `task` whose conductor (this test's) wrote the one-step plan."""
+        trace = scored(task.id, 1.0, cost=cost, conductor=policy)
+        trace.task = task
+        trace.policy = PolicyRef(name=policy, version="base")
+        trace.rounds[0].plan = Plan(steps=[Step(agent=agent, subtask="Solve.", access=[])])
+        attempt = trace.rounds[0].attempts[0]
+        attempt.prompt = [Message(role="user", content=f"Plan: {task.question}")]
+        attempt.raw_text = plan_json((agent, "Solve.", []))
+        attempt.token_ids = attempt.logprobs = None  # re-tokenized, as an API conductor's
+        attempt.conductor_id, attempt.finish_reason = policy, "stop"
+        return trace
+
+    for task in train:
+        await trace_store.write(written(task, weak[task.id], cost=0.0001))
+        await trace_store.write(written(task, competent[task.id], cost=0.01))
+    ids = [t.id for t in train]
+    warm = WarmupConfig(enabled=True, epochs=1, learning_rate=1e-3, conductors=[policy],
+                        rehearse=4, rehearse_plans=2)
+
+    async def chosen_agents(batch: str | None) -> dict[str, str]:
+        runs = await trace_store.scored_runs(ids, per_task=256, policies=[policy], batch=batch)
+        ranked, _ = rank_plans([r.trace for r in runs if r.trace], ids, warm, batch)
+        return {t: plans[0].signature[0][0][0] for t, plans in ranked.items()}
+
+    assert await chosen_agents(None) == weak, "the lucky cheap plans rank first unrehearsed"
+    recipe = Recipe(
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
+        warmup=warm)
+    name = f"rehearse-{uuid.uuid4().hex[:6]}"
+    inp = TrainInput(name=name, policy=policy, tasks=train, iterations=1, recipe=recipe,
+                     trainer_task_queue=settings.trainer_task_queue)
+    async with training_stack(client, settings, pool) as conductor:
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+
+    w = final.warmup
+    assert w is not None and w.published and w.rehearsal is not None, w
+    print("warm-up:", w.model_dump_json())
+    r = w.rehearsal
+    assert (r.tasks, r.plans, r.runs, r.left_out) == (2, 4, 16, {}) and r.seconds > 0
+    rehearsed = await trace_store.batch_traces(rehearsal_batch(name))
+    assert len(rehearsed) == 16
+    assert {t.policy.name for t in rehearsed} == {BASELINE_POLICY}
+    assert {t.task.id for t in rehearsed} == set(ids)
+    assert {t.task.sampling.sample for t in rehearsed} == set(range(1_000_000, 1_000_004))
+    by_plan: dict[tuple[str, str], list[float]] = {}
+    for t in rehearsed:
+        assert t.reward is not None and t.reward.value is not None
+        by_plan.setdefault((t.task.id, plan_signature(t)[0][0][0]), []).append(t.reward.value)
+    print("rehearsed rewards by plan:", by_plan)
+    for task_id in ids:  # sim draws are fixed by task, agent and sample: these hold
+        assert sum(by_plan[task_id, competent[task_id]]) > sum(by_plan[task_id, weak[task_id]])
+    # the warm-up counted the rehearsals and trained on the competent agents' plans
+    assert await chosen_agents(rehearsal_batch(name)) == competent
+    assert (w.rank, w.plans, w.tasks_with_plans, w.counted_runs) == ("plan_mean", 2, 2, 20)
+    means = [(1.0 + sum(by_plan[t, competent[t]])) / 5 for t in ids]
+    assert w.mean_plan_reward == pytest.approx(sum(means) / 2)
+    assert w.shapes == {"1 step": 2} and w.conductors == {policy: 2}
+    assert [s.version for s in final.history] == ["v1"] and final.version == 2
+
+
 async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_forged_verdict(
     trace_store: TraceStore,
 ) -> None:
     """`TraceStore.best_runs`, the warm-up's candidates: per task the best completed runs with
     a reward (higher reward, then cheaper), none whose verdict the candidate could have forged,
-    none of another task (a held-out run of the same task included)."""
+    none of another task (a held-out run of the same task included), none of a fixed plan."""
     from tests.unit.trainer.test_warmup import scored
 
     a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
@@ -131,6 +222,7 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
         "invalid": scored(b, 1.0, status="invalid_plan"),
         "wrong": scored(b, 0.25, correct=False),
         "b": scored(b, 0.9),
+        "fixed": scored(b, 1.0, conductor="baseline"),  # a fixed plan's run: nothing to learn
     }
     for trace in runs.values():
         await trace_store.write(trace)
@@ -146,3 +238,67 @@ async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_f
         runs["b"].workflow_id]
     assert ids(await trace_store.best_runs([b], per_task=5, min_reward=0.95)) == []
     assert await trace_store.best_runs([a], per_task=1, policies=["nobody"]) == []
+
+
+async def test_the_store_gives_each_tasks_newest_scored_runs_right_and_wrong_and_its_rehearsals(
+    trace_store: TraceStore,
+) -> None:
+    """`TraceStore.scored_runs`, the evidence of plan means: per task the newest completed
+    runs with a reward, wrong ones included, none forged, none of a held-out run; with
+    `policies`, those conductors' runs and every run of the rehearsal batch."""
+    from tests.unit.trainer.test_warmup import scored
+
+    a = f"a-{uuid.uuid4().hex[:6]}"
+    runs = {f"m{m}": scored(a, 1.0 if m % 2 else 0.5, correct=bool(m % 2), minute=m)
+            for m in range(4)}
+    runs["forged"] = scored(a, 1.0, trusted=False, minute=9)
+    runs["held-out"] = scored(f"heldout~{a}", 1.0, minute=9)
+    runs["invalid"] = scored(a, 0.0, status="invalid_plan", minute=9)
+    runs["other"] = scored(a, 1.0, conductor="someone", minute=8)
+    runs["rehearsed"] = scored(a, 1.0, conductor="baseline", minute=7)
+    runs["rehearsed"].task.batch = "rehearse-x"
+    for trace in runs.values():
+        await trace_store.write(trace)
+
+    async def ids(**kw: object) -> list[str]:
+        found = await trace_store.scored_runs([a], **kw)  # type: ignore[arg-type]
+        return [r.workflow_id for r in found]
+
+    def wid(*keys: str) -> list[str]:
+        return [runs[k].workflow_id for k in keys]
+
+    assert await ids(per_task=3) == wid("other", "rehearsed", "m3")
+    assert await ids(per_task=10, policies=["teacher"]) == wid("m3", "m2", "m1", "m0")
+    assert await ids(per_task=2, policies=["teacher"], batch="rehearse-x") == wid(
+        "rehearsed", "m3")
+
+
+async def test_a_rehearsal_larger_than_one_training_run_holds_is_refused_before_any_plan(
+    settings: Settings, trace_store: TraceStore,
+) -> None:
+    """Four tasks with sixteen right plans each, rehearsed 64 times: 4,096 runs, over the
+    4,000 one training run holds; the trainer refuses in one line before returning any plan,
+    and the same with 62 repeats passes (3,968 runs)."""
+    from conductor_engine.engine.contracts.training import WarmupRequest
+    from conductor_engine.trainer.service import RehearsalTooLarge, Trainer
+    from tests.unit.trainer.test_warmup import planned
+
+    ids = [f"big-{uuid.uuid4().hex[:6]}" for _ in range(4)]
+    agents = [f"agent{i}" for i in range(4)]
+    for task_id in ids:
+        for a in agents:
+            for b in agents:
+                await trace_store.write(planned(task_id, ((a, []), (b, [0])), 1.0))
+
+    def asked(rehearse: int) -> WarmupRequest:
+        warm = WarmupConfig(enabled=True, conductors=["teacher"], rehearse=rehearse,
+                            rehearse_plans=16)
+        return WarmupRequest(name="nobody", parent=0, update_id="x", task_ids=ids,
+                             recipe=Recipe(warmup=warm), rehearsal_batch="rehearse-nobody")
+
+    trainer = Trainer(settings)
+    with pytest.raises(RehearsalTooLarge, match="would start 4,096 runs, over the 4,000 one "
+                       "training run holds: lower \\[warmup\\] rehearse or rehearse_plans"):
+        await trainer.rehearsal_plans(asked(64))
+    plans = (await trainer.rehearsal_plans(asked(62))).plans
+    assert sorted(plans) == sorted(ids) and {len(p) for p in plans.values()} == {16}

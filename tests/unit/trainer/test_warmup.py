@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from conductor_engine.engine.contracts.agent_calls import Message
+from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.contracts.plans import Access, Plan, Step
 from conductor_engine.engine.contracts.rewards import Verdict
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import (
@@ -49,10 +51,10 @@ def test_the_best_run_of_each_training_task_is_chosen_by_reward_then_by_cost() -
         "b-cheap": scored("b", 0.9, cost=0.001, minute=3),
         "b-same-later": scored("b", 0.9, cost=0.001, minute=4),
     }
-    chosen = select_plans(runs.values(), ["a", "b"], WarmupConfig(per_task=1))
+    chosen = select_plans(runs.values(), ["a", "b"], WarmupConfig(rank="run", per_task=1))
     assert [t.workflow_id for t in chosen.plans] == [runs["a-best"].workflow_id,
                                                      runs["b-cheap"].workflow_id]
-    two = select_plans(runs.values(), ["a", "b"], WarmupConfig(per_task=2))
+    two = select_plans(runs.values(), ["a", "b"], WarmupConfig(rank="run", per_task=2))
     assert [t.workflow_id for t in two.plans] == [
         runs[k].workflow_id for k in ("a-best", "a-same-dearer", "b-cheap", "b-same-later")]
     assert two.conductors() == {"teacher": 4} and two.tasks == 2
@@ -70,15 +72,127 @@ def test_untrusted_verdicts_wrong_answers_failed_runs_and_held_out_tasks_are_nev
     other_task = scored("c", 1.0)  # c is held out: not in the training tasks
     other_conductor = scored("d", 1.0, conductor="someone")
     traces = [forged, honest, wrong, failed, held_out, other_task, other_conductor]
-    chosen = select_plans(traces, ["a", "b", "d"], WarmupConfig(conductors=["teacher"]))
+    chosen = select_plans(traces, ["a", "b", "d"], WarmupConfig(rank="run",
+                                                                 conductors=["teacher"]))
     assert [t.workflow_id for t in chosen.plans] == [honest.workflow_id]
     assert chosen.left_out == {"not_a_training_task": 2, "not_correct": 1,
                                "other_conductor": 1, "run_failed": 1, "untrusted": 1}
     # wrong answers may be learned when asked for, above a reward floor
-    loose = select_plans(traces, ["b"], WarmupConfig(correct_only=False, min_reward=0.2))
+    loose = select_plans(traces, ["b"], WarmupConfig(rank="run", correct_only=False,
+                                                     min_reward=0.2))
     assert [t.workflow_id for t in loose.plans] == [wrong.workflow_id]
-    assert select_plans(traces, ["b"], WarmupConfig(correct_only=False, min_reward=0.3)
-                        ).plans == []
+    assert select_plans(traces, ["b"], WarmupConfig(rank="run", correct_only=False,
+                                                    min_reward=0.3)).plans == []
+
+
+SOLO: tuple[tuple[str, Access], ...] = (("cheap", []),)
+REVIEW: tuple[tuple[str, Access], ...] = (("drafter", []), ("reviewer", "all"))
+
+
+def planned(task_id: str, steps: tuple[tuple[str, Access], ...], reward: float, *,
+            cost: float = 0.01, minute: int = 0, wording: str = "Do it.",
+            conductor: str = "teacher", fixed_in: str | None = None) -> Trace:
+    """A scored run of `task_id` whose plan has these (agent, access) steps, the subtasks
+    worded `wording`; `fixed_in`: a fixed-plan run (no conductor, no prompt) of that batch,
+    as a rehearsal records it."""
+    trace = scored(task_id, reward, cost=cost, minute=minute, conductor=conductor)
+    trace.rounds[0].plan = Plan(steps=[Step(agent=a, subtask=f"{wording} ({i})", access=acc)
+                                       for i, (a, acc) in enumerate(steps)])
+    if fixed_in is not None:
+        trace.policy = PolicyRef(name=BASELINE_POLICY, version="base")
+        trace.task.batch = fixed_in
+        trace.rounds[0].attempts[0].prompt = []
+    return trace
+
+
+def test_a_plan_right_in_most_of_its_runs_outranks_a_cheaper_plan_that_was_right_once() -> None:
+    """Four runs of each plan of task a: the cheap one-step plan was right once (the cheapest
+    right run of all: what ranking runs learns), the review plan three times. Ranked by plan
+    mean the review plan wins, and its cheapest right run is trained on."""
+    from conductor_engine.trainer.warmup import select_plans
+
+    lucky = planned("a", SOLO, 1.0, cost=0.001)
+    solo_wrong = [_wrong(planned("a", SOLO, 0.5, cost=0.001, minute=i)) for i in range(1, 4)]
+    review = [planned("a", REVIEW, 1.0, cost=0.02 + i / 100, minute=i) for i in range(3)]
+    review_wrong = _wrong(planned("a", REVIEW, 0.5, cost=0.01))
+    runs = [lucky, *solo_wrong, *review, review_wrong]
+    by_run = select_plans(runs, ["a"], WarmupConfig(rank="run"))
+    assert [t.workflow_id for t in by_run.plans] == [lucky.workflow_id]
+    by_plan = select_plans(runs, ["a"], WarmupConfig())
+    assert [t.workflow_id for t in by_plan.plans] == [review[0].workflow_id]
+    assert (by_plan.ranked_plans, by_plan.counted_runs) == (2, 8)
+    assert by_plan.mean_plan_reward() == 0.875 and by_plan.shapes() == {"2 steps (sees)": 1}
+    assert by_plan.left_out == {}
+    # both plans, best first, when two are asked for
+    two = select_plans(runs, ["a"], WarmupConfig(per_task=2))
+    assert [t.workflow_id for t in two.plans] == [review[0].workflow_id, lucky.workflow_id]
+
+
+def _wrong(trace: Trace) -> Trace:
+    assert trace.reward is not None and trace.reward.verdict is not None
+    trace.reward.verdict.correct = False
+    return trace
+
+
+def test_a_plan_is_its_agents_and_what_each_step_sees_never_its_subtasks_wording() -> None:
+    """Runs of one plan worded three ways are one plan; the same agents with the reviewer
+    blind to the draft are another ("all" and [0] are the same access for step 2); at equal
+    means the plan resting on more runs wins."""
+    from conductor_engine.trainer.warmup import plan_signature, rank_plans, select_plans
+
+    worded = [planned("a", REVIEW, 1.0, wording=w, minute=i)
+              for i, w in enumerate(["Draft.", "Write a draft", "Check the draft"])]
+    listed = planned("a", (("drafter", []), ("reviewer", [0])), 1.0, minute=3)
+    blind = [planned("a", (("drafter", []), ("reviewer", [])), 1.0, cost=0.0, minute=4 + i)
+             for i in range(2)]
+    assert len({plan_signature(t) for t in [*worded, listed]}) == 1
+    ranked, _ = rank_plans([*worded, listed, *blind], ["a"], WarmupConfig())
+    assert [len(p.runs) for p in ranked["a"]] == [4, 2]
+    chosen = select_plans([*worded, listed, *blind], ["a"], WarmupConfig())
+    assert chosen.shapes() == {"2 steps (sees)": 1}
+
+
+def test_held_out_tasks_other_conductors_and_unrehearsed_fixed_plans_never_count() -> None:
+    """The review plan's mean counts only this run's evidence: a held-out run of the task,
+    a run another conductor planned and a fixed-plan run outside this run's rehearsal batch
+    are left out; the rehearsal's fixed-plan runs count (whoever `conductors` names) but are
+    never trained on themselves."""
+    from conductor_engine.trainer.warmup import candidate_plans, select_plans
+
+    review = planned("a", REVIEW, 1.0, cost=0.05, wording="Review it.")
+    lucky = planned("a", SOLO, 1.0, cost=0.001)
+    rehearsed = [planned("a", SOLO, 0.5, fixed_in="rehearse-me", minute=i) for i in range(3)]
+    rehearsed += [planned("a", REVIEW, 1.0, fixed_in="rehearse-me", minute=i) for i in range(3)]
+    noise = [planned("heldout~a", SOLO, 1.0), planned("a", SOLO, 1.0, conductor="someone"),
+             planned("a", SOLO, 1.0, fixed_in="rehearse-other"), planned("c", SOLO, 1.0)]
+    cfg = WarmupConfig(conductors=["teacher"], rehearse=3, rehearse_plans=2)
+    before = candidate_plans([review, lucky, *noise], ["a"], cfg, "rehearse-me")
+    assert [[s.agent for s in p.steps] for p in before["a"]] == [["cheap"], ["drafter",
+                                                                             "reviewer"]]
+    assert before["a"][1].steps[0].subtask == "Review it. (0)"  # the conductor's own words
+    chosen = select_plans([review, lucky, *rehearsed, *noise], ["a"], cfg, "rehearse-me")
+    assert [t.workflow_id for t in chosen.plans] == [review.workflow_id]
+    assert chosen.counted_runs == 8 and chosen.left_out == {"not_a_training_task": 2,
+                                                            "other_conductor": 2}
+    # without the rehearsal's batch its runs are another conductor's, and luck wins
+    unrehearsed = select_plans([review, lucky, *rehearsed, *noise], ["a"], cfg)
+    assert [t.workflow_id for t in unrehearsed.plans] == [lucky.workflow_id]
+    # a plan only fixed-plan runs wrote is never trained on, however well it scored
+    only_fixed = select_plans(rehearsed, ["a"], WarmupConfig(), "rehearse-me")
+    assert only_fixed.plans == [] and only_fixed.counted_runs == 6
+
+
+def test_rehearsal_asks_for_plan_means() -> None:
+    """Rehearsed runs count towards a plan's mean: with rank "run" they would count for
+    nothing, so the recipe says so."""
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="rank = \"plan_mean\""):
+        WarmupConfig(rank="run", rehearse=2)
+    assert not WarmupConfig(rehearse=2).rehearses  # [warmup] enabled = false
+    assert WarmupConfig(enabled=True, rehearse=2).rehearses
+    assert not WarmupConfig(enabled=True, rehearse=2, rehearse_plans=0).rehearses
 
 
 def test_the_warm_up_raises_the_log_prob_of_the_selected_plans_on_their_chosen_tokens(

@@ -565,3 +565,24 @@ def test_a_reward_prints_as_its_number_and_verdict_and_its_line_states_the_rule(
                             "0.5 wrong · 0 no valid plan")
     custom = RewardWeights(wrong=0.2, failed=-1.0, cost_penalty_per_usd=2.0)
     assert custom.rule() == "1 right · 0.2 wrong · 0 no valid plan · -1 failed run · -2 per $"
+
+
+def test_the_warm_up_line_shows_its_rehearsal_first_and_how_it_ranked() -> None:
+    """`train status`'s warm-up: the rehearsal's runs and seconds on a line before it, the
+    ranking by plan mean and the selected shapes in it; no rehearsal line without one."""
+    from conductor_engine.engine.contracts.training import Rehearsal, WarmupResult
+    from conductor_engine.runtime.cli.train import warmup_line
+
+    w = WarmupResult(name="c", version=1, published=True, tasks=24, tasks_with_plans=24,
+                     plans=24, conductors={"c": 24}, mean_reward=0.93, rank="plan_mean",
+                     ranked_plans=109, counted_runs=624, mean_plan_reward=0.74,
+                     shapes={"1 step": 20, "2 steps (sees)": 4},
+                     rehearsal=Rehearsal(tasks=24, plans=54, runs=430, mean_reward=0.63,
+                                         left_out={"step_failed": 2}, seconds=151.2))
+    first, second = warmup_line(w).split("\n")
+    assert first == ("rehearsal · 54 candidate plans of 24 training tasks · 430 runs · their "
+                     "reward 0.630 · left out 2 (step_failed 2) · 151.2s")
+    assert "ranked by plan mean: 109 plans over 624 runs, the chosen plans' mean 0.740" in second
+    assert "shapes 24 (1 step 20, 2 steps (sees) 4)" in second
+    plain = w.model_copy(update={"rehearsal": None, "rank": "run"})
+    assert "\n" not in warmup_line(plain) and "ranked" not in warmup_line(plain)

@@ -1,0 +1,187 @@
+"""Which plans does each warm-up ranking pick? Exact expected rewards on structured sim pools.
+
+    python -m tests.benchmarks.bench_warmup_ranking [--seeds 1,2,3] [--samples 8]
+        [--two-step 0.21] [--rehearse 8] [--rehearse-plans 4] [--repeats 20]
+
+For each structured pool (`conductor sim pool --structure --seed S`, 32 tasks of four kinds) it
+draws `--samples` scored runs of every task from a model of the base conductor exploring: a
+two-step plan with probability `--two-step` (0.21: 41 of the 192 plans SmolLM2 wrote at
+temperature 1 and epsilon 0.5 on pool 1, docs/results/learning.md), otherwise one step; agents
+uniform, a second step seeing the first half the time. Each run is right with its plan's exact
+probability (engine/providers/sim_structure.py `expected_reward`) and rewarded as scoring.py
+rewards it (1 or `wrong`, less the cost penalty). Then the warm-up's own selection
+(trainer/warmup.py `select_plans`, `candidate_plans`) picks each task's plan three ways:
+
+- best run by reward (`rank = "run"`), the obvious baseline;
+- plan mean over the same samples (`rank = "plan_mean"`);
+- plan mean after a rehearsal: the `--rehearse-plans` best candidates of each task run
+  `--rehearse` more times each, as fixed plans with fresh draws.
+
+It prints, per way, the selected plans' expected reward over the oracle's (summed over the tasks
+with a selection: the same tasks in every way), how many are the oracle's plan per kind, and the
+runs executed, averaged over `--repeats` draws per pool; then the ratio of each way's figure to
+the best run's. Seconds, no model, no services: the ranking in isolation from what SFT and GRPO
+make of it (bench_plans.py measures those, with SmolLM2 writing the samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections import Counter
+
+from conductor_engine.engine.contracts.names import BASELINE_POLICY
+from conductor_engine.engine.contracts.plans import Plan, Step
+from conductor_engine.engine.contracts.traces import PolicyRef, Trace
+from conductor_engine.engine.contracts.training import WarmupConfig
+from conductor_engine.engine.providers.sim_structure import (
+    Oracle,
+    PlanStep,
+    StructuredPoolSpec,
+    expected_reward,
+    structured_tasks,
+)
+from conductor_engine.trainer.warmup import candidate_plans, select_plans
+from tests.unit.trainer.test_warmup import scored
+
+BATCH = "rehearse-bench"
+WAYS = ("best run by reward", "plan mean, samples only", "plan mean, rehearsed")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated pool seeds")
+    p.add_argument("--samples", type=int, default=8, help="scored runs of each task")
+    p.add_argument("--two-step", type=float, default=41 / 192,
+                   help="the share of two-step plans among the samples")
+    p.add_argument("--rehearse", type=int, default=8)
+    p.add_argument("--rehearse-plans", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=20, help="independent draws per pool")
+    return p.parse_args()
+
+
+class Pool:
+    """One structured pool: its agents, each task's parts and oracle, and a run's reward."""
+
+    def __init__(self, seed: int) -> None:
+        self.spec = StructuredPoolSpec(seed=seed)
+        self.agents = self.spec.agents()
+        rows = structured_tasks(self.spec)
+        self.oracles: dict[str, Oracle] = {o.id: o for _, o in rows}
+        self.parts: dict[str, list[str]] = {
+            str(r["id"]): list(r.get("parts") or r["tags"])  # type: ignore[call-overload]
+            for r, _ in rows}
+
+    def value(self, task_id: str, plan: list[PlanStep]) -> tuple[float, float, float]:
+        return expected_reward(plan, self.agents, self.parts[task_id], self.spec.wrong,
+                               self.spec.cost_penalty_per_usd)
+
+    def run(self, rng: random.Random, task_id: str, plan: list[PlanStep], minute: int,
+            fixed: bool = False) -> Trace:
+        """One scored run of `plan`, right with its exact probability; a conductor's, or a
+        fixed plan's in the rehearsal batch."""
+        _, p, cost = self.value(task_id, plan)
+        right = rng.random() < p
+        base = 1.0 if right else self.spec.wrong
+        reward = max(0.0, base - self.spec.cost_penalty_per_usd * cost)
+        trace = scored(task_id, reward, cost=cost, minute=minute, correct=right,
+                       conductor="conductor")
+        trace.rounds[0].plan = Plan(steps=[Step(agent=s.agent, subtask="Do it.",
+                                                access=list(s.sees)) for s in plan])
+        if fixed:
+            trace.policy = PolicyRef(name=BASELINE_POLICY, version="base")
+            trace.task.batch = BATCH
+            trace.rounds[0].attempts[0].prompt = []
+        return trace
+
+    def sample(self, rng: random.Random, two_step: float) -> list[PlanStep]:
+        names = sorted(self.agents)
+        first = PlanStep(agent=rng.choice(names))
+        if rng.random() >= two_step:
+            return [first]
+        return [first, PlanStep(agent=rng.choice(names), sees=[0] if rng.random() < 0.5 else [])]
+
+
+def steps_of_plan(plan: Plan) -> list[PlanStep]:
+    return [PlanStep(agent=s.agent, sees=s.sees(i)) for i, s in enumerate(plan.steps)]
+
+
+def steps_of(trace: Trace) -> list[PlanStep]:
+    plan = trace.rounds[0].plan
+    assert plan is not None
+    return steps_of_plan(plan)
+
+
+def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
+             ) -> dict[str, tuple[float, float, Counter[str], Counter[str], int]]:
+    """Per way: (expected, oracle) summed over the tasks with a selection, oracle plans and
+    selections per kind, runs executed."""
+    ids = sorted(pool.oracles)
+    samples = [pool.run(rng, t, pool.sample(rng, args.two_step), k)
+               for t in ids for k in range(args.samples)]
+    cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans)
+    rehearsed = [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
+                 for t, plans in candidate_plans(samples, ids, cfg, BATCH).items()
+                 for plan in plans for r in range(args.rehearse)]
+    chosen = {
+        WAYS[0]: select_plans(samples, ids, WarmupConfig(rank="run")),
+        WAYS[1]: select_plans(samples, ids, WarmupConfig()),
+        WAYS[2]: select_plans(samples + rehearsed, ids, cfg, BATCH),
+    }
+    out = {}
+    for way, selection in chosen.items():
+        expected = oracle = 0.0
+        exact: Counter[str] = Counter()
+        kinds: Counter[str] = Counter()
+        for trace in selection.plans:
+            best = pool.oracles[trace.task.id]
+            plan = steps_of(trace)
+            expected += pool.value(trace.task.id, plan)[0]
+            oracle += best.expected_reward
+            exact[best.kind] += plan == best.plan
+            kinds[best.kind] += 1
+        runs = len(samples) + (len(rehearsed) if way == WAYS[2] else 0)
+        out[way] = (expected, oracle, exact, kinds, runs)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.monotonic()
+    print(f"{args.samples} samples a task ({args.two_step:.2f} two-step), rehearsal "
+          f"{args.rehearse} x {args.rehearse_plans} plans, {args.repeats} draws a pool")
+    totals: dict[str, list[float]] = {w: [0.0, 0.0, 0.0] for w in WAYS}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        pool = Pool(seed)
+        per: dict[str, list[float]] = {w: [0.0, 0.0, 0.0] for w in WAYS}
+        exact: dict[str, Counter[str]] = {w: Counter() for w in WAYS}
+        kinds: dict[str, Counter[str]] = {w: Counter() for w in WAYS}
+        for rep in range(args.repeats):
+            for way, (e, o, x, k, runs) in one_draw(pool, args, random.Random(
+                    f"{seed}/{rep}")).items():
+                per[way][0] += e
+                per[way][1] += o
+                per[way][2] += runs / args.repeats
+                exact[way].update(x)
+                kinds[way].update(k)
+        print(f"\npool seed {seed}:")
+        for way in WAYS:
+            e, o, runs = per[way]
+            hits = " · ".join(f"{k} {exact[way][k] / args.repeats:.1f}/"
+                              f"{kinds[way][k] / args.repeats:.1f}" for k in sorted(kinds[way]))
+            print(f"  {way:<24} expected / oracle {e / o:.3f} · oracle plans per kind: {hits} "
+                  f"· {runs:.0f} runs")
+            for i, v in enumerate((e, o, runs)):
+                totals[way][i] += v
+    base = totals[WAYS[0]][0] / totals[WAYS[0]][1]
+    print("\nall pools:")
+    for way in WAYS:
+        e, o, runs = totals[way]
+        print(f"  {way:<24} expected / oracle {e / o:.3f} ({e / o / base:.3f}x the best run) "
+              f"· {runs / totals[WAYS[0]][2]:.1f}x its runs")
+    print(f"\n{time.monotonic() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
