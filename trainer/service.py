@@ -20,7 +20,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -533,24 +533,24 @@ class TrainerActivities:
 
     @activity.defn(name=UPDATE_ACTIVITY)
     async def grpo_update(self, req: UpdateRequest) -> UpdateResult:
-        try:
-            return await heartbeating(self.trainer.update(req))
-        except (StaleParent, PolicyError) as e:
-            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        return await _refusing(self.trainer.update(req), StaleParent, PolicyError)
 
     @activity.defn(name=WARMUP_ACTIVITY)
     async def warmup_update(self, req: WarmupRequest) -> WarmupResult:
-        try:
-            return await heartbeating(self.trainer.warm_up(req))
-        except (StaleParent, PolicyError) as e:
-            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        return await _refusing(self.trainer.warm_up(req), StaleParent, PolicyError)
 
     @activity.defn(name=REHEARSAL_PLANS_ACTIVITY)
     async def rehearsal_plans(self, req: WarmupRequest) -> RehearsalPlans:
-        try:
-            return await heartbeating(self.trainer.rehearsal_plans(req))
-        except RehearsalTooLarge as e:
-            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        return await _refusing(self.trainer.rehearsal_plans(req), RehearsalTooLarge)
+
+
+async def _refusing(work: Awaitable[T], *refusals: type[Exception]) -> T:
+    """The trainer's work, heartbeating; a refusal (an error a retry would only repeat)
+    becomes a non-retryable failure named after it."""
+    try:
+        return await heartbeating(work)
+    except refusals as e:
+        raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
 
 
 def build_trainer_worker(client: Client, settings: Settings) -> Worker:

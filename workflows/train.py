@@ -288,12 +288,10 @@ class TrainingWorkflow:
             task = revised(task, id=f"heldout~{task.id}", batch=batch, options=options,
                            sampling=rollout_sampling(0))
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
-            res = _collected(await children.run(task, wid, f"held out · {inp.name} {label}"))
-            reason = "run_failed" if res is None else _unscored(res)  # None: before a reset
-            if reason is not None:
-                left_out.append(reason)
+            res = _scored(await children.run(task, wid, f"held out · {inp.name} {label}"),
+                          left_out)
+            if res is None or res.reward is None or res.reward.value is None:
                 return
-            assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
             rewards.append(res.reward.value)
             verdict = res.reward.verdict
             correct.append(bool(verdict is not None and verdict.correct))
@@ -394,12 +392,9 @@ class TrainingWorkflow:
             run = revised(task, batch=batch, options=options,
                           sampling=rollout_sampling(REHEARSAL_SAMPLES_FROM + r))
             wid = rehearsal_workflow_id(inp.name, chain, task.id, k, r)
-            res = _collected(await children.run(run, wid, f"rehearsal · {inp.name}"))
-            reason = "run_failed" if res is None else _unscored(res)  # None: before a reset
-            if reason is not None:
-                left_out.append(reason)
+            res = _scored(await children.run(run, wid, f"rehearsal · {inp.name}"), left_out)
+            if res is None or res.reward is None or res.reward.value is None:
                 return
-            assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
             rewards.append(res.reward.value)
 
         await asyncio.gather(*(one(task, k, plan, r) for task in tasks
@@ -444,6 +439,19 @@ def _collected(outcome: ChildOutcome) -> RunResult | LeftOutReason | None:
     it failed, or None when a run of that id ran before a reset of this workflow (its trace is
     in the store)."""
     return _child_failure(outcome) if isinstance(outcome, ChildWorkflowError) else outcome
+
+
+def _scored(outcome: ChildOutcome, left_out: list[LeftOutReason]) -> RunResult | None:
+    """A held-out or rehearsal run whose reward counts, or None with why it does not appended
+    to `left_out` (a run of that id from before a reset of this workflow counts as failed:
+    these phases read rewards from results, not from the store)."""
+    res = _collected(outcome)
+    reason = "run_failed" if res is None else _unscored(res)
+    if reason is not None:
+        left_out.append(reason)
+        return None
+    assert isinstance(res, RunResult) and res.reward and res.reward.value is not None
+    return res
 
 
 def _child_failure(error: ChildWorkflowError) -> LeftOutReason:

@@ -176,6 +176,15 @@ class TraceFilter(BaseModel):
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
 
+SCORED_ROOT_RUNS = (
+    "depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
+    "AND task_id = ANY($1) "
+    # a verdict the candidate could have forged never counts (code_tests.UNTRUSTED)
+    "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
+"""The runs a warm-up may read (`best_runs`, `scored_runs`): finished root runs of the tasks
+in $1 with a reward whose verdict was not forgeable."""
+
+
 class TraceStore:
     def __init__(self, pool: asyncpg.Pool, blobs: BlobStore, *, blob_threshold: int) -> None:
         self.pool = pool
@@ -373,10 +382,7 @@ class TraceStore:
         it, so there is nothing to learn from it). One indexed query; only the ranked rows'
         documents are read."""
         args: list[Any] = [task_ids, min_reward, per_task, BASELINE_POLICY]
-        where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
-                 "AND task_id = ANY($1) AND reward >= $2 AND policy_name <> $4 "
-                 # a verdict the candidate could have forged never ranks (code_tests.UNTRUSTED)
-                 "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
+        where = f"{SCORED_ROOT_RUNS} AND reward >= $2 AND policy_name <> $4"
         if correct_only:
             where += " AND correct"
         if policies is not None:
@@ -407,9 +413,7 @@ class TraceStore:
         `batch` also every run of that batch (a training run's rehearsals, whose fixed plans
         are recorded under the policy `baseline`). One indexed query."""
         args: list[Any] = [task_ids, per_task]
-        where = ("depth = 0 AND NOT superseded AND status = 'completed' AND reward IS NOT NULL "
-                 "AND task_id = ANY($1) "
-                 "AND (trace #>> '{reward,verdict,details,trusted}') IS DISTINCT FROM 'false'")
+        where = SCORED_ROOT_RUNS
         if policies is not None:
             args.append(policies)
             who = f"policy_name = ANY(${len(args)})"
