@@ -227,11 +227,15 @@ def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: Warmu
                     rehearsal_batch: str | None = None) -> dict[str, list[Plan]]:
     """Each training task's `cfg.rehearse_plans` best plans the warm-up could train on, as
     the plan of each one's best run (its subtasks as its conductor wrote them): what the
-    rehearsal runs again. Only one-round plans: a fixed plan is one round."""
+    rehearsal runs again. Only one-round plans: a fixed plan is one round. A plan this
+    training run has rehearsed already (an earlier warm-up round's) is not a candidate: its
+    mean rests on its rehearsals, and the round's runs go to plans it has not measured."""
     ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     out: dict[str, list[Plan]] = {}
     for task, plans in ranked.items():
         chosen = [plan for p in plans if p.best is not None and len(p.signature) == 1
+                  and not (rehearsal_batch and any(t.task.batch == rehearsal_batch
+                                                   for t in p.runs))
                   and (plan := p.best.rounds[0].plan) is not None][: cfg.rehearse_plans]
         if chosen:
             out[task] = chosen

@@ -37,6 +37,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from conductor_engine.engine.contracts.limits import MAX_WARMUP_SAMPLES
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         REHEARSAL_PLANS_ACTIVITY,
@@ -50,9 +51,15 @@ with workflow.unsafe.imports_passed_through():
         rehearsal_workflow_id,
         rollout_workflow_id,
         update_id,
+        warmup_batch,
         warmup_id,
+        warmup_sample_workflow_id,
     )
-    from conductor_engine.engine.contracts.plan_shapes import forced_rollouts, forced_shape
+    from conductor_engine.engine.contracts.plan_shapes import (
+        forced_rollouts,
+        forced_shape,
+        warmup_forced_shape,
+    )
     from conductor_engine.engine.contracts.plans import Plan
     from conductor_engine.engine.contracts.policy_versions import version_label
     from conductor_engine.engine.contracts.records import RunResult
@@ -66,6 +73,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateResult,
         WarmupRequest,
         WarmupResult,
+        WarmupSampling,
         group_agents,
     )
     from conductor_engine.engine.contracts.training_runs import (
@@ -96,6 +104,10 @@ REHEARSAL_SAMPLES_FROM = 1_000_000
 """The sample number of a rehearsal's first repeat: far from any rollout's (0 .. group_size),
 so a rehearsal draws afresh rather than repeating the run it rehearses (the sim provider seeds
 an agent's answer with the sample)."""
+
+WARMUP_SAMPLES_FROM = 2_000_000
+"""The sample number of the first warm-up sample; round r's sample i is this + 1,000 r + i,
+apart from rollouts', rehearsals' and other rounds' draws."""
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.
@@ -155,8 +167,10 @@ class TrainingWorkflow:
         if self._evaluates(inp) and not p.evals:  # where training starts from
             await self._heldout(inp)
         if inp.recipe.warmup.enabled and p.warmup is None and p.iteration == 0:
-            # once: a resumed run carries p.warmup
+            # once: a resumed run carries p.warmup (and the rounds done in p.warmup_rounds)
             await self._warmup(inp)
+            if p.warmup is None:  # another round to go, in a run of its own: short histories
+                workflow.continue_as_new(revised(inp, progress=p))
         stats = IterationStats(iteration=p.iteration, version=p.label)
         recipe = inp.recipe
         if not inp.from_traces:
@@ -334,34 +348,104 @@ class TrainingWorkflow:
         return out
 
     async def _warmup(self, inp: TrainInput) -> None:
-        """The warm-up on scored plans of the training tasks (trainer/warmup.py), on the
-        trainer's queue like an update, after the rehearsal of its candidate plans when the
-        recipe asks for one; GRPO continues from the version it publishes, which the held-out
-        tasks answer first when they are evaluated."""
-        p = self._progress
+        """One round of the warm-up on scored plans of the training tasks (trainer/warmup.py),
+        on the trainer's queue like an update: after the round's exploring samples and the
+        rehearsal of its candidate plans, when the recipe asks for them. The last round's
+        result is p.warmup; GRPO continues from the version it publishes, which the held-out
+        tasks answer first when they are evaluated (as they answer every round's).
+
+        Rounds are expert iteration: each samples from the version the last one published,
+        so its candidates gather where the last round's best plans were, and the ranking reads
+        every counted run so far (docs/concepts/grpo.md). A recipe recorded before rounds and
+        samples existed has one round and no samples: its history replays unchanged."""
+        p, cfg = self._progress, inp.recipe.warmup
+        k = len(p.warmup_rounds)
         req = WarmupRequest(
             name=inp.policy, parent=p.version, recipe=inp.recipe,
-            update_id=warmup_id(workflow.info().workflow_id),
+            update_id=warmup_id(workflow.info().workflow_id, k),
             task_ids=[t.id for t in inp.tasks], task_list=None if inp.tasks else inp.task_list)
+        sampling = await self._sample(inp, k) if cfg.samples_per_round else None
         rehearsal = None
         # a recipe recorded before rehearsals existed has none: its history replays unchanged
-        if inp.recipe.warmup.rehearses and workflow.patched(REHEARSAL_PATCH):
+        if cfg.rehearses and workflow.patched(REHEARSAL_PATCH):
             req = revised(req, rehearsal_batch=rehearsal_batch(inp.name))
-            rehearsal = await self._rehearse(inp, req)
+            rehearsal = await self._rehearse(inp, req, k)
         p.phase = "warmup"
+        rounds = f" round {k + 1}/{cfg.rounds}" if cfg.rounds > 1 else ""
         result = await workflow.execute_activity(
             WARMUP_ACTIVITY, req, result_type=WarmupResult,
             **_on_the_trainer(inp),
-            summary=f"warm-up · {inp.policy} {p.label} → v{p.version + 1}",
+            summary=f"warm-up{rounds} · {inp.policy} {p.label} → v{p.version + 1}",
         )
-        result.rehearsal = rehearsal
-        p.warmup = result
+        result.rehearsal, result.sampling, result.round = rehearsal, sampling, k
+        p.warmup_rounds.append(result)
+        if k + 1 >= cfg.rounds:
+            p.warmup = result
         if result.published:
             p.version = result.version
             if self._evaluates(inp):
                 await self._heldout(inp)
 
-    async def _rehearse(self, inp: TrainInput, req: WarmupRequest) -> Rehearsal:
+    async def _training_tasks(self, inp: TrainInput) -> list[Task]:
+        """Every training task: the inline list, or the whole task list read back."""
+        if inp.tasks or inp.task_list is None:
+            return list(inp.tasks)
+        return await read_tasks(inp.task_list, 0, inp.task_list.total)
+
+    async def _sample(self, inp: TrainInput, k: int) -> WarmupSampling:
+        """Round k's exploring samples: `samples` runs of every training task by the current
+        version, at the rollouts' temperature with the warm-up's `explore`, the last
+        round(force_shapes x samples) of each with a multi-step shape forced in turn, one plan
+        attempt each, the task's own pool, labelled with the run's warm-up batch. They are
+        ordinary conductor runs, scored and stored; the warm-up ranks their plans with the
+        rest. Refused before any run starts where the round would start more than
+        limits.py MAX_WARMUP_SAMPLES."""
+        p, cfg = self._progress, inp.recipe.warmup
+        tasks = await self._training_tasks(inp)
+        n, n_forced = cfg.samples_per_round, cfg.forced_samples()
+        if len(tasks) * n > MAX_WARMUP_SAMPLES:
+            raise ApplicationError(
+                f"a warm-up round would start {len(tasks) * n:,} samples ({len(tasks):,} "
+                f"training tasks x [warmup] samples = {n}), over the {MAX_WARMUP_SAMPLES:,} one "
+                "round holds (engine/contracts/limits.py); lower [warmup] samples or train on "
+                "fewer tasks", type="WarmupTooLarge", non_retryable=True)
+        p.phase = "warmup_samples"
+        started = workflow.time()
+        chain = workflow.info().first_execution_run_id[:8]
+        children = FanOut(inp.concurrency, StartWaves(enabled=True))
+        batch = warmup_batch(inp.name)
+        out = WarmupSampling()
+        rewards: list[float] = []
+        left_out: list[LeftOutReason] = []
+
+        async def one(task: Task, i: int) -> None:
+            shape = warmup_forced_shape(task.options.max_steps, i, n, n_forced)
+            options = revised(task.options, temperature=inp.temperature,
+                              policy_version=p.version, result="summary", max_plan_attempts=1)
+            sampling = rollout_sampling(
+                WARMUP_SAMPLES_FROM + 1_000 * k + i, explore=cfg.explore,
+                explore_importance=inp.recipe.rollouts.explore_importance,
+                force_shape=None if shape is None else ",".join(shape))
+            run = revised(task, batch=batch, options=options, sampling=sampling)
+            wid = warmup_sample_workflow_id(inp.name, chain, k, task.id, i)
+            outcome = await children.run(run, wid, f"warm-up sample · {inp.name} r{k}")
+            collected = _collected(outcome)
+            if isinstance(collected, RunResult):
+                u = collected.totals.usage
+                out.tokens += u.input_tokens + u.output_tokens
+            res = _scored(outcome, left_out)
+            if res is None or res.reward is None or res.reward.value is None:
+                return
+            rewards.append(res.reward.value)
+            out.forced += shape is not None
+
+        await asyncio.gather(*(one(task, i) for task in tasks for i in range(n)))
+        out.runs, out.left_out = len(rewards), count_reasons(left_out)
+        out.mean_reward = sum(rewards) / len(rewards) if rewards else None
+        out.seconds = workflow.time() - started
+        return out
+
+    async def _rehearse(self, inp: TrainInput, req: WarmupRequest, k: int) -> Rehearsal:
         """Each training task's best candidate plans (asked of the trainer, which reads the
         store and refuses more runs than limits.py MAX_REHEARSAL_RUNS), each run `rehearse`
         more times as a fixed plan (Task.plan, as `conductor eval` runs its baselines), as
@@ -369,36 +453,34 @@ class TrainingWorkflow:
         and recorded like any run, and the warm-up counts their rewards towards their plan's
         mean. Repeat r of every plan of a task is sample REHEARSAL_SAMPLES_FROM + r: apart
         from the samples rollouts use, and the same for every plan of the task, so plans are
-        compared on the same draws."""
+        compared on the same draws. Round k (from 0) rehearses the plans no earlier round
+        did."""
         p, cfg = self._progress, inp.recipe.warmup
         p.phase = "rehearsal"
         started = workflow.time()
         candidates = await workflow.execute_activity(
             REHEARSAL_PLANS_ACTIVITY, req, result_type=RehearsalPlans,
             **_on_the_trainer(inp), summary=f"rehearsal plans · {inp.policy}")
-        if inp.tasks or inp.task_list is None:
-            tasks = list(inp.tasks)
-        else:
-            tasks = await read_tasks(inp.task_list, 0, inp.task_list.total)
+        tasks = await self._training_tasks(inp)
         batch = rehearsal_batch(inp.name)
         chain = workflow.info().first_execution_run_id[:8]
         children = FanOut(inp.concurrency, StartWaves(enabled=True))
         rewards: list[float] = []
         left_out: list[LeftOutReason] = []
 
-        async def one(task: Task, k: int, plan: Plan, r: int) -> None:
+        async def one(task: Task, plan_no: int, plan: Plan, r: int) -> None:
             options = revised(task.options, plan=plan, refinement_rounds=0, result="summary",
                               max_plan_attempts=1)
             run = revised(task, batch=batch, options=options,
                           sampling=rollout_sampling(REHEARSAL_SAMPLES_FROM + r))
-            wid = rehearsal_workflow_id(inp.name, chain, task.id, k, r)
+            wid = rehearsal_workflow_id(inp.name, chain, task.id, plan_no, r, k)
             res = _scored(await children.run(run, wid, f"rehearsal · {inp.name}"), left_out)
             if res is None or res.reward is None or res.reward.value is None:
                 return
             rewards.append(res.reward.value)
 
-        await asyncio.gather(*(one(task, k, plan, r) for task in tasks
-                               for k, plan in enumerate(candidates.plans.get(task.id, []))
+        await asyncio.gather(*(one(task, plan_no, plan, r) for task in tasks
+                               for plan_no, plan in enumerate(candidates.plans.get(task.id, []))
                                for r in range(cfg.rehearse)))
         return Rehearsal(
             tasks=sum(1 for t in tasks if candidates.plans.get(t.id)),

@@ -32,6 +32,12 @@ handful of events each in its history (Temporal fails a history past 50,000 even
 candidate plans come back to the workflow in one activity result. The trainer refuses a larger
 rehearsal before it returns a plan (trainer/service.py `rehearsal_plans`)."""
 
+MAX_WARMUP_SAMPLES = 4000
+"""The most exploring runs one warm-up round starts (training tasks x `[warmup] samples`): each
+is a child of the training workflow's run for that round (every round continues as new), so
+with the round's rehearsal (MAX_REHEARSAL_RUNS) its history stays far under 50,000 events. The
+training workflow refuses a larger round before it starts a run."""
+
 START_BYTES_PER_WORKFLOW_TASK = 2 * 1024 * 1024
 """The most bytes of child-start commands (each carries its child's task) one workflow task of
 the batch or training workflow sends; the next wave starts once these children have started.

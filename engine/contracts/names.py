@@ -131,10 +131,24 @@ def rehearsal_batch(name: str) -> str:
     return f"rehearse-{name}"
 
 
-def rehearsal_workflow_id(name: str, chain: str, task_id: str, plan: int, repeat: int) -> str:
+def rehearsal_workflow_id(name: str, chain: str, task_id: str, plan: int, repeat: int,
+                          warmup_round: int = 0) -> str:
     """One rehearsal run, `train-NAME/CHAIN/rehearse/TASK_ID/pK/R`: candidate plan K of the
-    task, its R-th run."""
-    return f"{training_workflow_id(name)}/{chain}/rehearse/{task_id}/p{plan}/{repeat}"
+    task, its R-th run; a later warm-up round's `.../rehearse-rN/...`."""
+    step = "rehearse" if not warmup_round else f"rehearse-r{warmup_round}"
+    return f"{training_workflow_id(name)}/{chain}/{step}/{task_id}/p{plan}/{repeat}"
+
+
+def warmup_batch(name: str) -> str:
+    """The batch label of training run NAME's warm-up samples, `warmup-NAME`: the policy's own
+    exploring runs of the training tasks at the start of each warm-up round."""
+    return f"warmup-{name}"
+
+
+def warmup_sample_workflow_id(name: str, chain: str, warmup_round: int, task_id: str,
+                              sample: int) -> str:
+    """One exploring sample of a warm-up round, `train-NAME/CHAIN/warmup-rN/TASK_ID/SAMPLE`."""
+    return f"{training_workflow_id(name)}/{chain}/warmup-r{warmup_round}/{task_id}/{sample}"
 
 
 def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
@@ -142,10 +156,12 @@ def update_id(workflow_id: str, first_run_id: str, iteration: int) -> str:
     return f"{workflow_id}/{first_run_id}/it{iteration}"
 
 
-def warmup_id(workflow_id: str) -> str:
-    """The idempotency key of a training run's warm-up, `WORKFLOW_ID/warmup`: one per run name,
-    so a run resumed after a warm-up that published (but was not recorded) finds it."""
-    return f"{workflow_id}/warmup"
+def warmup_id(workflow_id: str, warmup_round: int = 0) -> str:
+    """The idempotency key of a training run's warm-up, `WORKFLOW_ID/warmup` (a later round's
+    `WORKFLOW_ID/warmup/rN`): one per run name and round, so a run resumed after a round that
+    published (but was not recorded) finds it."""
+    base = f"{workflow_id}/warmup"
+    return base if not warmup_round else f"{base}/r{warmup_round}"
 
 
 _UPDATE_ID = re.compile(r"^train-(?P<name>[^/]+)/[^/]+/it(?P<iteration>\d+)$")

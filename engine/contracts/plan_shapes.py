@@ -163,3 +163,14 @@ def forced_shape(max_steps: int, sample: int, group_size: int, forced: int) -> S
         return None
     every = shapes(max_steps)
     return every[(sample - first) % len(every)]
+
+
+def warmup_forced_shape(max_steps: int, sample: int, samples: int, forced: int) -> Shape | None:
+    """The shape a warm-up sample is forced to when a task's last `forced` of `samples` are:
+    every multi-step shape `max_steps` allows in turn (a one-step plan the policy writes by
+    itself), None for an unforced sample or where a plan has one step at most."""
+    longer = shapes(max_steps)[1:]
+    first = samples - forced
+    if sample < first or not longer:
+        return None
+    return longer[(sample - first) % len(longer)]

@@ -308,7 +308,22 @@ class WarmupConfig(Strict):
                           "times as fixed plans (scored and stored like any run; their rewards "
                           "count towards their plan's mean); 0: no rehearsal")
     rehearse_plans: int = Field(default=4, ge=0, le=16, description="candidate plans rehearsed "
-                                "per training task, the best ranked first; 0: no rehearsal")
+                                "per training task, the best ranked first (a plan this run has "
+                                "rehearsed before is not rehearsed again); 0: no rehearsal")
+    rounds: int = Field(default=1, ge=1, le=8, description="rounds of expert iteration: each "
+                        "samples (`samples`), rehearses, ranks every counted run so far and "
+                        "fine-tunes the version the last round published, and publishes one")
+    samples: int = Field(default=0, ge=0, le=64, description="exploring runs of each training "
+                         "task at the start of each round, by the version the last round "
+                         "published (the first round: the run's starting version); 0: none, "
+                         "the warm-up reads only runs already stored")
+    explore: float = Field(default=0.5, ge=0.0, le=1.0, description="the samples' share of "
+                           "each decision drawn uniformly over its options ([rollouts] explore "
+                           "for the warm-up's samples)")
+    force_shapes: float = Field(default=0.0, ge=0.0, le=1.0, description="the share of each "
+                                "task's samples (its last ones) whose plan shape is forced, "
+                                "each multi-step shape in turn (the agents inside it sampled): "
+                                "a shape the policy never writes gets candidates")
     min_reward: float = Field(default=0.0, ge=0.0, description="runs rewarded below this are "
                               "never trained on")
     correct_only: bool = Field(default=True, description="only runs whose verdict says the "
@@ -330,6 +345,15 @@ class WarmupConfig(Strict):
     def rehearses(self) -> bool:
         """Whether the training run rehearses candidate plans before the warm-up."""
         return self.enabled and self.rehearse > 0 and self.rehearse_plans > 0
+
+    @property
+    def samples_per_round(self) -> int:
+        """Exploring runs of each training task the training run starts in each round."""
+        return self.samples if self.enabled else 0
+
+    def forced_samples(self) -> int:
+        """How many of a task's samples (its last ones) have their shape forced."""
+        return round(self.force_shapes * self.samples)
 
     @model_validator(mode="after")
     def _rehearsal_needs_plan_means(self) -> WarmupConfig:
@@ -487,10 +511,26 @@ class Rehearsal(BaseModel):
     seconds: float = 0.0
 
 
+class WarmupSampling(BaseModel):
+    """What a warm-up round's exploring samples ran: the policy's own runs of the training tasks."""
+
+    runs: int = Field(default=0, description="samples scored")
+    forced: int = Field(default=0, description="of them, with their plan shape forced")
+    mean_reward: float | None = Field(default=None, description="of the scored samples")
+    left_out: dict[str, int] = Field(default_factory=dict, description="samples that scored "
+                                     "nothing, by reason")
+    tokens: int = Field(default=0, description="tokens the samples' runs used")
+    seconds: float = 0.0
+
+
 class WarmupResult(BaseModel):
-    """What the warm-up trained on and published (or why it published nothing)."""
+    """What the warm-up (one round of it) trained on and published (or why it published
+    nothing)."""
 
     name: str
+    round: int = Field(default=0, description="the round (WarmupConfig.rounds), from 0")
+    sampling: WarmupSampling | None = Field(default=None, description="the round's exploring "
+                                            "samples, if the recipe asked for some")
     version: Version = Field(description="the newest version after the warm-up")
     published: bool
     reason: str | None = None

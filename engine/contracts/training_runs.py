@@ -17,8 +17,8 @@ from conductor_engine.engine.contracts.task_list_refs import TaskList
 from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.training import Recipe, WarmupResult
 
-Phase = Literal["starting", "rehearsal", "warmup", "rollouts", "update", "heldout", "stopped",
-                "finished"]
+Phase = Literal["starting", "warmup_samples", "rehearsal", "warmup", "rollouts", "update",
+                "heldout", "stopped", "finished"]
 
 
 class IterationStats(BaseModel):
@@ -74,7 +74,11 @@ class TrainProgress(BaseModel):
     evals: list[HeldOutEval] = Field(
         default_factory=list, description="held-out evaluations, the starting version first")
     warmup: WarmupResult | None = Field(
-        default=None, description="the warm-up before iteration 0 (Recipe.warmup), once done")
+        default=None, description="the warm-up before iteration 0 (Recipe.warmup), once done: "
+        "its last round")
+    warmup_rounds: list[WarmupResult] = Field(
+        default_factory=list, description="every round of the warm-up done so far, the first "
+        "first")
 
     @property
     def label(self) -> str:

@@ -185,14 +185,13 @@ def train_start(
 
 async def _watch(conductor: ConductorClient, name: str) -> None:
     """One line per finished iteration until the run ends; Ctrl-C leaves it running."""
-    shown = evals = 0
-    warmed = False
+    shown = evals = warmed = 0
     while True:
         status, p = await conductor.training_progress(name)
         if p is not None:
-            if p.warmup is not None and not warmed:
-                out.print(Text(warmup_line(p.warmup)), highlight=False, soft_wrap=True)
-                warmed = True
+            for w in warmup_rounds(p)[warmed:]:
+                out.print(Text(warmup_line(w)), highlight=False, soft_wrap=True)
+            warmed = len(warmup_rounds(p))
             for s in p.history[shown:]:
                 out.print(Text(_iteration_line(s)), highlight=False, soft_wrap=True)
             shown = len(p.history)
@@ -222,6 +221,21 @@ def _iteration_line(s: IterationStats) -> str:
             f"{s.tokens:,} tok · {s.rollout_seconds + s.update_seconds:.1f}s")
 
 
+def warmup_rounds(p: TrainProgress) -> list[WarmupResult]:
+    """Every warm-up round done so far (progress recorded before rounds has only p.warmup)."""
+    return p.warmup_rounds or ([p.warmup] if p.warmup is not None else [])
+
+
+def sampling_line(w: WarmupResult) -> str | None:
+    """A warm-up round's exploring samples (WarmupResult.sampling), if it took some."""
+    s = w.sampling
+    if s is None:
+        return None
+    left = f" · left out {describe_counts(s.left_out)}" if s.left_out else ""
+    return (f"warm-up samples · {s.runs} runs ({s.forced} of a forced shape) · their reward "
+            f"{_fmt(s.mean_reward)}{left} · {s.tokens:,} tok · {s.seconds:.1f}s")
+
+
 def rehearsal_line(w: WarmupResult) -> str | None:
     """The rehearsal before the warm-up (WarmupResult.rehearsal), if there was one."""
     r = w.rehearsal
@@ -233,13 +247,13 @@ def rehearsal_line(w: WarmupResult) -> str | None:
 
 
 def warmup_line(w: WarmupResult) -> str:
-    """The warm-up (WarmupResult): what it trained on, how far it moved the selected plans'
-    log-prob, and its compute; or why it published nothing. With the rehearsal's line first
-    when there was one."""
-    rehearsed = rehearsal_line(w)
-    before = f"{rehearsed}\n" if rehearsed else ""
+    """The warm-up (WarmupResult; one round of it): what it trained on, how far it moved the
+    selected plans' log-prob, and its compute; or why it published nothing. With the round's
+    samples' and rehearsal's lines first when it had them."""
+    before = "".join(f"{line}\n" for line in (sampling_line(w), rehearsal_line(w)) if line)
+    before += "warm-up" + (f" round {w.round + 1}" if w.round else "")
     if not w.published:
-        return f"{before}warm-up · nothing published: {w.reason}"
+        return f"{before} · nothing published: {w.reason}"
     by = ", ".join(f"{k} {v}" for k, v in w.conductors.items())
     ranked = (f" · ranked by plan mean: {w.ranked_plans} plans over {w.counted_runs} runs, "
               f"the chosen plans' mean {_fmt(w.mean_plan_reward)}" if w.rank == "plan_mean"
@@ -250,7 +264,7 @@ def warmup_line(w: WarmupResult) -> str:
     compute = (f" · {step.steps} steps, {step.tokens:,} trained tokens, "
                f"{step.passed_tokens:,} tokens passed, {step.seconds:.1f}s training"
                if step else "")
-    return (f"{before}warm-up · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/"
+    return (f"{before} · → v{w.version} · {w.plans} plans of {w.tasks_with_plans}/"
             f"{w.tasks} training tasks ({by}) · their reward {_fmt(w.mean_reward)}{ranked}"
             f"{shapes} · log-prob per token {_fmt(w.logprob_before)} → "
             f"{_fmt(w.logprob_after)}{left}{compute} · {w.seconds:.1f}s")
@@ -292,8 +306,8 @@ def train_status(
         raise fail(f"training run {name} is {status} but no worker answered its progress "
                     f"query; start a worker (`conductor worker`)")
     out.print(history_table(f"{name} · {status} · {p.phase}", p.history))
-    if p.warmup is not None:
-        out.print(Text(warmup_line(p.warmup)), highlight=False, soft_wrap=True)
+    for w in warmup_rounds(p):
+        out.print(Text(warmup_line(w)), highlight=False, soft_wrap=True)
     for s in p.history:
         if s.update_left_out and s.update_left_out != s.left_out:
             out.print(Text(f"it {s.iteration}: the update left out "

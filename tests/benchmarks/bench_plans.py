@@ -37,7 +37,11 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from conductor_engine.engine.contracts.names import rehearsal_batch, training_workflow_id
+from conductor_engine.engine.contracts.names import (
+    rehearsal_batch,
+    training_workflow_id,
+    warmup_batch,
+)
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import Task, rollout_sampling
 from conductor_engine.engine.contracts.traces import Trace
@@ -68,7 +72,7 @@ from conductor_engine.engine.providers.sim_structure import (
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
-from conductor_engine.runtime.cli.train import warmup_line
+from conductor_engine.runtime.cli.train import warmup_line, warmup_rounds
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.worker import build_worker
 from conductor_engine.trainer.service import build_trainer_worker
@@ -236,16 +240,15 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                 f"{s} {k}" for s, k in sorted(tried.items())), flush=True)
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
-        shown = evals = 0
-        warmed = False
+        shown = evals = warmed = 0
         while True:
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
-            if p.warmup is not None and not warmed:
-                print(warmup_line(p.warmup), flush=True)
+            for w in warmup_rounds(p)[warmed:]:
+                print(warmup_line(w), flush=True)
                 for line in await selections(store, judge, train, recipe, pool.conductor.id,
-                                             name, p.warmup.rehearsal is not None):
+                                             name, w.rehearsal is not None):
                     print(line, flush=True)
-                warmed = True
+            warmed = len(warmup_rounds(p))
             for st in p.history[shown:]:
                 print(iteration_line(st), flush=True)
                 tried = await judge.rollout_shapes(store, pool.conductor.id, st.version)
@@ -294,7 +297,8 @@ async def selections(store: TraceStore, judge: Judge, train: list[Task], recipe:
     batch = rehearsal_batch(name)
     before_training = [r.trace for r in await store.scored_runs(ids, per_task=cfg.recent_runs)
                        if r.trace is not None
-                       and (r.trace.policy.name != policy or r.trace.policy.version == "base")]
+                       and (r.trace.policy.name != policy or r.trace.policy.version == "base"
+                            or r.trace.task.batch == warmup_batch(name))]
     samples = [t for t in before_training if t.task.batch != batch]
     by_run = revised(cfg, rank="run", rehearse=0)
     ways = [("best run by reward", select_plans(samples, ids, by_run)),

@@ -12,7 +12,8 @@ concurrency 2 continuing as new after 4 children (one child fails), and one trai
 (the update a stand-in). v3's were recorded before task lists, child summaries and start waves
 (the tasks inline in the input, whole results from the children); v4's with them.
 `train_rehearsed` (v5) is a training iteration whose warm-up first rehearses one candidate plan of
-each of two tasks twice, the trainer's activities stand-ins.
+each of two tasks twice, the trainer's activities stand-ins; `train_rounds` (v6) the last run
+of a training run whose warm-up has two rounds of samples and rehearsals.
 """
 
 from __future__ import annotations
@@ -137,6 +138,39 @@ async def record_rehearsed(
         training_workflow_id(name)).fetch_history()}
 
 
+async def record_rounds(
+    client: Client, settings: Settings, server: AgentServer
+) -> dict[str, WorkflowHistory]:
+    """A training run whose warm-up has two rounds, each sampling both tasks twice and
+    rehearsing one candidate plan once (the trainer's activities stand-ins): the history of
+    its last run (round 1 and the iteration; round 0 continued as new)."""
+    server.set_responder("conductor", lambda p: plan_json(("gpt", "Answer it.", [])))
+    server.set_responder("gpt", _overloaded_for_3)
+    conductor = ConductorClient(client, settings)
+    opts = RunOptions(max_step_attempts=1, max_plan_attempts=1)
+    tasks = [Task(id=f"t{i}", question=f"Compute {i} + 1.", reference=str(i + 1),
+                  verifier="exact", options=opts) for i in range(2)]
+    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}-w"})
+    trainer_queue = f"{settings.task_queue}-trainer-w"
+    name = f"replay-{settings.task_queue}-w"
+    warmup = WarmupConfig(enabled=True, rounds=2, samples=2, rehearse=1, rehearse_plans=1)
+    async with running_worker(client, settings, pool), Worker(
+            client, task_queue=trainer_queue,
+            activities=[stand_in_update, stand_in_rehearsal_plans, stand_in_warmup]):
+        await conductor.start_training(TrainInput(
+            name=name, policy=pool.conductor.id, tasks=tasks, iterations=1, concurrency=3,
+            trainer_task_queue=trainer_queue,
+            recipe=Recipe(rollouts=RolloutConfig(group_size=2, groups_per_update=2),
+                          warmup=warmup)))
+        progress = await client.get_workflow_handle(
+            training_workflow_id(name), result_type=TrainProgress).result()
+    assert [w.round for w in progress.warmup_rounds] == [0, 1]
+    assert all(w.sampling is not None and w.sampling.runs + sum(w.sampling.left_out.values())
+               == 4 for w in progress.warmup_rounds)
+    return {"train_rounds": await client.get_workflow_handle(
+        training_workflow_id(name)).fetch_history()}
+
+
 def _overloaded_for_3(prompt: str) -> Reply:
     return Reply.error(500, "overloaded") if "Compute 3 + 1" in prompt else Reply.ok("4")
 
@@ -198,8 +232,9 @@ async def test_a_fresh_run_replays_too(
     histories = await record(client, settings, agent_server)
     histories |= await record_parents(client, settings, agent_server)
     histories |= await record_rehearsed(client, settings, agent_server)
+    histories |= await record_rounds(client, settings, agent_server)
     assert set(histories) == {"conduct", "conduct_child", "batch", "batch_continued", "train",
-                              "train_rehearsed"}
+                              "train_rehearsed", "train_rounds"}
     replayer = _replayer(settings)
     for history in histories.values():
         await replayer.replay_workflow(history)
@@ -229,6 +264,7 @@ async def _main(version: str, only: list[str]) -> None:  # pragma: no cover - re
             histories = await record(client, settings, server)
             histories |= await record_parents(client, settings, server)
             histories |= await record_rehearsed(client, settings, server)
+            histories |= await record_rounds(client, settings, server)
             for name, history in histories.items():
                 if only and name not in only:
                     continue

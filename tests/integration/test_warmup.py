@@ -205,6 +205,97 @@ async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means
     assert [s.version for s in final.history] == ["v1"] and final.version == 2
 
 
+@pytest.mark.slow  # about 60 s: two rounds of 8 samples and rehearsals, two warm-ups, one update
+async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_only_new_plans(
+    client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
+) -> None:
+    """Two rounds of expert iteration on two sim tasks with nothing stored before: each round
+    samples every training task 4 times by the newest version (round 0 by base, round 1 by
+    the v1 round 0 published), the last 2 of each with a two-step shape forced in turn, then
+    rehearses candidate plans no earlier round rehearsed, then fine-tunes and publishes: v1
+    from base, v2 from v1, each under its round's idempotency key, each answered by the
+    held-out task; GRPO's iteration 0 samples with v2. Each round runs in a run of its own
+    (continue-as-new), and the last run's history replays."""
+    from temporalio.worker import Replayer
+
+    from conductor_engine.engine.contracts.names import (
+        rehearsal_batch,
+        warmup_batch,
+        warmup_sample_workflow_id,
+    )
+    from conductor_engine.engine.contracts.plan_shapes import shape_of, warmup_forced_shape
+    from conductor_engine.engine.storage.payloads import data_converter
+    from conductor_engine.trainer.warmup import plan_signature
+    from conductor_engine.workflows.train import WARMUP_SAMPLES_FROM, TrainingWorkflow
+
+    settings = trainer_settings(settings)
+    pool = sim_pool(str(tiny_policy_dir))
+    policy = pool.conductor.id
+    tasks = [revised(t, options=revised(t.options, max_steps=2)) for t in sim_tasks()]
+    train, held = tasks[:2], tasks[3:]
+    warm = WarmupConfig(enabled=True, epochs=1, learning_rate=3e-3, conductors=[policy],
+                        correct_only=False, rounds=2, samples=4, force_shapes=0.5, rehearse=2,
+                        rehearse_plans=2)
+    recipe = Recipe(
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
+        heldout=HeldOutConfig(every=1), warmup=warm)
+    name = f"rounds-{uuid.uuid4().hex[:6]}"
+    inp = TrainInput(name=name, policy=policy, tasks=train, heldout_tasks=held, iterations=1,
+                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
+    async with training_stack(client, settings, pool) as conductor:
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=900)
+        history = await handle.fetch_history()
+        runs = [w async for w in client.list_workflows(
+            f'WorkflowId = "{training_workflow_id(name)}"')]
+
+    print("rounds:", [w.model_dump_json() for w in final.warmup_rounds])
+    assert [w.round for w in final.warmup_rounds] == [0, 1]
+    assert final.warmup == final.warmup_rounds[1]
+    for w in final.warmup_rounds:
+        assert w.sampling is not None and w.rehearsal is not None and w.published, w
+        assert w.sampling.runs + sum(w.sampling.left_out.values()) == 8
+    assert [w.version for w in final.warmup_rounds] == [1, 2]
+    assert [s.version for s in final.history] == ["v2"] and final.version == 3
+    assert [e.version for e in final.evals] == ["base", "v1", "v2", "v3"]
+    assert len(runs) == 2, "round 0, then round 1 and the iteration in a run of their own"
+
+    registry = PolicyRegistry(trace_store.pool)
+    v1, v2 = await registry.get(policy, 1), await registry.get(policy, 2)
+    assert (v1.parent, v2.parent) == (0, 1)
+    assert v1.metrics["phase"] == v2.metrics["phase"] == "warmup"
+    wid = training_workflow_id(name)
+    assert (v1.update_id, v2.update_id) == (warmup_id(wid, 0), warmup_id(wid, 1))
+
+    samples = await trace_store.batch_traces(warmup_batch(name))
+    assert len(samples) == 16
+    forced = 0
+    for t in samples:
+        k, i = divmod(t.task.sampling.sample - WARMUP_SAMPLES_FROM, 1_000)
+        assert t.workflow_id.endswith(warmup_sample_workflow_id(name, "x", k, t.task.id, i)
+                                      .split("/x/", 1)[1])
+        assert t.policy.version == ("base" if k == 0 else "v1")
+        assert t.task.id in {x.id for x in train} and t.task.sampling.explore == warm.explore
+        want = warmup_forced_shape(t.task.options.max_steps, i, 4, 2)
+        assert t.task.sampling.force_shape == (None if want is None else ",".join(want))
+        if want is not None:
+            assert shape_of(t.rounds[0].attempts[0].raw_text or "") == want
+            forced += 1
+    assert forced == 8, "2 of each task's 4 samples in each round"
+
+    rehearsed = await trace_store.batch_traces(rehearsal_batch(name))
+    by_round: dict[int, set[tuple[str, object]]] = {0: set(), 1: set()}
+    for t in rehearsed:
+        k = 1 if "/rehearse-r1/" in t.workflow_id else 0
+        by_round[k].add((t.task.id, plan_signature(t)))
+    assert by_round[0] and not by_round[0] & by_round[1], "a plan rehearsed twice"
+    await Replayer(workflows=[TrainingWorkflow], data_converter=data_converter(settings)
+                   ).replay_workflow(history)
+
+
 async def test_the_store_ranks_each_tasks_runs_by_reward_then_cost_and_never_a_forged_verdict(
     trace_store: TraceStore,
 ) -> None:

@@ -182,6 +182,28 @@ def test_held_out_tasks_other_conductors_and_unrehearsed_fixed_plans_never_count
     assert only_fixed.plans == [] and only_fixed.counted_runs == 6
 
 
+def test_a_later_rounds_candidates_are_the_best_plans_not_rehearsed_yet() -> None:
+    """Once this run has rehearsed the review plan, the next round's candidates are the best
+    plans it has not: the two-steps-apart plan a round's samples wrote, then the cheap one.
+    Another run's rehearsal batch does not count as this run's."""
+    from conductor_engine.trainer.warmup import candidate_plans
+
+    apart = (("drafter", []), ("reviewer", []))
+    review = planned("a", REVIEW, 1.0, cost=0.05)
+    rehearsed = [planned("a", REVIEW, 1.0, fixed_in="rehearse-me", minute=i) for i in range(3)]
+    sampled = [planned("a", apart, 1.0, minute=4), planned("a", SOLO, 0.95, minute=5)]
+    cfg = WarmupConfig(conductors=["teacher"], rehearse=3, rehearse_plans=2)
+    got = candidate_plans([review, *rehearsed, *sampled], ["a"], cfg, "rehearse-me")
+    assert [[(s.agent, s.access) for s in p.steps] for p in got["a"]] == [
+        [("drafter", []), ("reviewer", [])], [("cheap", [])]]
+    elsewhere = [planned("a", REVIEW, 1.0, fixed_in="rehearse-other", minute=i)
+                 for i in range(3)]
+    first = candidate_plans([review, *elsewhere, *sampled], ["a"], cfg, "rehearse-me")
+    # another run's rehearsals are not counted: the review plan is a candidate again, after
+    # the apart plan (the same mean on one run each; the cheaper first)
+    assert [p.steps[1].access for p in first["a"]] == [[], "all"]
+
+
 def test_rehearsal_asks_for_plan_means() -> None:
     """Rehearsed runs count towards a plan's mean: with rank "run" they would count for
     nothing, so the recipe says so."""

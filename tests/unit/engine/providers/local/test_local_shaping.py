@@ -52,6 +52,22 @@ def test_a_groups_last_rollouts_are_forced_to_each_shape_in_turn_at_an_annealed_
         ("end",), ("more", "sees", "end"), ("more", "apart", "end"), ("end",)]
 
 
+def test_a_warm_up_rounds_last_samples_are_forced_to_each_multi_step_shape_in_turn() -> None:
+    """A quarter of 8 samples forced to each two-step shape: the last 4, sees and apart in
+    turn (never one step: the policy writes that by itself); none where a plan has one step
+    at most, and none when nothing is forced."""
+    from conductor_engine.engine.contracts.plan_shapes import warmup_forced_shape
+    from conductor_engine.engine.contracts.training import WarmupConfig
+
+    forced = WarmupConfig(enabled=True, samples=8, force_shapes=0.5).forced_samples()
+    assert forced == 4
+    assert [warmup_forced_shape(2, s, 8, forced) for s in range(8)] == [None] * 4 + [
+        ("more", "sees", "end"), ("more", "apart", "end")] * 2
+    assert {warmup_forced_shape(1, s, 8, forced) for s in range(8)} == {None}
+    assert {warmup_forced_shape(2, s, 8, 0) for s in range(8)} == {None}
+    assert len({warmup_forced_shape(3, s, 6, 6) for s in range(6)}) == 6
+
+
 @needs_local_extra
 async def test_a_forced_rollout_writes_its_shape_and_samples_what_fills_it(
     tiny_policy_dir: Path,
