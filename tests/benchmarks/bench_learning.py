@@ -65,6 +65,7 @@ from conductor_engine.engine.providers.sim_pool import (
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.runtime.cli.train import warmup_line, warmup_rounds
 from conductor_engine.runtime.client import ConductorClient
 from conductor_engine.runtime.worker import build_worker
 from conductor_engine.trainer.service import build_trainer_worker
@@ -191,9 +192,12 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         conductor = ConductorClient(client, settings, pool)
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
-        shown = evals = 0
+        shown = evals = warmed = 0
         while True:
             p = await patiently(lambda: handle.query(TrainingWorkflow.progress))
+            for w in warmup_rounds(p)[warmed:]:
+                print(warmup_line(w), flush=True)
+            warmed = len(warmup_rounds(p))
             for st in p.history[shown:]:
                 print(iteration_line(st), flush=True)
             shown = len(p.history)
