@@ -407,11 +407,12 @@ class TaskRuns:
 
 def rehearse_top(task: TaskRuns, drawn: list[tuple[Plan, bool, float]], rehearsals: int,
                  plans: int, cost: dict[Plan, float],
-                 run_once: Callable[[Plan], tuple[bool, float]]) -> int:
+                 run_once: Callable[[Plan], tuple[bool, float]], by: str | None = None) -> int:
     """The product's rehearsal (workflows/train.py, trainer/warmup.py `candidate_plans`): adds
     a round's sampled runs to the task's, then runs the task's `plans` best candidates not
     rehearsed before (plans with a right run, ranked by mean reward, then more runs, then
-    cheaper) `rehearsals` times more each; returns how many rehearsals it paid for."""
+    cheaper; `by`: in the order the selection rule of that name picks them, one after another)
+    `rehearsals` times more each; returns how many rehearsals it paid for."""
     for q, ok, r in drawn:
         task.rewards.setdefault(q, []).append(r)
         if ok:
@@ -420,6 +421,11 @@ def rehearse_top(task: TaskRuns, drawn: list[tuple[Plan, bool, float]], rehearsa
     ranked = sorted((q for q in order if q in task.right and q not in task.rehearsed),
                     key=lambda q: (-statistics.fmean(task.rewards[q]), -len(task.rewards[q]),
                                    cost[q], order.index(q)))
+    if by is not None:
+        left, ranked = {q: task.rewards[q] for q in ranked}, []
+        while left and len(ranked) < plans:
+            ranked.append(tie_rule(by)(left, cost))
+            del left[ranked[-1]]
     for q in ranked[:plans]:
         task.rehearsed.add(q)
         for _ in range(rehearsals):
@@ -484,7 +490,8 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                     continue
                 if args.warmup_rehearse_plans:
                     runs_paid += rehearse_top(task, drawn, rehearsals, args.warmup_rehearse_plans,
-                                              k.cost, lambda q, k=k: reward_draw(k, q, rng))
+                                              k.cost, lambda q, k=k: reward_draw(k, q, rng),
+                                              tie if args.warmup_rehearse_by_tie else None)
                     among = {q: r for q, r in task.rewards.items() if q in task.right}
                     if among:
                         chosen.append(tie_rule(tie)(among, k.cost))
@@ -677,6 +684,9 @@ def main() -> None:
                    help="rehearse only each task's K best candidates (a right run, by mean) "
                    "not rehearsed before, and select among plans with a right run, as the "
                    "product does; 0: every plan not seen before")
+    p.add_argument("--warmup-rehearse-by-tie", action="store_true",
+                   help="with --warmup-rehearse-plans, take the K candidates in the order the "
+                   "row's selection rule picks them, not by mean")
     p.add_argument("--warmup-force", type=float, default=0.25,
                    help="in a `forced` warm-up, the share of a task's samples forced to each "
                    "two-step shape")
