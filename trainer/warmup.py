@@ -24,6 +24,9 @@ Which runs (`select_plans`), per training task:
     plans rank by that mean, then by how many runs it rests on, then by their mean cost, and
     the warm-up trains on the best run (below) of each of the best `per_task` plans that have
     a run it may train on (a conductor-written one passing `correct_only` and `min_reward`).
+    With `more_steps_margin` m > 0 a plan of more steps is taken over the best plan of fewer
+    steps only if its mean is higher by more than m (`fewer_steps_first`): a second step
+    that adds nothing is a near tie the best of many noisy means wins by luck.
     With a handful of runs per task the best single run is mostly luck: a cheap one-step plan
     that was right once beats a review plan that is right nine times in ten. The mean over
     all of a plan's runs is the estimate of its expected reward that a run's own reward is not.
@@ -192,6 +195,11 @@ class RankedPlan:
     def mean_cost(self) -> float:
         return sum(t.totals.cost_usd for t in self.runs) / len(self.runs)
 
+    @property
+    def steps(self) -> int:
+        """The plan's steps, over all its rounds."""
+        return sum(len(steps) for steps in self.signature)
+
     def key(self) -> tuple[float, int, float, str]:
         """Best first: the higher mean reward, then more runs, then cheaper, then a stable
         order (the signature's text)."""
@@ -223,13 +231,46 @@ def rank_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConf
     return {t: sorted(by_task[t], key=RankedPlan.key) for t in sorted(by_task)}, reasons
 
 
+def fewer_steps_first(plans: Sequence[RankedPlan], margin: float) -> list[RankedPlan]:
+    """`plans` (one task's, best first by RankedPlan.key) reordered so that a plan of more
+    steps comes before the best plan of fewer steps only if its mean reward is higher by more
+    than `margin` (`more_steps_margin`); 0 leaves the order as it is.
+
+    Why: a second step that adds nothing (an agent whose answer alone is right, drafted for by
+    another) is worth the plain plan's reward less a little cost, so the two are near tied;
+    after rounds of sampling and rehearsal a one-step task has many such plans, and the best
+    of their noisy means beats the plain plan's by luck about as often as not (the tabular
+    bench, tests/benchmarks/bench_shape_credit.py `--warmup-tie`). A second step that matters
+    is worth far more than the margin. Each place is filled in turn: among the plans left, the
+    best of the fewest steps, replaced by the best of each larger step count in turn that beats
+    the one standing by more than `margin`."""
+    if margin <= 0:
+        return list(plans)
+    left, out = list(plans), []
+    while left:
+        best_of: dict[int, RankedPlan] = {}
+        for plan in left:  # best first, so the first of each step count is its best
+            best_of.setdefault(plan.steps, plan)
+        standing: RankedPlan | None = None
+        for steps in sorted(best_of):
+            plan = best_of[steps]
+            if standing is None or plan.mean_reward > standing.mean_reward + margin:
+                standing = plan
+        assert standing is not None
+        out.append(standing)
+        left.remove(standing)
+    return out
+
+
 def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
                     rehearsal_batch: str | None = None) -> dict[str, list[Plan]]:
     """Each training task's `cfg.rehearse_plans` best plans the warm-up could train on, as
     the plan of each one's best run (its subtasks as its conductor wrote them): what the
     rehearsal runs again. Only one-round plans: a fixed plan is one round. A plan this
     training run has rehearsed already (an earlier warm-up round's) is not a candidate: its
-    mean rests on its rehearsals, and the round's runs go to plans it has not measured."""
+    mean rests on its rehearsals, and the round's runs go to plans it has not measured.
+    Ranked by mean alone, not `more_steps_margin`: a rehearsal gathers the runs a longer plan
+    needs to earn its margin, so it tries the plans that look best."""
     ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     out: dict[str, list[Plan]] = {}
     for task, plans in ranked.items():
@@ -266,10 +307,11 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
 def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
              rehearsal_batch: str | None) -> Selection:
     """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
-    that have a run to train on."""
+    that have a run to train on, fewer steps first by `more_steps_margin`."""
     ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     chosen = [p for plans in ranked.values()
-              for p in [p for p in plans if p.best is not None][: cfg.per_task]]
+              for p in fewer_steps_first([p for p in plans if p.best is not None],
+                                         cfg.more_steps_margin)[: cfg.per_task]]
     return Selection(
         plans=[p.best for p in chosen if p.best is not None],
         left_out=count_reasons(reasons),

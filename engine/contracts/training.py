@@ -297,6 +297,12 @@ class WarmupConfig(Strict):
         "its mean reward over all its runs, right and wrong (then more runs, then cheaper), and "
         "the best plan's best run trained on; run: the best runs by their own reward, then "
         "cost (one lucky run of a cheap plan outranks a plan that is right nine times in ten)")
+    more_steps_margin: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="rank plan_mean: a plan of more steps is "
+        "trained on only if its mean reward beats the best plan of fewer steps by more than "
+        "this (rewards run 0 to 1), else the plan of fewer steps is; 0: the best mean alone. A "
+        "second step that adds nothing is a near tie, and among many candidates one such "
+        "plan's noisy mean beats the plain plan's by luck")
     per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "
                           "task trained on: distinct plans (one run each) with rank plan_mean, "
                           "runs with rank run (best by reward, ties by the run's cost, cheaper "

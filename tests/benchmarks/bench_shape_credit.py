@@ -2,6 +2,7 @@
 
     python tests/benchmarks/bench_shape_credit.py [--seed 1] [--iterations 40] [--runs 8]
         [--group 8] [--second-step 0.02] [--rows "plan order,shape first,warm-up"]
+        [--warmup-tie mean,fewer0.1] [--warmup-rehearse-plans 4]
 
 What the method changes is who gets credit, not the model, so this measures it where nothing
 else varies: one softmax table per task kind of `conductor sim pool --structure --seed S`
@@ -46,6 +47,17 @@ its agents drawn as any sample's, exploring alike), the rest free; `K rounds`, e
 iteration: each round samples from the policy the last round's fine-tuning left (with the
 same exploring and forcing), rehearses the plans not rehearsed before, ranks every plan of
 every round by its mean over all its runs, and fine-tunes on the new selections.
+
+`--rows ties` is the forced 3-round rehearsed warm-up alone, to compare how it selects a task's
+plan (`--warmup-tie`, comma-separated, each a row; `all` for every rule in TIES): the best
+mean, the cheapest plan within C standard errors of it (`cheaperC`), fewer steps first (a plan
+of more steps only if its mean beats the best plan of fewer steps by more than M, `fewerM`, or
+by more than C of the pair's combined standard error, `fewerCse`), or the best lower bound,
+mean - C standard errors (`lcbC`). `--warmup-rehearse-plans K` rehearses, as the product does,
+only each task's K best candidates not rehearsed before (by mean, among plans with a right
+run) and selects among plans with a right run; by default every new plan is rehearsed. A
+third table gives, per kind, how many runs' greedy plans have the oracle's number of steps
+right after the warm-up and after GRPO, and the shares over the one-step and two-step kinds.
 
 Printed per method, over `--runs` seeds: the exact expected reward of the final policy over the
 oracle's (mean over the four kinds), the greedy plan's, and how many kinds' greedy plans have
@@ -284,15 +296,90 @@ def best_mean(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan
                                      order.index(q)))
 
 
-def cheapest_within_error(rewards: dict[Plan, list[float]], cost: dict[Plan, float]) -> Plan:
-    """`best_mean`'s pick, unless a cheaper plan's mean is within one standard error of the
+def error(runs: list[float]) -> float:
+    """The standard error of a plan's mean reward from its runs; with one run, 0.5 (the
+    largest standard deviation a reward in [0, 1] can have: one run says nothing of it)."""
+    return statistics.stdev(runs) / len(runs) ** 0.5 if len(runs) > 1 else 0.5
+
+
+def steps(plan: Plan) -> int:
+    return 1 if plan[1] is None else 2
+
+
+def cheapest_within_error(rewards: dict[Plan, list[float]], cost: dict[Plan, float],
+                          c: float = 1.0) -> Plan:
+    """`best_mean`'s pick, unless a cheaper plan's mean is within `c` standard errors of the
     best mean (the best plan's error): then the cheapest of those. Among many candidates the
     best of noisy means is often a near tie that costs more (a second step that adds nothing)."""
     best = best_mean(rewards, cost)
     got = rewards[best]
-    error = statistics.stdev(got) / len(got) ** 0.5 if len(got) > 1 else 0.0
-    near = [q for q in rewards if statistics.fmean(rewards[q]) >= statistics.fmean(got) - error]
+    near = [q for q in rewards
+            if statistics.fmean(rewards[q]) >= statistics.fmean(got) - c * error(got)]
     return min(near, key=lambda q: (cost[q], -statistics.fmean(rewards[q])))
+
+
+def fewer_steps_first(rewards: dict[Plan, list[float]], cost: dict[Plan, float],
+                      margin: float | None, c: float = 0.0) -> Plan:
+    """The best mean among the plans of fewest steps; a plan of more steps (the best mean
+    among its step count) replaces it only if its mean beats it by more than `margin`, or by
+    more than `c` of the pair's combined standard error when `margin` is None. A second step
+    that adds nothing is a near tie, and the max of many near ties' noisy means beats the
+    plain plan's by luck; a second step that matters beats it by far more."""
+    by_steps: dict[int, dict[Plan, list[float]]] = {}
+    for q, runs in rewards.items():
+        by_steps.setdefault(steps(q), {})[q] = runs
+    current: Plan | None = None
+    for n in sorted(by_steps):
+        best = best_mean(by_steps[n], cost)
+        if current is None:
+            current = best
+            continue
+        m = margin if margin is not None else c * (error(rewards[best]) ** 2
+                                                   + error(rewards[current]) ** 2) ** 0.5
+        if statistics.fmean(rewards[best]) > statistics.fmean(rewards[current]) + m:
+            current = best
+    assert current is not None
+    return current
+
+
+def lower_bound(rewards: dict[Plan, list[float]], cost: dict[Plan, float], c: float) -> Plan:
+    """The plan of the best mean - c * standard error (its own runs'), then `best_mean`'s
+    order."""
+    order = list(rewards)
+    return min(order, key=lambda q: (-(statistics.fmean(rewards[q]) - c * error(rewards[q])),
+                                     -len(rewards[q]), cost[q], order.index(q)))
+
+
+TIES = ("mean", "cheaper", "cheaper2", "fewer0.01", "fewer0.02", "fewer0.05", "fewer0.1",
+        "fewer1se", "fewer1.5se", "fewer2se", "lcb1", "lcb2")
+"""The rules measured by default (`--warmup-tie all`)."""
+
+
+def tie_rule(name: str) -> Callable[[dict[Plan, list[float]], dict[Plan, float]], Plan]:
+    """A rehearsed warm-up's selection rule by name (`--warmup-tie`): `mean`, the best mean;
+    `cheaper[C]`, the cheapest plan within C (1) standard errors of the best mean; `fewerM`,
+    fewer steps first, a plan of more steps taken only if its mean is better by more than M;
+    `fewerCse`, the same by more than C of the pair's combined standard error; `lcbC`, the best
+    mean - C standard errors (the plan's own)."""
+    try:
+        if name == "mean":
+            return best_mean
+        if name.startswith("cheaper"):
+            c = float(name.removeprefix("cheaper") or 1)
+            return lambda r, cost: cheapest_within_error(r, cost, c)
+        if name.startswith("fewer") and name.endswith("se"):
+            c = float(name.removeprefix("fewer").removesuffix("se"))
+            return lambda r, cost: fewer_steps_first(r, cost, None, c)
+        if name.startswith("fewer"):
+            m = float(name.removeprefix("fewer"))
+            return lambda r, cost: fewer_steps_first(r, cost, m)
+        if name.startswith("lcb"):
+            c = float(name.removeprefix("lcb"))
+            return lambda r, cost: lower_bound(r, cost, c)
+    except ValueError:
+        pass
+    raise ValueError(f"--warmup-tie: unknown rule {name!r}: mean, cheaper[C], fewerM, "
+                     "fewerCse or lcbC (C, M numbers)")
 
 
 def rehearse(rewards: dict[Plan, list[float]], drawn: list[tuple[Plan, bool, float]],
@@ -308,9 +395,50 @@ def rehearse(rewards: dict[Plan, list[float]], drawn: list[tuple[Plan, bool, flo
     return rehearsals * len(new)
 
 
+@dataclass
+class TaskRuns:
+    """What a rehearsed warm-up knows of one task: every run of each plan so far, the plans
+    with a right run (the product trains only on a right run), and the plans rehearsed."""
+
+    rewards: dict[Plan, list[float]]
+    right: set[Plan]
+    rehearsed: set[Plan]
+
+
+def rehearse_top(task: TaskRuns, drawn: list[tuple[Plan, bool, float]], rehearsals: int,
+                 plans: int, cost: dict[Plan, float],
+                 run_once: Callable[[Plan], tuple[bool, float]], by: str | None = None) -> int:
+    """The product's rehearsal (workflows/train.py, trainer/warmup.py `candidate_plans`): adds
+    a round's sampled runs to the task's, then runs the task's `plans` best candidates not
+    rehearsed before (plans with a right run, ranked by mean reward, then more runs, then
+    cheaper; `by`: in the order the selection rule of that name picks them, one after another)
+    `rehearsals` times more each; returns how many rehearsals it paid for."""
+    for q, ok, r in drawn:
+        task.rewards.setdefault(q, []).append(r)
+        if ok:
+            task.right.add(q)
+    order = list(task.rewards)
+    ranked = sorted((q for q in order if q in task.right and q not in task.rehearsed),
+                    key=lambda q: (-statistics.fmean(task.rewards[q]), -len(task.rewards[q]),
+                                   cost[q], order.index(q)))
+    if by is not None:
+        left, ranked = {q: task.rewards[q] for q in ranked}, []
+        while left and len(ranked) < plans:
+            ranked.append(tie_rule(by)(left, cost))
+            del left[ranked[-1]]
+    for q in ranked[:plans]:
+        task.rehearsed.add(q)
+        for _ in range(rehearsals):
+            ok, r = run_once(q)
+            task.rewards[q].append(r)
+            if ok:
+                task.right.add(q)
+    return rehearsals * len(ranked[:plans])
+
+
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
             rng: random.Random, rehearsals: int | None, *, forced: bool = False,
-            rounds: int = 1) -> tuple[list[tuple[int, int]], float]:
+            rounds: int = 1, tie: str = "mean") -> tuple[list[tuple[int, int]], float]:
     """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
     `--warmup-samples` exploring samples of each, one plan selected per task, then
     `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
@@ -328,6 +456,11 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     round's fine-tuning left, rehearses the plans it has not rehearsed yet, ranks every plan
     of every round so far by its mean over all its runs, and fine-tunes on the new selections.
 
+    `tie`: the rule that selects a task's plan among its ranked ones (TIES). With
+    `--warmup-rehearse-plans K` > 0 a round rehearses only each task's K best candidates not
+    rehearsed before, among the plans with a right run, and selects among those plans only
+    (`rehearse_top`: the product's rule); 0, every plan not seen before.
+
     Returns per kind how many tasks selected (in the last round) an oracle plan (the oracle's
     or one of equal exact value: the review kind's two drafters swapped) and how many a plan
     of the oracle's shape, and the runs per task the warm-up paid for (samples and
@@ -335,15 +468,15 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     runs_paid = 0
     per_shape = round(args.warmup_force * args.warmup_samples) if forced else 0
     targets_of = [SHAPES[1]] * per_shape + [SHAPES[2]] * per_shape
-    seen: list[list[dict[Plan, list[float]]]] = [
-        [{} for _ in range(args.warmup_tasks)] for _ in ks]
+    seen: list[list[TaskRuns]] = [
+        [TaskRuns({}, set(), set()) for _ in range(args.warmup_tasks)] for _ in ks]
     oracle_picked: list[tuple[int, int]] = []
     for _ in range(rounds):
         targets: list[list[Plan]] = []
         oracle_picked = []
         for pol, k, tasks in zip(policies, ks, seen, strict=True):
             chosen: list[Plan] = []
-            for rewards in tasks:
+            for task in tasks:
                 drawn = []
                 for i in range(args.warmup_samples):
                     target = targets_of[i] if i < len(targets_of) else None
@@ -355,10 +488,17 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                     if best is not None:
                         chosen.append(best)
                     continue
-                runs_paid += rehearse(rewards, drawn, rehearsals,
+                if args.warmup_rehearse_plans:
+                    runs_paid += rehearse_top(task, drawn, rehearsals, args.warmup_rehearse_plans,
+                                              k.cost, lambda q, k=k: reward_draw(k, q, rng),
+                                              tie if args.warmup_rehearse_by_tie else None)
+                    among = {q: r for q, r in task.rewards.items() if q in task.right}
+                    if among:
+                        chosen.append(tie_rule(tie)(among, k.cost))
+                    continue
+                runs_paid += rehearse(task.rewards, drawn, rehearsals,
                                       lambda q, k=k: reward_draw(k, q, rng)[1])
-                pick = cheapest_within_error if args.warmup_tie == "cheaper" else best_mean
-                chosen.append(pick(rewards, k.cost))
+                chosen.append(tie_rule(tie)(task.rewards, k.cost))
             targets.append(chosen)
             oracle_picked.append((sum(abs(k.value[q] - k.value[k.oracle]) < 1e-9
                                       for q in chosen),
@@ -381,10 +521,11 @@ def same_shape(plan: Plan, other: Plan) -> bool:
 
 
 def measure(policies: list[Policy] | list[ShapeFirst], ks: list[Kind]
-            ) -> tuple[float, float, int]:
+            ) -> tuple[float, float, int, list[Plan]]:
     """The policies' exact expected reward over the oracle's (mean over kinds), their greedy
-    plans', and how many kinds' greedy plans have the oracle's shape."""
-    fractions, greedy, shaped_right = [], [], 0
+    plans', how many kinds' greedy plans have the oracle's shape, and each kind's greedy
+    plan."""
+    fractions, greedy, shaped_right, plans_of = [], [], 0, []
     with torch.no_grad():
         for pol, k in zip(policies, ks, strict=True):
             plans = list(k.value)
@@ -394,7 +535,8 @@ def measure(policies: list[Policy] | list[ShapeFirst], ks: list[Kind]
             best = plans[int(probs.argmax())]
             greedy.append(k.value[best] / k.value[k.oracle])
             shaped_right += same_shape(best, k.oracle)
-    return statistics.fmean(fractions), statistics.fmean(greedy), shaped_right
+            plans_of.append(best)
+    return statistics.fmean(fractions), statistics.fmean(greedy), shaped_right, plans_of
 
 
 @dataclass
@@ -407,10 +549,15 @@ class Result:
     after_warmup: float | None = None  # E[reward] / oracle right after the warm-up
     warmup_runs: float | None = None  # runs per task the warm-up paid for
     after_shaped: int | None = None  # kinds whose greedy plan has the oracle's shape, then
+    greedy_plans: list[Plan] | None = None  # each kind's greedy plan at the end
+    after_plans: list[Plan] | None = None  # and right after the warm-up
 
 
 def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace, seed: int
         ) -> Result:
+    method, _, tie = method.partition(" [")
+    tie = tie.rstrip("]") or ("mean" if args.warmup_tie == "all"
+                              else args.warmup_tie.split(",")[0])
     rng = random.Random(seed)
     torch.manual_seed(seed)
     shape_first = method.startswith("shape first: ")
@@ -418,13 +565,13 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
     make = ShapeFirst if shape_first else Policy
     policies = [make(len(names), args.second_step) for _ in ks]
     warm: tuple[list[tuple[int, int]], float] | None = None
-    after: tuple[float, float, int] | None = None
+    after: tuple[float, float, int, list[Plan]] | None = None
     if core.startswith("warm-up"):
         how = core.split(" + ", 1)[0]
         rounds = int(how.split(", ")[1].split()[0]) if ", " in how else 1
         warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
                        None if "best run" in how else int(how.split(" of ")[1].split(",")[0]),
-                       forced="forced" in how, rounds=rounds)
+                       forced="forced" in how, rounds=rounds, tie=tie)
         after = measure(policies, ks)
     credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
     opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
@@ -484,10 +631,10 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                         loss = loss - a * lp / g
         loss.backward()
         opt.step()
-    e, greedy, shaped_right = measure(policies, ks)
+    e, greedy, shaped_right, plans_of = measure(policies, ks)
     return Result(e, greedy, shaped_right, warm[0] if warm else None,
                   after[0] if after else None, warm[1] if warm else None,
-                  after[2] if after else None)
+                  after[2] if after else None, plans_of, after[3] if after else None)
 
 
 ROWS = {
@@ -505,6 +652,7 @@ ROWS = {
                      for f in ("", " forced") for n in (2, 3)),
                    "shape first: warm-up forced best mean of 8 + group",
                    "shape first: warm-up forced best mean of 8, 2 rounds + group"),
+    "ties": ("warm-up forced best mean of 8, 3 rounds + group",),
 }
 
 
@@ -528,22 +676,39 @@ def main() -> None:
                    "training tasks are 6 a kind)")
     p.add_argument("--warmup-samples", type=int, default=8, help="exploring samples a task")
     p.add_argument("--warmup-explore", type=float, default=0.5)
-    p.add_argument("--warmup-tie", choices=("mean", "cheaper"), default="mean",
-                   help="the rehearsed warm-up's pick: the best mean; or the cheapest plan "
-                   "whose mean is within one standard error of it")
+    p.add_argument("--warmup-tie", default="mean",
+                   help="the rehearsed warm-up's selection rules, comma-separated (tie_rule: "
+                   "mean, cheaper[C], fewerM, fewerCse, lcbC), or all: "
+                   f"{', '.join(TIES)}; every warm-up row runs once per rule")
+    p.add_argument("--warmup-rehearse-plans", type=int, default=0,
+                   help="rehearse only each task's K best candidates (a right run, by mean) "
+                   "not rehearsed before, and select among plans with a right run, as the "
+                   "product does; 0: every plan not seen before")
+    p.add_argument("--warmup-rehearse-by-tie", action="store_true",
+                   help="with --warmup-rehearse-plans, take the K candidates in the order the "
+                   "row's selection rule picks them, not by mean")
     p.add_argument("--warmup-force", type=float, default=0.25,
                    help="in a `forced` warm-up, the share of a task's samples forced to each "
                    "two-step shape")
     p.add_argument("--warmup-steps", type=int, default=18,
                    help="Adam steps of cross-entropy on the selected plans (at --lr)")
     args = p.parse_args()
+    ties = list(TIES) if args.warmup_tie == "all" else [
+        t.strip() for t in args.warmup_tie.split(",")]
+    for t in ties:
+        try:
+            tie_rule(t)
+        except ValueError as e:
+            p.error(str(e))
     names, ks = kinds(args.seed)
     print(f"pool seed {args.seed}: oracle shapes "
           + ", ".join(f"{k.name} {'1 step' if k.oracle[1] is None else '2 steps'}" for k in ks)
           + f"; {len(shapes(2))} shapes; G={args.group}, {args.iterations} iterations, "
           f"{args.runs} runs")
-    wanted = list(dict.fromkeys(["group", *(m for r in args.rows.split(",")
-                                            for m in ROWS[r.strip()])]))
+    wanted = list(dict.fromkeys(["group", *(
+        m if "warm-up" not in m or len(ties) == 1 else f"{m} [{t}]"
+        for r in args.rows.split(",") for m in ROWS[r.strip()]
+        for t in (ties if "warm-up" in m and len(ties) > 1 else ties[:1]))]))
     rows: dict[str, list[Result]] = {}
     for method in wanted:
         rows[method] = [run(method, names, ks, args, seed) for seed in range(args.runs)]
@@ -574,6 +739,31 @@ def main() -> None:
             print(f"{m:<64} {mean(m, 'warmup_runs'):>9.1f} "
                   + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
                   + f" {mean(m, 'after_warmup'):>16.3f} {mean(m, 'after_shaped'):>16.2f}/4")
+        print(f"\ngreedy plans with the oracle's number of steps, per kind, of {args.runs} runs: "
+              "right after the warm-up -> after GRPO; and over the kinds of one step (two "
+              "steps), the share whose greedy plan has one step (two)")
+        one_step = [i for i, k in enumerate(ks) if steps(k.oracle) == 1]
+        print(f"{'method':<64} "
+              + " ".join(f"{k.name:>13}" for k in ks)
+              + f" {'1-step kinds 1 step':>20} {'2-step kinds 2 steps':>21}")
+        for m in warmed:
+            def right_steps(field: str, i: int, m: str = m) -> int:
+                return sum(steps(getattr(x, field)[i]) == steps(ks[i].oracle) for x in rows[m])
+
+            def share(field: str, kinds_at: list[int], m: str = m) -> float:
+                return (sum(right_steps(field, i) for i in kinds_at)
+                        / (len(kinds_at) * args.runs))
+
+            two_step = [i for i in range(len(ks)) if i not in one_step]
+            per_kind = [f"{right_steps('after_plans', i)} -> {right_steps('greedy_plans', i)}"
+                        for i in range(len(ks))]
+            ones = (f"{share('after_plans', one_step):.2f} -> "
+                    f"{share('greedy_plans', one_step):.2f}")
+            twos = (f"{share('after_plans', two_step):.2f} -> "
+                    f"{share('greedy_plans', two_step):.2f}")
+            print(f"{m:<64} " + " ".join(f"{c:>13}" for c in per_kind)
+                  + f" {ones:>20} {twos:>21}")
+
 
 if __name__ == "__main__":
     main()

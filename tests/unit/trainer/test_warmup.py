@@ -128,6 +128,35 @@ def test_a_plan_right_in_most_of_its_runs_outranks_a_cheaper_plan_that_was_right
     assert [t.workflow_id for t in two.plans] == [review[0].workflow_id, lucky.workflow_id]
 
 
+def test_a_longer_plan_must_beat_the_best_shorter_plan_by_the_margin_to_be_learned() -> None:
+    """Task a: the cheap agent alone, right 9 times in 10, and a plan that drafts with another
+    agent and has the cheap agent answer, right 10 times in 10 (its second step adds nothing
+    but luck): ranked by mean the two-step plan wins; with a margin of 0.1 the one-step plan
+    does. Task b: a review plan right 9 times in 10 against the cheap agent alone right 5
+    times: it beats the margin and is learned either way. per_task 2 keeps both, shorter
+    first."""
+    from conductor_engine.trainer.warmup import select_plans
+
+    relay: tuple[tuple[str, Access], ...] = (("drafter", []), ("cheap", "all"))
+    solo = [planned("a", SOLO, 1.0, cost=0.001, minute=i) for i in range(9)]
+    solo.append(_wrong(planned("a", SOLO, 0.25, cost=0.001, minute=9)))
+    twice = [planned("a", relay, 1.0, cost=0.002, minute=i) for i in range(10)]
+    review = [planned("b", REVIEW, 1.0, cost=0.002, minute=i) for i in range(9)]
+    review.append(_wrong(planned("b", REVIEW, 0.25, cost=0.002, minute=9)))
+    alone = [planned("b", SOLO, 1.0 if i % 2 else 0.25, cost=0.001, minute=i) for i in range(10)]
+    for t in alone[::2]:
+        _wrong(t)
+    runs = [*solo, *twice, *review, *alone]
+    by_mean = select_plans(runs, ["a", "b"], WarmupConfig())
+    assert by_mean.shapes() == {"2 steps (sees)": 2}
+    fewer = select_plans(runs, ["a", "b"], WarmupConfig(more_steps_margin=0.1))
+    assert [t.task.id for t in fewer.plans] == ["a", "b"]
+    assert fewer.plans[0].workflow_id == solo[0].workflow_id
+    assert fewer.plans[1].workflow_id == review[0].workflow_id
+    both = select_plans(runs, ["a"], WarmupConfig(more_steps_margin=0.1, per_task=2))
+    assert [t.workflow_id for t in both.plans] == [solo[0].workflow_id, twice[0].workflow_id]
+
+
 def _wrong(trace: Trace) -> Trace:
     assert trace.reward is not None and trace.reward.verdict is not None
     trace.reward.verdict.correct = False
