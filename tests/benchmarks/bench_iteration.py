@@ -132,7 +132,8 @@ async def one_run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from conductor_engine.engine.providers.local import batching, model
 
     recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
-    recipe.heldout.fraction = 0.0  # the training iteration only
+    recipe.heldout.fraction = 0.0  # the training iteration only ...
+    recipe.warmup.enabled = False  # ... not the warm-up before it
     clock = OptimiserClock()
     rows: list[dict[str, Any]] = []
     with stack() as s:
