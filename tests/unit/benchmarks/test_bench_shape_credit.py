@@ -117,7 +117,8 @@ def test_a_forced_warm_up_draws_its_share_of_each_two_step_shape_and_the_rest_fr
 
     names, ks = kinds(1)
     args = argparse.Namespace(warmup_tasks=1, warmup_samples=8, warmup_explore=0.0,
-                              warmup_force=0.25, warmup_steps=0, warmup_tie="mean", lr=0.1)
+                              warmup_force=0.25, warmup_steps=0, warmup_tie="mean", lr=0.1,
+                              warmup_rehearse_plans=0, warmup_rehearse_by_tie=False)
     seen: list = []
 
     class Recording(Policy):
