@@ -108,52 +108,20 @@ async def stand_in_warmup(req: WarmupRequest) -> WarmupResult:
     return WarmupResult(name=req.name, version=req.parent, published=False, reason="stand-in")
 
 
-async def record_rehearsed(
-    client: Client, settings: Settings, server: AgentServer
-) -> dict[str, WorkflowHistory]:
-    """A training iteration whose warm-up rehearses one candidate plan of each of two tasks
-    twice (the trainer's activities stand-ins): its history."""
+async def _warm_up_run(
+    client: Client, settings: Settings, server: AgentServer, suffix: str, warmup: WarmupConfig
+) -> tuple[TrainProgress, WorkflowHistory]:
+    """A one-iteration training run of two tasks whose recipe warms up with `warmup` (the
+    trainer's activities stand-ins): its progress, and the history of its last run."""
     server.set_responder("conductor", lambda p: plan_json(("gpt", "Answer it.", [])))
     server.set_responder("gpt", _overloaded_for_3)
     conductor = ConductorClient(client, settings)
     opts = RunOptions(max_step_attempts=1, max_plan_attempts=1)
     tasks = [Task(id=f"t{i}", question=f"Compute {i} + 1.", reference=str(i + 1),
                   verifier="exact", options=opts) for i in range(2)]
-    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}-r"})
-    trainer_queue = f"{settings.task_queue}-trainer-r"
-    name = f"replay-{settings.task_queue}-r"
-    async with running_worker(client, settings, pool), Worker(
-            client, task_queue=trainer_queue,
-            activities=[stand_in_update, stand_in_rehearsal_plans, stand_in_warmup]):
-        await conductor.start_training(TrainInput(
-            name=name, policy=pool.conductor.id, tasks=tasks, iterations=1, concurrency=3,
-            trainer_task_queue=trainer_queue,
-            recipe=Recipe(rollouts=RolloutConfig(group_size=2, groups_per_update=2),
-                          warmup=WarmupConfig(enabled=True, rehearse=2, rehearse_plans=1))))
-        progress = await client.get_workflow_handle(
-            training_workflow_id(name), result_type=TrainProgress).result()
-    assert progress.warmup is not None and progress.warmup.rehearsal is not None
-    assert progress.warmup.rehearsal.runs + sum(progress.warmup.rehearsal.left_out.values()) == 4
-    return {"train_rehearsed": await client.get_workflow_handle(
-        training_workflow_id(name)).fetch_history()}
-
-
-async def record_rounds(
-    client: Client, settings: Settings, server: AgentServer
-) -> dict[str, WorkflowHistory]:
-    """A training run whose warm-up has two rounds, each sampling both tasks twice and
-    rehearsing one candidate plan once (the trainer's activities stand-ins): the history of
-    its last run (round 1 and the iteration; round 0 continued as new)."""
-    server.set_responder("conductor", lambda p: plan_json(("gpt", "Answer it.", [])))
-    server.set_responder("gpt", _overloaded_for_3)
-    conductor = ConductorClient(client, settings)
-    opts = RunOptions(max_step_attempts=1, max_plan_attempts=1)
-    tasks = [Task(id=f"t{i}", question=f"Compute {i} + 1.", reference=str(i + 1),
-                  verifier="exact", options=opts) for i in range(2)]
-    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}-w"})
-    trainer_queue = f"{settings.task_queue}-trainer-w"
-    name = f"replay-{settings.task_queue}-w"
-    warmup = WarmupConfig(enabled=True, rounds=2, samples=2, rehearse=1, rehearse_plans=1)
+    pool = make_pool(server, conductor={"id": f"replay-{settings.task_queue}-{suffix}"})
+    trainer_queue = f"{settings.task_queue}-trainer-{suffix}"
+    name = f"replay-{settings.task_queue}-{suffix}"
     async with running_worker(client, settings, pool), Worker(
             client, task_queue=trainer_queue,
             activities=[stand_in_update, stand_in_rehearsal_plans, stand_in_warmup]):
@@ -162,13 +130,36 @@ async def record_rounds(
             trainer_task_queue=trainer_queue,
             recipe=Recipe(rollouts=RolloutConfig(group_size=2, groups_per_update=2),
                           warmup=warmup)))
-        progress = await client.get_workflow_handle(
-            training_workflow_id(name), result_type=TrainProgress).result()
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        progress = await handle.result()
+    return progress, await handle.fetch_history()
+
+
+async def record_rehearsed(
+    client: Client, settings: Settings, server: AgentServer
+) -> dict[str, WorkflowHistory]:
+    """A training iteration whose warm-up rehearses one candidate plan of each of two tasks
+    twice: its history."""
+    progress, history = await _warm_up_run(
+        client, settings, server, "r", WarmupConfig(enabled=True, rehearse=2, rehearse_plans=1))
+    assert progress.warmup is not None and progress.warmup.rehearsal is not None
+    assert progress.warmup.rehearsal.runs + sum(progress.warmup.rehearsal.left_out.values()) == 4
+    return {"train_rehearsed": history}
+
+
+async def record_rounds(
+    client: Client, settings: Settings, server: AgentServer
+) -> dict[str, WorkflowHistory]:
+    """A training run whose warm-up has two rounds, each sampling both tasks twice and
+    rehearsing one candidate plan once: the history of its last run (round 1 and the
+    iteration; round 0 continued as new)."""
+    progress, history = await _warm_up_run(
+        client, settings, server, "w",
+        WarmupConfig(enabled=True, rounds=2, samples=2, rehearse=1, rehearse_plans=1))
     assert [w.round for w in progress.warmup_rounds] == [0, 1]
     assert all(w.sampling is not None and w.sampling.runs + sum(w.sampling.left_out.values())
                == 4 for w in progress.warmup_rounds)
-    return {"train_rounds": await client.get_workflow_handle(
-        training_workflow_id(name)).fetch_history()}
+    return {"train_rounds": history}
 
 
 def _overloaded_for_3(prompt: str) -> Reply:
