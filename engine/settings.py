@@ -299,6 +299,12 @@ class Settings(BaseSettings):
         "traces of workflows and activities to; OTEL_EXPORTER_OTLP_ENDPOINT works too; needs "
         "the otel extra",
     )
+    plan_slots: int = Field(
+        default=0, ge=0,
+        description="plan attempts one worker runs at once; the plans beyond wait in Temporal, "
+        "where only their step deadline counts (0: one generation batch for a local conductor, "
+        "CONDUCTOR_LOCAL_MAX_BATCH; else no limit of its own)",
+    )
     worker_shutdown_grace: float = Field(
         default=30.0, ge=0,
         description="seconds a stopping worker lets its running agent calls finish (a deploy "

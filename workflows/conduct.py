@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         PROGRESS_QUERY,
         RECORD_ACTIVITY,
         SCORE_ACTIVITY,
+        plans_task_queue,
         self_call_id,
     )
     from conductor_engine.engine.contracts.plans import sees_label
@@ -240,6 +241,7 @@ class ConductWorkflow:
                         last_error=last_error,
                     ),
                     result_type=PlanAttempt,
+                    task_queue=plans_task_queue(workflow.info().task_queue),
                     start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
                     schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
                     heartbeat_timeout=timedelta(seconds=opts.agent_heartbeat_s),

@@ -84,6 +84,14 @@ def pool_task_queue(stem: str, pool: Mapping[str, Any]) -> str:
     on the same pool file) find each other."""
     return f"{stem}-{pool_fingerprint(pool)}"
 
+
+def plans_task_queue(queue: str) -> str:
+    """Where a run on `queue` schedules its plan activities: `QUEUE-plans`, which the same
+    worker polls with as many slots as its conductor serves at once (runtime/worker.py). A plan
+    waiting for the conductor then waits in Temporal, where only its step deadline counts,
+    instead of inside a worker behind other plans, where its plan timeout would count too."""
+    return f"{queue}-plans"
+
 # --- workflow ids ---------------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ class Gate:
         self._open.set()
         self._lock = threading.Lock()
         self.holding = 0
+        self.peak = 0  # the most requests held at once
 
     def close(self) -> None:
         self._open.clear()
@@ -39,6 +40,7 @@ class Gate:
             if not self._open.is_set():
                 with self._lock:
                     self.holding += 1
+                    self.peak = max(self.peak, self.holding)
                 try:
                     self._open.wait(HOLD_S)
                 finally:

@@ -17,7 +17,7 @@ from temporalio.client import Client
 
 from conductor_engine.activities.record import RecordActivities
 from conductor_engine.engine.contracts.activities import RecordRequest
-from conductor_engine.engine.contracts.names import RECORD_ACTIVITY
+from conductor_engine.engine.contracts.names import RECORD_ACTIVITY, plans_task_queue
 from conductor_engine.engine.contracts.records import RunResult
 from conductor_engine.engine.contracts.rewards import Reward, Verdict
 from conductor_engine.engine.contracts.strict import revised
@@ -196,12 +196,15 @@ async def test_a_retried_record_activity_leaves_one_trace(
     agent_server.script("gpt", [Reply.ok("1024")])
     pool = make_pool(agent_server)
     settings.pool_file = write_pool(pool, tmp_path / "pool.toml")  # the client's pool
+    queue = task_queue_of(settings, pool)
     worker = Worker(
-        client, task_queue=task_queue_of(settings, pool), workflows=[ConductWorkflow],
-        activities=[PlanActivities(pool).write_plan, AgentActivities(pool).call_agent, score,
+        client, task_queue=queue, workflows=[ConductWorkflow],
+        activities=[AgentActivities(pool).call_agent, score,
                     LossyRecord(settings, pool, trace_store).record],
     )
-    async with worker:
+    planner = Worker(client, task_queue=plans_task_queue(queue),
+                     activities=[PlanActivities(pool).write_plan])
+    async with planner, worker:
         res = await conductor.run(Task(question="What is 2^10?", reference="1024"))
         history = await client.get_workflow_handle(res.workflow_id).fetch_history()
 
