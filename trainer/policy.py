@@ -29,10 +29,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conductor_engine.engine.contracts.training import PolicyConfig
-from conductor_engine.trainer.grpo import Compute, decoder_layers, set_compute
+from conductor_engine.trainer.grpo import Compute, Reference, decoder_layers, set_compute
 
 __all__ = [
-    "Policy", "PolicyConfig", "base_model_dir", "load_optimizer", "load_policy",
+    "Policy", "PolicyConfig", "Reference", "base_model_dir", "load_optimizer", "load_policy",
     "reference_model", "save_checkpoint", "save_optimizer",
 ]
 
@@ -189,19 +189,60 @@ def save_checkpoint(policy: Policy, out_dir: Path) -> list[Path]:
     return sorted(out_dir.iterdir())
 
 
-def reference_model(policy: Policy) -> torch.nn.Module:
+def reference_model(policy: Policy, cfg: PolicyConfig | None = None,
+                    checkpoint_dir: Path | None = None) -> Reference:
     """The frozen reference for the KL term (beta > 0).
 
-    LoRA: the policy model itself; `train_step` runs it with the adapter disabled, which is the
-    base model, the same reference on every update and after every restart (TRL does this for a
-    new adapter). Full: a frozen copy of the weights as they are now, i.e. of the policy this
-    training run started from (kept in memory: twice the weights).
+    No `checkpoint_dir`: LoRA, the policy model itself, which `train_step` runs with the adapter
+    disabled: the base model, the same reference on every update and after every restart (TRL
+    does this for a new adapter). Full: a frozen copy of the weights as they are now, i.e. of the
+    policy this training run started from (kept in memory: twice the weights).
+
+    `checkpoint_dir` (a published version's checkpoint, e.g. the warm-up's): that version. LoRA,
+    its adapter's weights, read into the policy's adapter by peft and copied out (the policy's
+    own are put back); full, its weights loaded frozen under `cfg`.
     """
-    if policy.kind == "lora":
-        return policy.model  # type: ignore[no-any-return]
-    ref = copy.deepcopy(policy.model).eval()
-    ref.requires_grad_(False)
-    return ref  # type: ignore[no-any-return]
+    if checkpoint_dir is None:
+        if policy.kind == "lora":
+            return Reference(policy.model)
+        ref = copy.deepcopy(policy.model).eval()
+        ref.requires_grad_(False)
+        return Reference(ref)
+    if policy.kind == "full":
+        if cfg is None:
+            raise ValueError("a full reference version is loaded under the policy's config")
+        frozen = load_policy(cfg.model_copy(update={"gradient_checkpointing": False}),
+                             checkpoint_dir=checkpoint_dir).model.eval()
+        frozen.requires_grad_(False)
+        return Reference(frozen)
+    return Reference(policy.model, adapter=_adapter_of(policy, checkpoint_dir))
+
+
+def _adapter_of(policy: Policy, checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapter weights, named as the policy's adapter parameters: peft
+    reads them into the policy's adapter (its own name mapping), they are copied out, and the
+    policy's own weights are put back."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    live = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+    own = {n: p.detach().clone() for n, p in live.items()}
+    weights = load_peft_weights(str(checkpoint_dir), device=str(policy.device))
+    misfit = (f"the adapter in {checkpoint_dir} does not fit the policy's: a reference version "
+              "needs the policy's LoRA settings (lora_r, lora_target_modules)")
+    try:
+        try:
+            loaded: Any = set_peft_model_state_dict(policy.model, weights)
+        except RuntimeError as e:  # a tensor of another shape
+            raise ValueError(f"{misfit}; {e}") from e
+        if loaded.unexpected_keys or len(weights) != len(live):
+            raise ValueError(f"{misfit}; {len(weights)} tensors for {len(live)} adapter "
+                             f"parameters, {len(loaded.unexpected_keys)} unknown to it")
+        return {n: p.detach().clone() for n, p in live.items()}
+    finally:
+        with torch.no_grad():
+            for n, p in live.items():
+                p.copy_(own[n])
 
 
 # --------------------------------------------------------------------------------- optimiser

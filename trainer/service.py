@@ -104,7 +104,8 @@ class _Kept:
     config: PolicyConfig
     policy: Any  # trainer.policy.Policy
     optimizer: Any
-    reference: Any = None  # the frozen reference model, when beta > 0
+    reference: Any = None  # the KL term's trainer.grpo.Reference, when beta > 0
+    reference_version: int | None = None  # which version it is (None: the base)
 
 
 class Trainer:
@@ -140,6 +141,7 @@ class Trainer:
         if not stats.groups:
             return _nothing_to_train(req, stats, started)
         kept = await self._hold(req, registry, store)
+        await self._reference(kept, req, registry, store)
         groups = await asyncio.to_thread(  # a served conductor's records (trainer/reconstruct.py)
             reconstruct_groups, groups, kept.policy.model, kept.policy.tokenizer)
         stats = group_stats(groups)
@@ -303,6 +305,23 @@ class Trainer:
             return await asyncio.to_thread(on_ranks, self.ranks, "load", None, req, checkpoint,
                                            state)
 
+    async def _reference(self, kept: _Kept, req: UpdateRequest, registry: PolicyRegistry,
+                         store: TraceStore) -> None:
+        """The KL term's reference for `kept` (beta > 0): the base, or `req.reference` (the
+        version GRPO started from: the warm-up's). A reference version is pinned, so retention
+        never removes the checkpoint a restarted trainer reads it from again."""
+        if req.recipe.loss.beta == 0 or (kept.reference is not None
+                                         and kept.reference_version == req.reference):
+            return
+        checkpoint = None
+        if req.reference is not None:
+            version = await registry.get(req.name, req.reference)
+            if not version.pinned:
+                await registry.set_pinned(req.name, req.reference, True)
+            checkpoint = await materialise(version, store.blobs,
+                                           self.settings.data_dir / "policies")
+        await asyncio.to_thread(on_ranks, self.ranks, "reference", kept, req, checkpoint)
+
     @contextlib.contextmanager
     def _scratch(self, prefix: str) -> Iterator[Path]:
         """A temporary directory under the data directory, not /tmp: an optimiser state can be
@@ -392,13 +411,7 @@ def _load(req: UpdateRequest, checkpoint: Path | None, optimizer_state: Path | N
 
 def _train(kept: _Kept, samples: list[Any], recipe: Recipe) -> Any:
     from conductor_engine.trainer.grpo import train_step
-    from conductor_engine.trainer.policy import reference_model
 
-    if recipe.loss.beta > 0 and kept.reference is None:
-        if kept.policy.trained is not kept.policy.model and kept.policy.kind == "full":
-            raise PolicyError("beta > 0 with full fine-tuning on several GPUs is not supported "
-                              "yet (no sharded frozen reference): set beta = 0, or lora = true")
-        kept.reference = reference_model(kept.policy)
     _set_learning_rate(kept.optimizer, recipe.loss)
     return train_step(kept.policy.trained, kept.optimizer, samples, recipe.loss,
                       ref_model=kept.reference, pad_id=kept.policy.pad_id)
@@ -416,6 +429,19 @@ def _command_load(_: _Kept | None, req: UpdateRequest, checkpoint: Path | None,
 
 def _command_train(kept: _Kept, req: UpdateRequest, samples: list[Any]) -> Any:
     return seeded(req, _train, kept, samples, req.recipe)
+
+
+def _command_reference(kept: _Kept, req: UpdateRequest, checkpoint: Path | None) -> None:
+    """The KL term's reference on this rank's copy of the policy: the base, or the version
+    whose checkpoint is given (trainer.policy.reference_model)."""
+    from conductor_engine.trainer.policy import reference_model
+
+    if kept.policy.trained is not kept.policy.model and kept.policy.kind == "full":
+        raise PolicyError("beta > 0 with full fine-tuning on several GPUs is not supported "
+                          "yet (no sharded frozen reference): set beta = 0, or lora = true")
+    kept.reference = None  # a version's weights replace the old reference's, not beside them
+    kept.reference = reference_model(kept.policy, req.recipe.policy, checkpoint)
+    kept.reference_version = req.reference
 
 
 def _command_warmup(kept: _Kept, req: UpdateRequest, samples: list[Any]) -> Any:
@@ -438,7 +464,7 @@ def _command_save(kept: _Kept, out: Path) -> list[Path]:
 
 _COMMANDS: dict[str, Callable[..., Any]] = {
     "load": _command_load, "train": _command_train, "save": _command_save,
-    "warmup": _command_warmup}
+    "warmup": _command_warmup, "reference": _command_reference}
 
 
 def on_ranks(ranks: Any, command: str, kept: _Kept | None, *args: Any) -> Any:

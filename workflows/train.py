@@ -494,12 +494,22 @@ class TrainingWorkflow:
         req = UpdateRequest(
             name=inp.policy, parent=p.version, recipe=recipe,
             update_id=update_id(info.workflow_id, info.first_execution_run_id, p.iteration),
+            reference=self._reference(recipe),
         )
         return await workflow.execute_activity(
             UPDATE_ACTIVITY, req, result_type=UpdateResult,
             **_on_the_trainer(inp),
             summary=f"grpo_update · {inp.policy} {p.label} → v{p.version + 1}",
         )
+
+    def _reference(self, recipe: Recipe) -> int | None:
+        """What the KL term measures against: the version the warm-up left GRPO to start from
+        (LossConfig.beta), when there is a KL term and a warm-up published that version;
+        otherwise None, the base."""
+        warmup = self._progress.warmup
+        if recipe.loss.beta == 0 or warmup is None or warmup.version == 0:
+            return None
+        return warmup.version
 
     def _record(self, stats: IterationStats, result: UpdateResult, from_traces: bool) -> None:
         if from_traces:  # no rollouts of its own: the groups' figures

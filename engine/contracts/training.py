@@ -191,7 +191,10 @@ class LossConfig(_TrlNames):
     epsilon_low: float = Field(default=0.2, ge=0, description="clip range below 1",
                                validation_alias=_trl("epsilon_low", "epsilon"))
     epsilon_high: float = Field(default=0.2, ge=0, description="clip range above 1 (clip-higher)")
-    beta: float = Field(default=0.0, ge=0, description="KL to the frozen base; 0 = no KL")
+    beta: float = Field(
+        default=0.0, ge=0, description="the KL term's weight (0 = none); the reference is the "
+        "version GRPO started from where a warm-up published one (so the KL keeps the plans the "
+        "warm-up taught, as TRL's GRPO after SFT is held to the SFT model), else the frozen base")
     mask_truncated: bool = Field(default=False, description="drop completions cut at max_tokens",
                                  validation_alias=_trl("mask_truncated",
                                                        "mask_truncated_completions"))
@@ -439,6 +442,10 @@ class UpdateRequest(BaseModel):
     parent: Version
     update_id: str = Field(description="idempotency key: a retry of a published update is a no-op")
     recipe: Recipe = Field(default_factory=Recipe)
+    reference: Version | None = Field(
+        default=None, description="the version the KL term (beta > 0) measures against: the one "
+        "GRPO started from, the warm-up's, as TRL's reference is the SFT model its GRPO starts "
+        "from; None: the frozen base")
 
 
 class StepMetrics(BaseModel):

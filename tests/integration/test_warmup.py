@@ -42,17 +42,18 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     rollouts, temperature 1); three tasks are trained on and one held out. The warm-up learns
     the best right run of each training task that has one (never the held-out task's, though
     its runs scored as well), publishes v1 as a warm-up version from base, and iteration 0 of
-    GRPO samples with v1 and publishes v2. Resumed for a second iteration, the run does not
-    warm up again. The warm-up reads only this test's conductor's runs (`conductors`): the
-    store is shared, and other tests run the same sim tasks under conductors of their own."""
+    GRPO samples with v1 and publishes v2, its KL term measured against v1 (pinned for it).
+    Resumed for a second iteration, the run does not warm up again. The warm-up reads only
+    this test's conductor's runs (`conductors`): the store is shared, and other tests run the
+    same sim tasks under conductors of their own."""
     settings = trainer_settings(settings)
     pool = sim_pool(str(tiny_policy_dir))
     policy = pool.conductor.id
     tasks = sim_tasks()
     train, held = tasks[:3], tasks[3:]
     recipe = Recipe(
-        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
-        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=True, lora_r=8),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8, beta=0.1),
         rollouts=RolloutConfig(group_size=2, groups_per_update=3, max_staleness=0),
         heldout=HeldOutConfig(every=1),
         warmup=WarmupConfig(enabled=True, epochs=2, learning_rate=3e-3, conductors=[policy]),
@@ -103,6 +104,11 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
         assert v1.metrics["warmup"]["plans"] == w.plans
         assert v2.parent == 1 and "phase" not in v2.metrics
         assert await registry.consumed_by(v1.update_id) == [], "the warm-up consumes no trace"
+        # the KL term (beta) measures against v1, where GRPO started, not against the base the
+        # warm-up moved away from: 0 on the update that trains v1; v1 is pinned for it
+        first = final.history[0]
+        assert first.trained_tokens > 0 and first.kl == pytest.approx(0.0, abs=1e-6), first
+        assert v1.pinned and not v2.pinned
 
         # resumed for one more iteration: GRPO goes on from v2; no second warm-up
         more = revised(inp, iterations=2, progress=revised(final, phase="starting"))

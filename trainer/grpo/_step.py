@@ -35,6 +35,7 @@ from conductor_engine.trainer.grpo._memory import (
     _pass_tokens,
 )
 from conductor_engine.trainer.grpo._prefix import GroupPrefix, _group_runs, _prefix_ids
+from conductor_engine.trainer.grpo._reference import Reference
 from conductor_engine.trainer.grpo._samples import Batch, Sample, collate
 from conductor_engine.trainer.grpo._sharding import (
     _gradient_sync,
@@ -57,7 +58,7 @@ def train_step(
     samples: Sequence[Sample],
     cfg: LossConfig,
     *,
-    ref_model: torch.nn.Module | None = None,
+    ref_model: Reference | None = None,
     pad_id: int | None = None,
 ) -> StepMetrics:
     """One update on `samples`: `cfg.steps_per_update` optimiser steps (mu), each over all the
@@ -74,10 +75,11 @@ def train_step(
     normaliser, as in TRL. The rest run sorted by length, so micro-batches carry little padding,
     and a group's rows together, so each micro-batch runs their shared prompt once. No step is
     taken when every advantage is 0 or the gradient is not finite (`skipped` says why).
-    `ref_model` is the frozen reference for beta > 0; a peft model is used with its adapters
-    disabled (see trainer.policy.reference_model). Passes run as `compute_of(model)` says
-    (autocast, checkpointing); on several ranks (`model` wrapped by trainer/distributed.py)
-    each rank runs its share (`rank_share`) and every rank ends with the same weights.
+    `ref_model` is the frozen reference for beta > 0 (trainer/grpo/_reference.py: the base, a
+    peft model's adapter disabled, or a version's weights; trainer.policy.reference_model).
+    Passes run as `compute_of(model)` says (autocast, checkpointing); on several ranks (`model`
+    wrapped by trainer/distributed.py) each rank runs its share (`rank_share`) and every rank
+    ends with the same weights.
     """
     started = time.perf_counter()
     if cfg.beta > 0 and ref_model is None:
@@ -106,9 +108,8 @@ def train_step(
     compute = compute_of(model)
     refs: list[Tensor | None] = [None] * len(batches)
     if cfg.beta > 0 and ref_model is not None:
-        with torch.no_grad(), _as_reference(ref_model), _autocast(device, compute):
-            refs = [per_token_logprobs(ref_model, b, temperature=cfg.temperature)
-                    for b, _ in batches]
+        with torch.no_grad(), ref_model.active() as ref, _autocast(device, compute):
+            refs = [per_token_logprobs(ref, b, temperature=cfg.temperature) for b, _ in batches]
     model.train()
     steps: list[dict[str, float]] = []
     for _ in range(cfg.steps_per_update):
@@ -254,9 +255,3 @@ def _micro_batches(samples: Sequence[Sample], size: int, *, by_prompt: bool
     shared = [sorted(g, key=length) for g in groups.values() if len(g) > 1]
     alone = sorted((g[0] for g in groups.values() if len(g) == 1), key=length)
     return [c for g in shared for c in chunks(g)] + chunks(alone)
-
-
-def _as_reference(model: torch.nn.Module) -> Any:
-    """A peft model with its adapters switched off is the base model: the reference."""
-    disable = getattr(model, "disable_adapter", None)
-    return disable() if disable is not None else nullcontext()

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from conductor_engine.engine.contracts.training import LossConfig, PolicyConfig  # noqa: E402
 from conductor_engine.trainer.grpo import (  # noqa: E402
     Compute,
+    Reference,
     Sample,
     batch_advantages,
     collate,
@@ -292,12 +293,12 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_type: str, bet
     # in float64: what is compared is the accumulation's arithmetic, not float32's rounding
     # (summed in another order, a near-zero gradient element of the float32 model moved by
     # 1.5e-6, over the tolerance; in float64 the largest difference is about 2e-8)
-    ref = tiny_model(seed=7).double() if beta else None
+    ref = Reference(tiny_model(seed=7).double()) if beta else None
 
     # the whole batch in one pass, written out by hand
     model = tiny_model().double()
     batch = collate(samples, PAD)
-    ref_logp = per_token_logprobs(ref, batch).detach() if ref is not None else None
+    ref_logp = per_token_logprobs(ref.model, batch).detach() if ref is not None else None
     loss, _ = grpo_loss(per_token_logprobs(model, batch), batch, cfg, ref_logprobs=ref_logp)
     loss.backward()
     full = [p.grad for p in model.parameters()]
@@ -693,13 +694,80 @@ def test_the_lora_reference_is_the_base_model(tmp_path: Path) -> None:
 
     policy = load_policy(PolicyConfig(base=str(tiny_model_dir(tmp_path)), lora_r=4, device="cpu"))
     ref = reference_model(policy)
-    assert ref is policy.model
+    assert ref.model is policy.model and ref.adapter is None
     cfg = LossConfig(beta=0.1, learning_rate=1e-2)
     optimizer = make_optimizer(policy.model, cfg)
     samples = random_samples(4, old=False)
     kls = [train_step(policy.model, optimizer, samples, cfg, ref_model=ref).kl for _ in range(3)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > 1e-4, kls
     assert all(p.grad is None for p in policy.model.parameters())  # zeroed after the step
+
+
+def test_a_lora_reference_version_is_that_versions_policy_and_leaves_the_adapter_as_it_was(
+        tmp_path: Path) -> None:
+    """The warm-up's version as the KL's reference (UpdateRequest.reference): GRPO continuing
+    from it starts at KL 0, where the base reference would not; under `active()` the policy
+    scores exactly as that version loaded on its own, and after it the policy's own adapter is
+    back, bit for bit, and still trains. An adapter of another LoRA shape is refused."""
+    from conductor_engine.trainer.policy import load_policy, reference_model, save_checkpoint
+
+    cfg = PolicyConfig(base=str(tiny_model_dir(tmp_path / "base")), lora_r=4, device="cpu")
+    warm = load_policy(cfg)
+    sft = LossConfig(learning_rate=3e-2)
+    optimizer = make_optimizer(warm.model, sft)
+    samples = random_samples(4, old=False)
+    for _ in range(3):  # the warm-up moves the adapter away from the base
+        train_step(warm.model, optimizer, samples, sft)
+    save_checkpoint(warm, tmp_path / "v1")
+
+    policy = load_policy(cfg, checkpoint_dir=tmp_path / "v1")  # GRPO continues from v1
+    grpo = LossConfig(beta=0.1, learning_rate=1e-2)
+    base_kl = train_step(policy.model, make_optimizer(policy.model, grpo), samples, grpo,
+                         ref_model=reference_model(policy)).kl  # the KL before the step's update
+    assert base_kl > 1e-4, "the warm-up moved the policy: the base is not where it starts"
+
+    policy = load_policy(cfg, checkpoint_dir=tmp_path / "v1")  # again, before that step
+    ref = reference_model(policy, cfg, tmp_path / "v1")
+    optimizer = make_optimizer(policy.model, grpo)
+    kls = [train_step(policy.model, optimizer, samples, grpo, ref_model=ref).kl
+           for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > 1e-5, kls
+
+    own = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    batch = collate(samples, PAD)
+    alone = load_policy(cfg, checkpoint_dir=tmp_path / "v1").model.eval()
+    with torch.no_grad(), ref.active() as as_ref:
+        torch.testing.assert_close(per_token_logprobs(as_ref.eval(), batch),
+                                   per_token_logprobs(alone, batch), rtol=0, atol=1e-6)
+    for n, p in policy.model.named_parameters():
+        assert torch.equal(p, own[n]), n
+    assert all(p.requires_grad for n, p in policy.model.named_parameters() if "lora_" in n)
+
+    other = load_policy(cfg.model_copy(update={"lora_r": 8}))
+    with pytest.raises(ValueError, match="does not fit the policy's"):
+        reference_model(other, cfg, tmp_path / "v1")
+
+
+def test_a_full_reference_version_is_that_versions_weights_frozen(tmp_path: Path) -> None:
+    """Full fine-tuning: the reference version is its checkpoint loaded apart, frozen, so GRPO
+    continuing from it starts at KL 0 and the reference takes no update."""
+    from conductor_engine.trainer.policy import load_policy, reference_model, save_checkpoint
+
+    cfg = PolicyConfig(base=str(tiny_model_dir(tmp_path / "base")), lora=False, device="cpu")
+    warm = load_policy(cfg)
+    samples = random_samples(4, old=False)
+    train_step(warm.model, make_optimizer(warm.model, LossConfig(learning_rate=1e-2)), samples,
+               LossConfig(learning_rate=1e-2))
+    save_checkpoint(warm, tmp_path / "v1")
+    policy = load_policy(cfg, checkpoint_dir=tmp_path / "v1")
+    ref = reference_model(policy, cfg, tmp_path / "v1")
+    assert ref.model is not policy.model and not any(p.requires_grad
+                                                     for p in ref.model.parameters())
+    grpo = LossConfig(beta=0.1, learning_rate=1e-2)
+    optimizer = make_optimizer(policy.model, grpo)
+    kls = [train_step(policy.model, optimizer, samples, grpo, ref_model=ref).kl
+           for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > 1e-5, kls
 
 
 
