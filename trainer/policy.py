@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.training import PolicyConfig
 from conductor_engine.trainer.grpo import Compute, Reference, decoder_layers, set_compute
 
@@ -211,7 +212,7 @@ def reference_model(policy: Policy, cfg: PolicyConfig | None = None,
     if policy.kind == "full":
         if cfg is None:
             raise ValueError("a full reference version is loaded under the policy's config")
-        frozen = load_policy(cfg.model_copy(update={"gradient_checkpointing": False}),
+        frozen = load_policy(revised(cfg, gradient_checkpointing=False),
                              checkpoint_dir=checkpoint_dir).model.eval()
         frozen.requires_grad_(False)
         return Reference(frozen)

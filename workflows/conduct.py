@@ -69,7 +69,7 @@ DEFAULT_AGENT_TIMEOUT_S = 120.0
 
 _GAVE_UP = {
     RetryState.MAXIMUM_ATTEMPTS_REACHED: "no attempts left (max_step_attempts)",
-    RetryState.TIMEOUT: "its deadline passed (step_deadline_s)",
+    RetryState.TIMEOUT: "its deadline passed (step_deadline_s; a plan's: plan_deadline_s)",
 }
 
 
@@ -243,7 +243,8 @@ class ConductWorkflow:
                     result_type=PlanAttempt,
                     task_queue=plans_task_queue(workflow.info().task_queue),
                     start_to_close_timeout=timedelta(seconds=opts.plan_timeout_s),
-                    schedule_to_close_timeout=timedelta(seconds=opts.step_deadline_s),
+                    schedule_to_close_timeout=timedelta(
+                        seconds=opts.plan_deadline_s or opts.step_deadline_s),
                     heartbeat_timeout=timedelta(seconds=opts.agent_heartbeat_s),
                     retry_policy=self._agent_retry(task),
                     summary=f"plan · round {rnd.index + 1} · attempt {n} · "

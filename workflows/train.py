@@ -37,7 +37,10 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from conductor_engine.engine.contracts.limits import MAX_WARMUP_SAMPLES
+    from conductor_engine.engine.contracts.limits import (
+        MAX_WARMUP_SAMPLES,
+        TRAINING_PLAN_DEADLINE_S,
+    )
     from conductor_engine.engine.contracts.names import (
         PROGRESS_QUERY,
         REHEARSAL_PLANS_ACTIVITY,
@@ -234,7 +237,7 @@ class TrainingWorkflow:
                 task = revised(task, agents=drawn[task.id, sample])
             options = revised(  # the trainer reads the whole run from its trace: a summary
                 task.options, temperature=inp.temperature, policy_version=p.version,
-                result="summary")
+                result="summary", plan_deadline_s=TRAINING_PLAN_DEADLINE_S)
             if one_attempt:
                 options = revised(options, max_plan_attempts=1)
             sampling = rollout_sampling(
@@ -298,7 +301,8 @@ class TrainingWorkflow:
 
         async def one(task: Task) -> None:
             options = revised(task.options, temperature=cfg.temperature, policy_version=p.version,
-                              result="summary", max_plan_attempts=1)
+                              result="summary", max_plan_attempts=1,
+                              plan_deadline_s=TRAINING_PLAN_DEADLINE_S)
             task = revised(task, id=f"heldout~{task.id}", batch=batch, options=options,
                            sampling=rollout_sampling(0))
             wid = heldout_workflow_id(inp.name, chain, label, task.id)
@@ -421,7 +425,8 @@ class TrainingWorkflow:
         async def one(task: Task, i: int) -> None:
             shape = warmup_forced_shape(task.options.max_steps, i, n, n_forced)
             options = revised(task.options, temperature=inp.temperature,
-                              policy_version=p.version, result="summary", max_plan_attempts=1)
+                              policy_version=p.version, result="summary", max_plan_attempts=1,
+                              plan_deadline_s=TRAINING_PLAN_DEADLINE_S)
             sampling = rollout_sampling(
                 WARMUP_SAMPLES_FROM + 1_000 * k + i, explore=cfg.explore,
                 explore_importance=inp.recipe.rollouts.explore_importance,

@@ -32,6 +32,15 @@ handful of events each in its history (Temporal fails a history past 50,000 even
 candidate plans come back to the workflow in one activity result. The trainer refuses a larger
 rehearsal before it returns a plan (trainer/service.py `rehearsal_plans`)."""
 
+TRAINING_PLAN_DEADLINE_S = 86400.0
+"""How long a plan of a training run's own runs (rollouts, warm-up samples, held-out runs) may
+take, its wait for a conductor slot included (RunOptions.plan_deadline_s). The run starts up to
+`concurrency` of them at once and a local conductor plans a batch at a time, so on a busy CPU
+the last of a fan-out waits many plan times; a step's 15 minutes (step_deadline_s) lost 3 of
+192 warm-up samples that way with three benchmarks on two cores. Like its updates, which wait
+for the trainer, the run waits for its conductor; a day marks a conductor that is gone, not
+slow."""
+
 MAX_WARMUP_SAMPLES = 4000
 """The most exploring runs one warm-up round starts (training tasks x `[warmup] samples`): each
 is a child of the training workflow's run for that round (every round continues as new), so

@@ -47,6 +47,13 @@ class RunOptions(Strict):
         default=900.0, gt=0, description="all attempts of one step (schedule-to-close)"
     )
     plan_timeout_s: float = Field(default=300.0, gt=0, description="one plan attempt")
+    plan_deadline_s: float | None = Field(
+        default=None, gt=0,
+        description="all attempts of one plan, the wait for a conductor slot included "
+        "(schedule-to-close); None: step_deadline_s. A training run gives its own runs a day "
+        "(limits.py TRAINING_PLAN_DEADLINE_S): they queue behind its fan-out for the conductor, "
+        "so a slow machine slows them rather than losing them",
+    )
     agent_heartbeat_s: float = Field(
         default=15.0, ge=1.0,
         description="agent calls heartbeat this often at most; a cancel reaches them this fast",

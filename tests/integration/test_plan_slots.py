@@ -3,18 +3,20 @@ the settings; 0: runtime/worker.py `plan_slots`), on the plans queue (`plans_tas
 plans beyond wait in Temporal, shown as scheduled, where their plan timeout does not run; inside
 a worker they would wait behind the conductor with it running, and on a busy machine fail as
 `plan_failed`. The conductor holds every plan it is asked for (tests/faults/gate.py), so what
-is counted does not depend on timing."""
+is counted does not depend on timing. Waiting counts towards a plan's deadline (schedule-to-
+close: `step_deadline_s`, or `plan_deadline_s`, which a training run gives its own runs)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 from conductor_engine.engine.contracts.names import PLAN_ACTIVITY
 from conductor_engine.engine.contracts.records import RunResult
-from conductor_engine.engine.contracts.tasks import Task
+from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.runtime.client import ConductorClient
@@ -67,6 +69,60 @@ async def test_plans_beyond_the_conductors_slots_wait_in_temporal_as_scheduled(
     assert gate.peak == SLOTS, "the conductor was never asked for more plans than the slots"
     assert [r.status for r in results] == ["completed"] * RUNS
     assert all(r.reward is not None and r.reward.value == 1.0 for r in results)
+
+
+DEADLINE_S = 5.0
+
+
+async def test_a_plan_waiting_for_a_slot_fails_at_its_deadline_unless_given_a_longer_one(
+    agent_server, client: Client, settings: Settings,
+) -> None:
+    """One slot, held by a first run's plan. A second run's plan waits in Temporal past its
+    step deadline and the run fails, the deadline named; a third's, with `plan_deadline_s` (what
+    a training run gives its rollouts), waits as long and longer, and completes once the slot
+    is free. Whatever the machine's speed, the third has waited past the step deadline when the
+    gate opens: it was scheduled before the second failed, and the gate opens a deadline later."""
+    gate = Gate()
+    agent_server.set_responder("conductor", gate(lambda _: plan_json(("gpt", "Compute.", []))))
+    agent_server.set_responder("gpt", lambda _: "1024")
+    gate.close()
+    settings.plan_slots = 1
+    short = RunOptions(step_deadline_s=DEADLINE_S)
+    async with running_worker(client, settings, make_pool(agent_server)):
+        conductor = ConductorClient(client, settings)
+
+        async def until(check) -> None:  # type: ignore[no-untyped-def]
+            while not await check():
+                await asyncio.sleep(0.1)
+
+        first = await conductor.submit(Task(question="What is 2^10? (first)", reference="1024"))
+
+        async def held() -> bool:
+            return gate.holding == 1
+
+        await asyncio.wait_for(until(held), timeout=120)
+        bounded = await conductor.submit(Task(question="What is 2^10? (bounded)",
+                                              reference="1024", options=short))
+        patient = await conductor.submit(Task(
+            question="What is 2^10? (patient)", reference="1024",
+            options=short.model_copy(update={"plan_deadline_s": 3600.0})))
+
+        async def both_scheduled() -> bool:
+            return await _plan_states(client, [bounded, patient]) == [SCHEDULED, SCHEDULED]
+
+        await asyncio.wait_for(until(both_scheduled), timeout=120)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await client.get_workflow_handle(bounded, result_type=RunResult).result()
+        await asyncio.sleep(DEADLINE_S)
+        assert await _plan_states(client, [patient]) == [SCHEDULED], "still waiting, not failed"
+        gate.open()
+        done = [await client.get_workflow_handle(wid, result_type=RunResult).result()
+                for wid in (first, patient)]
+
+    reason = str(failed.value.cause)
+    assert "PlanFailed" in repr(failed.value.cause) or "planning round 1 failed" in reason
+    assert "deadline passed" in reason and "plan_deadline_s" in reason, reason
+    assert [r.status for r in done] == ["completed", "completed"]
 
 
 def test_a_local_conductor_gets_one_generation_batch_of_plan_slots(agent_server) -> None:

@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker
 
+from conductor_engine.engine.contracts.limits import TRAINING_PLAN_DEADLINE_S
 from conductor_engine.engine.contracts.names import UPDATE_ACTIVITY, training_workflow_id
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.tasks import RolloutSampling, RunOptions, Task
@@ -204,6 +205,7 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
         traces = await trace_store.batch_traces(e.batch, resolve_blobs=False)
         assert sorted(t.task.id for t in traces) == sorted(f"heldout~{t.id}" for t in held)
         assert all(t.policy.version == e.version and t.task.options.temperature == 0.0
+                   and t.task.options.plan_deadline_s == TRAINING_PLAN_DEADLINE_S
                    for t in traces)
     untouched = await read_groups(
         trace_store, PolicyRef(name=pool.conductor.id, version="base"), size=1, limit=100,
@@ -503,6 +505,7 @@ async def test_each_rollout_plans_with_the_random_subset_of_the_pool_drawn_for_i
             assert all((a in system) == (a in drawn) for a in ("gpt", "claude", "gemini"))
             assert [s.agent for s in t.steps] == drawn[:1], "the first agent shown"
         assert {t.task.options.temperature for t in g.traces} == {0.7}, "the recipe's"
+        assert {t.task.options.plan_deadline_s for t in g.traces} == {TRAINING_PLAN_DEADLINE_S}
         seen = {tuple(t.task.agents or []) for t in g.traces}
         if per == "group":
             assert len(seen) == 1, "one subset per group"
