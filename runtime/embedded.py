@@ -50,6 +50,15 @@ def temporal_binary() -> str:
     )
 
 
+def _last_lines(log: Path, n: int = 5) -> str:
+    """The end of a child's log, for the error that names it: what it said before it died."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()[-n:]
+    except OSError:
+        return ""
+    return "".join(f"\n  {line}" for line in lines)
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -132,7 +141,7 @@ class EmbeddedTemporal:
                 "--key", str(self.codec_key), "--port", str(self.codec_port),
                 "--ui-port", str(self.ui_port)]
 
-    def start_codec(self, *, detached: bool, timeout_s: float = 30.0) -> bool:
+    def start_codec(self, *, detached: bool, timeout_s: float = 60.0) -> bool:
         """Start the codec endpoint unless it is off or already listens; True if this call
         started it. It logs to codec.log and dies with `stop`."""
         if self.codec_key is None:
@@ -152,11 +161,14 @@ class EmbeddedTemporal:
         deadline = time.monotonic() + timeout_s
         while not port_open(self.codec_port):
             if self.codec_process.poll() is not None or time.monotonic() > deadline:
+                code = self.codec_process.poll()
                 self._stop_codec()
+                why = (f"exited with code {code}" if code is not None
+                       else f"did not open port {self.codec_port} within {timeout_s:.0f}s")
                 raise EmbeddedError(
-                    f"the codec endpoint did not open port {self.codec_port}; see "
-                    f"{self.data_dir / 'codec.log'} (is the port taken? set "
-                    "CONDUCTOR_EMBEDDED_CODEC_PORT)")
+                    f"the codec endpoint {why}; see {self.data_dir / 'codec.log'}"
+                    f"{_last_lines(self.data_dir / 'codec.log')} (is port {self.codec_port} "
+                    "taken? set CONDUCTOR_EMBEDDED_CODEC_PORT)")
             time.sleep(0.05)
         return True
 
