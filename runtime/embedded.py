@@ -201,13 +201,14 @@ class EmbeddedTemporal:
                 self._stop_codec()
                 raise EmbeddedError(
                     f"the embedded Temporal server exited with code {self.process.returncode}; "
-                    f"see {self.log_file} (is port {self.port} or {self.ui_port} taken?)"
+                    f"see {self.log_file}{_last_lines(self.log_file)} (is port {self.port} or "
+                    f"{self.ui_port} taken?)"
                 )
             if time.monotonic() > deadline:
                 self.stop()
                 raise EmbeddedError(
                     f"the embedded Temporal server did not open port {self.port} within "
-                    f"{timeout_s:.0f}s; see {self.log_file}"
+                    f"{timeout_s:.0f}s; see {self.log_file}{_last_lines(self.log_file)}"
                 )
             time.sleep(0.1)
         return True

@@ -71,7 +71,7 @@ async def test_plans_beyond_the_conductors_slots_wait_in_temporal_as_scheduled(
     assert all(r.reward is not None and r.reward.value == 1.0 for r in results)
 
 
-DEADLINE_S = 5.0
+DEADLINE_S = 10.0  # also the patient run's agent step's: generous on a busy machine
 
 
 async def test_a_plan_waiting_for_a_slot_fails_at_its_deadline_unless_given_a_longer_one(
