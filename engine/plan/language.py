@@ -21,6 +21,8 @@ integer or a string of digits, counted from 0 like the steps). Access entries ar
 
 Every failure raises PlanError with a message that says exactly what is wrong: that text is
 recorded in the run, shown to the conductor on its next attempt, and scores 0 as a reward.
+A reply that is one JSON plan as a whole (what constrained decoding writes) is read as written;
+any other is cleaned first (think blocks and fences dropped, curly quotes made straight).
 Parsing reads at most the reply's last MAX_REPLY_CHARS characters and searches the last
 MAX_PLAN_CHARS of them once cleaned, in linear passes, whatever the reply holds (see "bounds"
 below): a megabyte of garbage is an invalid plan in milliseconds, never a slow event loop, a
@@ -275,20 +277,45 @@ def _json_candidates(text: str) -> Iterator[tuple[Any, int]]:
         yield value, end
 
 
+def _json_plan(value: Any) -> Lists | None:
+    """The lists of a decoded JSON plan (`{"steps": [...]}`, with or without other keys such
+    as the "reasoning" the conductor writes first, or the bare list of step objects); None when
+    the value is not one."""
+    steps = value.get("steps") if isinstance(value, dict) else value
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        return None
+    if isinstance(value, list) and not steps:
+        return None  # a bare [] is more likely an access list than a plan
+    return {
+        "model_id": [s.get("agent", s.get("model_id", s.get("model"))) for s in steps],
+        "subtasks": [s.get("subtask", s.get("task")) for s in steps],
+        "access_list": [s.get("access", s.get("access_list", "all")) for s in steps],
+    }
+
+
 def _parse_json_form(text: str) -> tuple[Lists, int] | None:
-    """The last JSON plan in the text, and where it ends. Keys other than "steps" (the
-    "reasoning" the conductor writes first) are ignored."""
+    """The last JSON plan in the text, and where it ends."""
     for value, end in _json_candidates(text):
-        steps = value.get("steps") if isinstance(value, dict) else value
-        if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
-            if isinstance(value, list) and not steps:
-                continue  # a bare [] is more likely an access list than a plan
-            return {
-                "model_id": [s.get("agent", s.get("model_id", s.get("model"))) for s in steps],
-                "subtasks": [s.get("subtask", s.get("task")) for s in steps],
-                "access_list": [s.get("access", s.get("access_list", "all")) for s in steps],
-            }, end
+        if (lists := _json_plan(value)) is not None:
+            return lists, end
     return None
+
+
+def _whole_reply_plan(text: str) -> Lists | None:
+    """The plan when the whole reply is one JSON plan, read as written; else None.
+
+    That is what a grammar-constrained decoder (or a provider's structured output) returns, and
+    the plan is then valid as written: clean-up is for free text and is lossy inside a JSON
+    string. It made a subtask's curly quote (“, which the grammar lets a model write) a
+    straight one that ended the string early, and a valid plan an invalid one (reward 0)."""
+    body = text.strip()
+    if len(body) > MAX_PLAN_CHARS or not body.startswith(("{", "[")):
+        return None
+    try:  # strict=False: raw control characters in strings, as _json_candidates allows
+        value = json.JSONDecoder(strict=False).decode(body)
+    except (ValueError, RecursionError):  # JSONDecodeError; nesting past the C stack guard
+        return None
+    return _json_plan(value)
 
 
 def _plan_lists(text: str) -> Lists | None:
@@ -403,7 +430,9 @@ def parse_plan(
     """
     cleaned, cut = _clean(text)
     try:
-        lists = _plan_lists(cleaned)
+        lists = _whole_reply_plan(text)
+        if lists is None:
+            lists = _plan_lists(cleaned)
         if lists is None:
             where = f" within its last {MAX_PLAN_CHARS:,} characters" if cut else ""
             raise PlanError(

@@ -62,6 +62,25 @@ def test_a_raw_control_character_in_a_subtask_does_not_invalidate_the_plan() -> 
     assert parse_plan(text, POOL).steps[0].subtask == "Solve\tit\x17"
 
 
+@pytest.mark.parametrize("subtask", ["int-*, \u201c", "say \u2018hi\u2019", "ok</think>"],
+                         ids=["curly-double", "curly-single", "think-close"])
+def test_a_reply_that_is_one_json_plan_is_read_as_written(subtask: str) -> None:
+    """A grammar-constrained conductor's whole reply is the JSON plan, valid as written; the
+    free-text clean-up once turned a subtask's “ into " and rejected such a plan (a warm-up
+    sample of structured pool 1: `"subtask": "int-*, “"`)."""
+    text = json.dumps({"steps": [{"agent": "gpt-5", "subtask": "dissect-", "access": []},
+                                 {"agent": "gpt-5", "subtask": subtask, "access": [0]}]},
+                      ensure_ascii=False)
+    plan = parse_plan(text, POOL)
+    assert [s.subtask for s in plan.steps] == ["dissect-", subtask]
+
+
+def test_curly_quotes_around_a_free_text_plan_are_still_read_as_quotes() -> None:
+    text = "Plan:\n{\u201csteps\u201d: [{\u201cagent\u201d: \u201cgpt-5\u201d, " \
+           "\u201csubtask\u201d: \u201cSolve.\u201d, \u201caccess\u201d: []}]}"
+    assert parse_plan(text, POOL) == Plan(steps=[Step(agent="gpt-5", subtask="Solve.", access=[])])
+
+
 def test_integer_agents_are_positions_in_the_pool_listing() -> None:
     text = 'model_id = [0, 3]\nsubtasks = ["a", "b"]\naccess_list = [[], [0]]'
     assert [s.agent for s in parse_plan(text, POOL).steps] == ["gpt-5", "conductor"]
