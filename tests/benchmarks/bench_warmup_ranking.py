@@ -1,7 +1,7 @@
 """Which plans does each warm-up ranking pick? Exact expected rewards on structured sim pools.
 
     python -m tests.benchmarks.bench_warmup_ranking [--seeds 1,2,3] [--samples 8]
-        [--two-step 0.21] [--rehearse 8] [--rehearse-plans 4] [--repeats 20]
+        [--two-step 0.21] [--rehearse 8] [--rehearse-plans 4] [--margin 0] [--repeats 20]
 
 For each structured pool (`conductor sim pool --structure --seed S`, 32 tasks of four kinds) it
 draws `--samples` scored runs of every task from a model of the base conductor exploring: a
@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
                    help="the share of two-step plans among the samples")
     p.add_argument("--rehearse", type=int, default=8)
     p.add_argument("--rehearse-plans", type=int, default=4)
+    p.add_argument("--margin", type=float, default=0.0,
+                   help="more_steps_margin of the rehearsed way (the plans recipe ships 0.1)")
     p.add_argument("--repeats", type=int, default=20, help="independent draws per pool")
     return p.parse_args()
 
@@ -120,7 +122,8 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
     ids = sorted(pool.oracles)
     samples = [pool.run(rng, t, pool.sample(rng, args.two_step), k)
                for t in ids for k in range(args.samples)]
-    cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans)
+    cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans,
+                       more_steps_margin=args.margin)
     rehearsed = [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
                  for t, plans in candidate_plans(samples, ids, cfg, BATCH).items()
                  for plan in plans for r in range(args.rehearse)]
