@@ -107,6 +107,7 @@ class PlanActivities:
                                  provider=conductor.provider, kind="plan", error=failure.kind,
                                  seconds=time.monotonic() - started)
             raise to_application_error(failure) from e
+        shaped = completion.token_ids is not None and bool(sampling.force_shape)
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
             cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
@@ -117,7 +118,8 @@ class PlanActivities:
             forced_positions=completion.forced_positions,
             choice_tokens=completion.choice_tokens,
             json_schema=request.json_schema if completion.token_ids is not None
-            and completion.forced_positions is None else None,
+            and (completion.forced_positions is None or shaped) else None,
+            forced_shape=sampling.force_shape if shaped else None,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )
         try:

@@ -52,10 +52,13 @@ def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
         return vocab
 
 
-def needs_reconstruction(attempt: PlanAttempt) -> bool:
-    """A served conductor's attempt: token ids and the schema, but no records of its own."""
-    return (attempt.token_ids is not None and attempt.json_schema is not None
-            and attempt.forced_positions is None)
+def needs_reconstruction(attempt: PlanAttempt, *, unshape: bool = False) -> bool:
+    """A served conductor's attempt: token ids and the schema, but no records of its own; with
+    `unshape`, also an attempt whose shape was forced (`forced_shape`), whose records hold the
+    shape's decisions as forced."""
+    if attempt.token_ids is None or attempt.json_schema is None:
+        return False
+    return attempt.forced_positions is None or (unshape and attempt.forced_shape is not None)
 
 
 def reconstruct_groups(groups: list[tuple[Group, int]], model: Any,
@@ -88,13 +91,20 @@ def reconstruct_groups(groups: list[tuple[Group, int]], model: Any,
     return out
 
 
-def reconstruct_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
+def reconstruct_trace(trace: Trace, vocab: Vocabulary, *, unshape: bool = False
+                      ) -> Trace | str:
     """The trace with its deciding attempts' records reconstructed (their log-probs dropped), or
-    why the grammar rejects one of them."""
+    why the grammar rejects one of them.
+
+    `unshape` (the warm-up's): a plan written under a forced shape gets the plain grammar's
+    records too, so the `,` that opened its second step is a choice to learn, not a forced
+    token. The warm-up trains on the plan because it scored best, however it was sampled; left
+    forced, a shape that only forcing ever wrote was never learned (its tokens out of the loss),
+    and the warm-up's version went on writing one step."""
     rounds = []
     for rnd in trace.rounds:
         attempt = rnd.attempts[-1] if rnd.attempts else None
-        if attempt is None or not needs_reconstruction(attempt):
+        if attempt is None or not needs_reconstruction(attempt, unshape=unshape):
             rounds.append(rnd)
             continue
         assert attempt.json_schema is not None and attempt.token_ids is not None
@@ -103,6 +113,7 @@ def reconstruct_trace(trace: Trace, vocab: Vocabulary) -> Trace | str:
             return f"round {rnd.index} plan attempt {attempt.attempt}: {records}"
         done = revised(attempt, forced_positions=records.forced_positions,
                        choice_tokens=records.choice_tokens,
-                       logprobs=None)  # full-vocabulary log-probs: not the trainer's space
+                       logprobs=None)  # another space than the trainer's (served: the whole
+        # vocabulary; shaped: the narrowed choices)
         rounds.append(revised(rnd, attempts=[*rnd.attempts[:-1], done]))
     return revised(trace, rounds=rounds)

@@ -233,10 +233,12 @@ class Trainer:
         as_update = UpdateRequest(name=req.name, parent=req.parent, update_id=req.update_id,
                                   recipe=req.recipe)
         kept = await self._hold(as_update, registry, store) if selection.plans else None
-        if kept is not None and any(needs_reconstruction(a) for t in selection.plans
+        if kept is not None and any(needs_reconstruction(a, unshape=True)
+                                    for t in selection.plans
                                     for r in t.rounds for a in r.attempts[-1:]):
+            # served plans' records, and forced shapes' decisions made learnable
             vocab = await asyncio.to_thread(vocabulary, kept.policy.model, kept.policy.tokenizer)
-            rebuilt = [reconstruct_trace(t, vocab) for t in selection.plans]
+            rebuilt = [reconstruct_trace(t, vocab, unshape=True) for t in selection.plans]
             unreadable["grammar_rejected"] = sum(isinstance(t, str) for t in rebuilt)
             selection.plans = [t for t in rebuilt if not isinstance(t, str)]
         left_out = {**selection.left_out, **{k: v for k, v in unreadable.items() if v}}

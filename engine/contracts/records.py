@@ -47,8 +47,15 @@ class PlanAttempt(BaseModel):
     )
     json_schema: dict[str, Any] | None = Field(
         default=None, description="the plan grammar's JSON schema, kept when the backend "
-        "returned token ids but not the grammar's records: the trainer reconstructs them from "
+        "returned token ids but not the grammar's records, or when a shape was forced: the "
+        "trainer reconstructs the grammar's records from it "
         "(engine/providers/local/reconstruct.py)",
+    )
+    forced_shape: str | None = Field(
+        default=None, description="the shape the sampler was asked to write (a training "
+        "rollout's or warm-up sample's force_shapes): the tokens that decided it are in "
+        "forced_positions, right for GRPO's importance weights; a warm-up that learns the plan "
+        "rebuilds the plain grammar's records, so that it learns the shape's decisions too",
     )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"

@@ -287,9 +287,14 @@ async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_o
         assert t.task.id in {x.id for x in train} and t.task.sampling.explore == warm.explore
         want = warmup_forced_shape(t.task.options.max_steps, i, 4, 2)
         assert t.task.sampling.force_shape == (None if want is None else ",".join(want))
+        attempt = t.rounds[0].attempts[0]
         if want is not None:
-            assert shape_of(t.rounds[0].attempts[0].raw_text or "") == want
+            assert shape_of(attempt.raw_text or "") == want
+            # kept so that the warm-up can learn the shape (trainer/reconstruct.py `unshape`)
+            assert attempt.forced_shape == ",".join(want) and attempt.json_schema is not None
             forced += 1
+        else:
+            assert attempt.forced_shape is None and attempt.json_schema is None
     assert forced == 8, "2 of each task's 4 samples in each round"
 
     rehearsed = await trace_store.batch_traces(rehearsal_batch(name))

@@ -30,6 +30,7 @@ from conductor_engine.engine.contracts.plan_shapes import (  # noqa: E402
 from conductor_engine.engine.plan.language import plan_json_schema  # noqa: E402
 from conductor_engine.engine.providers import local  # noqa: E402
 from conductor_engine.engine.providers.base import CompletionRequest  # noqa: E402
+from conductor_engine.engine.providers.local.reconstruct import Rejected  # noqa: E402
 from conductor_engine.engine.providers.pool import AgentSpec  # noqa: E402
 
 AGENTS = ["alpha", "bravo", "charlie", "delta"]
@@ -135,3 +136,52 @@ async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
             if k not in forced:
                 assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
     assert narrowed, "no narrowed access choice was drawn: the test checks nothing there"
+
+
+@needs_local_extra
+async def test_a_warm_up_learns_the_shape_a_forced_sample_was_written_in(
+    tiny_policy_dir: Path,
+) -> None:
+    """A forced sample's records hold the shape's `,` as forced: right for GRPO's importance
+    weights, but a warm-up that trained on them never learned the shape (its tokens out of the
+    loss), and its version went on writing one step. Rebuilt with `unshape`, the records are the
+    plain grammar's: the `,` is a choice in the loss; without it the attempt stays as recorded."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_engine.engine.contracts.records import PlanAttempt
+    from conductor_engine.engine.contracts.strict import revised
+    from conductor_engine.engine.contracts.training import WarmupConfig
+    from conductor_engine.engine.providers.local.reconstruct import Vocabulary
+    from conductor_engine.trainer.reconstruct import needs_reconstruction, reconstruct_trace
+    from conductor_engine.trainer.warmup import warmup_samples
+    from tests.traces import make_trace
+
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    vocab = Vocabulary.of(AutoModelForCausalLM.from_pretrained(str(tiny_policy_dir)), tok)
+    request = _request(0, "more,sees,end")
+    c = await local.complete(spec, request)
+    assert c.token_ids is not None and request.json_schema is not None
+    attempt = PlanAttempt(attempt=1, raw_text=c.text, prompt=request.messages,
+                          token_ids=c.token_ids, logprobs=c.logprobs,
+                          forced_positions=c.forced_positions, choice_tokens=c.choice_tokens,
+                          json_schema=request.json_schema, forced_shape=request.force_shape)
+    trace = make_trace("t1")
+    trace = revised(trace, rounds=[revised(trace.rounds[0], attempts=[attempt])])
+    comma = next(k for k, t in enumerate(c.token_ids)
+                 if str(tok.decode([t])).startswith(",") and k in (c.forced_positions or ()))
+
+    assert not needs_reconstruction(attempt) and needs_reconstruction(attempt, unshape=True)
+    assert reconstruct_trace(trace, vocab) == trace  # GRPO's: as the sampler recorded it
+    rebuilt = reconstruct_trace(trace, vocab, unshape=True)
+    assert not isinstance(rebuilt, str)
+    learnt = rebuilt.rounds[0].attempts[-1]
+    plain = vocab.reconstruct(request.json_schema, c.token_ids)
+    assert not isinstance(plain, Rejected)
+    assert (learnt.forced_positions, learnt.choice_tokens) == (plain.forced_positions,
+                                                               plain.choice_tokens)
+    assert comma not in learnt.forced_positions and len(learnt.choice_tokens[comma]) >= 2
+    [sample] = warmup_samples([rebuilt], tok, WarmupConfig())
+    assert sample.forced is not None and not sample.forced[comma]
+    [as_recorded] = warmup_samples([trace], tok, WarmupConfig())
+    assert as_recorded.forced is not None and as_recorded.forced[comma]
