@@ -41,7 +41,8 @@ Which runs (`select_plans`), per training task:
 The loss is the cross-entropy of each selected plan's tokens under the policy, over the tokens
 the plan grammar did not force (the forced ones have probability 1 and no gradient, as in GRPO;
 samples are built as the trainer builds rollouts, trainer/rollouts.py `attempt_sample`, and a
-plan a server sampled has its grammar records reconstructed first, trainer/reconstruct.py),
+plan a server sampled, or one written under a forced shape, has the plain grammar's records
+reconstructed first, trainer/reconstruct.py: a forced shape's deciding tokens are learned),
 averaged over
 the tokens of an optimiser step:
 
@@ -332,7 +333,8 @@ def warmup_samples(plans: Sequence[Trace], tokenizer: Any, cfg: WarmupConfig
                    ) -> list[Sample]:
     """One sample per deciding plan attempt of each selected run, weighted 1 or by its reward
     (`reward_weighted`), without behaviour log-probs (each optimiser step is on-policy). A
-    served plan's grammar records must already be reconstructed (trainer/reconstruct.py)."""
+    served plan's grammar records, and a forced shape's, must already be reconstructed
+    (trainer/reconstruct.py, `unshape`)."""
     out: list[Sample] = []
     for trace in plans:
         weight = reward_of(trace) if cfg.reward_weighted else 1.0
