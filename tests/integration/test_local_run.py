@@ -30,7 +30,7 @@ async def test_the_local_model_conducts_a_run_end_to_end_with_no_api_keys(
     assert {a.id for a in pool.available()} == {"smollm2"}  # no keys, no self-calls
     task = Task(
         question="Which is larger, 2^10 or 10^3? Explain briefly.", reference="1024",
-        options=RunOptions(max_steps=2, self_call_depth=0),
+        options=RunOptions(max_steps=2, self_call_depth=0, temperature=0.0),  # greedy: one plan
     )
     async with running_worker(client, settings, pool):
         res = await ConductorClient(client, settings).run(task)
