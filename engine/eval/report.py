@@ -41,7 +41,7 @@ class SystemRow(BaseModel):
     """One system's figures, per task where it says so (the `--json` row)."""
 
     system: str
-    tasks: int
+    tasks: int = Field(description="the system's runs: each task once per repeat of the eval")
     accuracy: float | None = Field(description="correct / (tasks - failed - untrusted); None "
                                    "when no run completed with a trusted verdict")
     mean_reward: float | None = Field(description="over the same runs as accuracy")

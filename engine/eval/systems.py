@@ -13,7 +13,11 @@ the conductor:
 - `chain`: a fixed planner -> executor -> verifier chain on one agent;
 - with `rounds` N: the conductor with 0..N refinement rounds (the test-time-scaling curve).
 
-A run's task id is `SYSTEM~TASK`, which is how the report groups runs by system.
+A run's task id is `SYSTEM~TASK`, which is how the report groups runs by system. With
+`repeats` R > 1 each system runs each task R times, the later runs `SYSTEM~TASK~r` (r = 1..R-1):
+agents that sample (temperature > 0, the sim's seeded draws) answer each run afresh, so the
+report's means are over R runs a task rather than one, whose luck on a small task set can
+outweigh the gaps between systems.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from conductor_engine.engine.contracts.tasks import Task
 Baseline = Literal["single", "moa", "random", "chain"]
 BASELINES: tuple[Baseline, ...] = ("single", "moa", "random", "chain")
 SEPARATOR = "~"
+MAX_REPEATS = 32
 CONDUCTOR = "conductor"
 
 SOLO = "Solve the task completely and state the final answer clearly."
@@ -65,6 +70,11 @@ class EvalSpec(BaseModel):
     chain_agent: str | None = Field(default=None, description="the chain's agent (default: "
                                     "the aggregator)")
     seed: int = Field(default=0, ge=0, description="seeds the random plans")
+    repeats: int = Field(
+        default=1, ge=1, le=MAX_REPEATS,
+        description="runs of each task by each system; the report's accuracy, reward, tokens "
+        "and cost are means over all of them (one run a task measures the agents' luck as much "
+        "as the system when they sample)")
     conductor_agents: list[str] | None = Field(
         default=None, min_length=1,
         description="the agents the conductor's runs may delegate to (Task.agents), when some "
@@ -152,23 +162,34 @@ def _conductor_agents(task: Task, spec: EvalSpec) -> list[str] | None:
 
 
 def eval_tasks(tasks: Sequence[Task], spec: EvalSpec) -> list[Task]:
-    """Every run of the eval: each task once per system."""
+    """Every run of the eval: each task once per system, `spec.repeats` times (a later
+    repeat's id ends `~r`, a run of its own with its own draws; the first keeps the id an eval
+    of one repeat gives it)."""
     out: list[Task] = []
     for task in tasks:
-        agents = _conductor_agents(task, spec)
-        for system, rounds in conductor_systems(spec):
-            out.append(revised(task, id=run_id(system, task.id), agents=agents, options=revised(
-                task.options, refinement_rounds=rounds, policy_version=spec.policy_version,
-                plan=None)))
-        if "single" in spec.baselines:
-            out.extend(_fixed(task, f"single {a}", Plan(steps=[Step(agent=a, subtask=SOLO,
-                                                                   access=[])]))
-                       for a in spec.agents)
-        if "moa" in spec.baselines:
-            out.append(_fixed(task, "moa", moa_plan(spec.agents, spec.lead, spec.moa_layers)))
-        if "random" in spec.baselines:
-            out.append(_fixed(task, "random", random_plan(spec.agents,
-                                                          f"{spec.seed}\x1f{task.id}")))
-        if "chain" in spec.baselines:
-            out.append(_fixed(task, "chain", chain_plan(spec.chain_agent or spec.lead)))
+        out.extend(_task_runs(task, spec))
+        for r in range(1, spec.repeats):
+            out.extend(_task_runs(revised(task, id=f"{task.id}{SEPARATOR}{r}"), spec))
+    return out
+
+
+def _task_runs(task: Task, spec: EvalSpec) -> list[Task]:
+    """One task's run by each system."""
+    out: list[Task] = []
+    agents = _conductor_agents(task, spec)
+    for system, rounds in conductor_systems(spec):
+        out.append(revised(task, id=run_id(system, task.id), agents=agents, options=revised(
+            task.options, refinement_rounds=rounds, policy_version=spec.policy_version,
+            plan=None)))
+    if "single" in spec.baselines:
+        out.extend(_fixed(task, f"single {a}", Plan(steps=[Step(agent=a, subtask=SOLO,
+                                                               access=[])]))
+                   for a in spec.agents)
+    if "moa" in spec.baselines:
+        out.append(_fixed(task, "moa", moa_plan(spec.agents, spec.lead, spec.moa_layers)))
+    if "random" in spec.baselines:
+        out.append(_fixed(task, "random", random_plan(spec.agents,
+                                                      f"{spec.seed}\x1f{task.id}")))
+    if "chain" in spec.baselines:
+        out.append(_fixed(task, "chain", chain_plan(spec.chain_agent or spec.lead)))
     return out

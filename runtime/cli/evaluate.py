@@ -27,6 +27,7 @@ from conductor_engine.engine.eval.suite_report import SuiteRow
 from conductor_engine.engine.eval.suite_report import cells as suite_cells
 from conductor_engine.engine.eval.suite_report import failure_note as suite_failure_note
 from conductor_engine.engine.eval.suite_report import header as suite_header
+from conductor_engine.engine.eval.systems import MAX_REPEATS
 from conductor_engine.engine.eval.usable import INCLUDE_HINT, described
 from conductor_engine.engine.tasks.suite import Suite, SuiteError, load_suite
 from conductor_engine.runtime.cli.app import (
@@ -86,6 +87,11 @@ def evaluate(
     ] = None,
     seed: Annotated[int, typer.Option(
         min=0, max=2**31, help="seeds the random plans and gpqa: choice shuffles")] = 0,
+    repeats: Annotated[int, typer.Option(
+        min=1, max=MAX_REPEATS,
+        help=f"runs of each task by each system (1..{MAX_REPEATS}); the table's figures are "
+             "means over all of them: with agents that sample, one run a task on a few tasks "
+             "measures luck")] = 1,
     column: Annotated[list[str] | None, typer.Option(
         help="with SHAPE:FILE, FIELD=COLUMN where the source names a field otherwise "
              "(repeatable), e.g. --column question=Problem")] = None,
@@ -139,7 +145,7 @@ def evaluate(
     try:
         spec = EvalSpec(agents=taking_part.agents, policy_version=policy,
                         baselines=chosen, rounds=rounds, moa_layers=moa_layers,  # type: ignore[arg-type]
-                        aggregator=aggregator, seed=seed,
+                        aggregator=aggregator, seed=seed, repeats=repeats,
                         conductor_agents=taking_part.conductor_agents)
     except ValidationError as e:
         first = e.errors()[0]
@@ -160,8 +166,9 @@ def evaluate(
     target = out_dir or Path("evals") / name
 
     def submitted(started: bool, runs: int) -> None:
+        each = f" x {repeats} runs" if repeats > 1 else ""
         err.print(f"eval {name} {'started' if started else 'already running'}: "
-                  f"{len(loaded)} tasks x {runs // max(1, len(loaded))} systems",
+                  f"{len(loaded)} tasks x {runs // max(1, len(loaded) * repeats)} systems{each}",
                   markup=False, highlight=False)
 
     async def go() -> EvalOutcome:

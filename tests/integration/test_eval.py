@@ -161,12 +161,13 @@ async def test_run_eval_runs_an_eval_from_python_and_writes_its_report(
     agent_server, client: Client, settings: Settings, trace_store: TraceStore, tmp_path: Path,
 ) -> None:
     """The eval `conductor eval` runs, with no CLI: a ConductorClient is the EvalClient; the
-    caller sees the batch submitted and its progress, and gets the rows and files back."""
+    caller sees the batch submitted and its progress, and gets the rows and files back. With
+    two repeats every system runs each task twice and its row counts both runs."""
     pool, task_file, _ = sim_setup(agent_server, tmp_path)
     agent_server.set_responder("conductor", lambda prompt: plan_json(("alpha", "Answer.", [])))
     tasks = load_tasks(str(task_file)).tasks[:1]
-    agents = [a.id for a in pool.agents][:2]  # a small eval: 3 runs
-    spec = EvalSpec(agents=agents, baselines=["single"])
+    agents = [a.id for a in pool.agents][:2]  # a small eval: 3 systems, 6 runs
+    spec = EvalSpec(agents=agents, baselines=["single"], repeats=2)
     submitted: list[tuple[bool, int]] = []
     progress: list[tuple[int, int]] = []
     name = f"py-eval-{uuid.uuid4().hex[:6]}"
@@ -176,14 +177,14 @@ async def test_run_eval_runs_an_eval_from_python_and_writes_its_report(
             name, tasks, spec, out_dir=tmp_path / "report", json_file=tmp_path / "rows.json",
             on_submitted=lambda started, runs: submitted.append((started, runs)),
             on_progress=lambda p: progress.append((p.done, p.total)), poll_s=0.1)
-    runs = len(tasks) * (1 + len(agents))
+    runs = 2 * len(tasks) * (1 + len(agents))
     assert submitted == [(True, runs)]
     assert progress and progress[-1] == (runs, runs), progress
     assert (outcome.name, outcome.tasks, outcome.runs, outcome.suite_rows) == (
         name, len(tasks), runs, None)
     systems = {r.system for r in outcome.rows}
     assert {"conductor", *(f"single {a}" for a in agents)} < systems, systems
-    assert all(r.tasks == len(tasks) and r.failed == 0 for r in outcome.rows), outcome.rows
+    assert all(r.tasks == 2 * len(tasks) and r.failed == 0 for r in outcome.rows), outcome.rows
     assert {p.name for p in outcome.written} >= {"results.json", "table.md"}
     assert all(p.is_file() for p in outcome.written)
     assert [r["system"] for r in json.loads((tmp_path / "rows.json").read_text())] == \
