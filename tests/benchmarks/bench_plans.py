@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks.bench_plans [--seeds 1,2,3] [--recipe examples/sim/recipe-plans.toml]
         [--iterations 40] [--tasks-per-kind 8] [--holdout 0.25] [--full] [--no-eval]
+        [--eval-repeats R]
 
 For each seed, `conductor sim pool --structure` (engine/providers/sim_structure.py) makes four
 look-alike sim agents and four task kinds whose best plans differ: one step to a cheap
@@ -20,7 +21,9 @@ evaluated version answers the held-out quarter greedily. Per evaluation it print
 
 It stops a pool at the first version with expected/oracle >= 0.9 unless --full, then (unless
 --no-eval) runs `conductor eval`'s conductor, single-agent and MoA rows on the held-out tasks:
-accuracy, reward and tokens per task, the paper's comparison. Deterministic like
+accuracy, reward and tokens per task, the paper's comparison; with --eval-repeats R, means
+over R runs of each task by each system (one run of 8 tasks is mostly the agents' draws: the
+oracle's own plans have scored the best single agent's accuracy). Deterministic like
 bench_learning.py: the same seeds print the same curves on a busy machine, only slower.
 """
 
@@ -54,6 +57,7 @@ from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows
 from conductor_engine.engine.eval.report import HEADER, cells
 from conductor_engine.engine.eval.systems import (
     CONDUCTOR,
+    SEPARATOR,
     SOLO,
     run_id,
     system_of,
@@ -109,8 +113,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--holdout", type=float, default=0.25)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
     p.add_argument("--no-eval", action="store_true", help="skip the eval rows after training")
+    p.add_argument("--eval-repeats", type=int, default=1, metavar="R",
+                   help="the eval rows over R runs of each held-out task by each system "
+                   "(`conductor eval --repeats`; the conductor's greedy plan run R times): one "
+                   "run a task on 8 tasks measures the agents' draws as much as the systems")
     p.add_argument("--eval-only", action="store_true",
-                   help="no training: only the single-agent and MoA rows on the held-out tasks")
+                   help="no training: only the single-agent and MoA rows on the held-out tasks "
+                   "(and the base conductor's with --eval-repeats above 1)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
     p.add_argument("--warmup-samples", type=int, default=0, metavar="K",
                    help="before training, K scored runs of each training task by the base "
@@ -224,7 +233,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     if args.eval_only:
         async with build_worker(client, settings, pool):
             await eval_rows(ConductorClient(client, settings, pool), store, pool, held, None, seed,
-                            oracles)
+                            oracles, args.eval_repeats)
         return {"seed": seed, "crossed": None, "curve": [], "shapes": "", "iterations": 0,
                 "seconds_per_iteration": 0.0}
     curve: list[tuple[int, str, float, float]] = []
@@ -278,7 +287,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         evaluated = [e for e in p.evals if e.runs]
         if not args.no_eval and evaluated:
             try:
-                await eval_rows(conductor, store, pool, held, evaluated[-1], seed, oracles)
+                await eval_rows(conductor, store, pool, held, evaluated[-1], seed, oracles,
+                                args.eval_repeats)
             except Exception as e:  # the training figures above still stand
                 print(f"eval rows failed: {type(e).__name__}: {e}", flush=True)
     return {"seed": seed, "crossed": crossed, "curve": curve, "shapes": last_shapes,
@@ -358,27 +368,37 @@ def _oracle_run(task: Task, best: Oracle) -> Task:
 
 async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
                     held: list[Task], trained: HeldOutEval | None, seed: int,
-                    oracles: dict[str, Oracle]) -> None:
-    """`conductor eval`'s rows on the held-out tasks: the trained conductor (its greedy held-out
-    runs, already made), every single agent, MoA and the oracle's plans, run now as one
-    batch."""
-    spec = EvalSpec(agents=[a.id for a in pool.agents], baselines=["single", "moa"])
-    runs = [t for t in eval_tasks(held, spec) if system_of(t.id) != CONDUCTOR]
-    runs += [_oracle_run(t, oracles[t.id]) for t in held]
-    # a fixed plan is not the conductor's, so the tasks' two-step limit does not bind MoA
-    runs = [t.model_copy(update={"options": t.options.model_copy(update={"max_steps": 20})})
+                    oracles: dict[str, Oracle], repeats: int = 1) -> None:
+    """`conductor eval`'s rows on the held-out tasks: the trained conductor, every single
+    agent, MoA and the oracle's plans, run now as one batch. With one repeat the conductor's
+    row is its greedy held-out runs, already made (none with --eval-only); with R it is its
+    greedy plan run R times at the evaluated version (base with --eval-only), like every other
+    system."""
+    version = trained.version if trained else "base"
+    spec = EvalSpec(agents=[a.id for a in pool.agents], baselines=["single", "moa"],
+                    repeats=repeats, policy_version=version)
+    runs = [t for t in eval_tasks(held, spec) if repeats > 1 or system_of(t.id) != CONDUCTOR]
+    runs += [_oracle_run(revised(t, id=f"{t.id}{SEPARATOR}{r}" if r else t.id), oracles[t.id])
+             for t in held for r in range(repeats)]
+    # a fixed plan is not the conductor's, so the tasks' two-step limit does not bind MoA;
+    # the conductor plans greedily, as on its held-out runs
+    runs = [revised(t, options=revised(t.options, temperature=0.0))
+            if system_of(t.id) == CONDUCTOR else
+            t.model_copy(update={"options": t.options.model_copy(update={"max_steps": 20})})
             for t in runs]
     name = f"eval-structure-{seed}-{uuid.uuid4().hex[:6]}"
     await conductor.submit_batch(name, runs, concurrency=50, report=False)
     while (await conductor.batch_progress(name))[0] in ("running", "continued_as_new"):
         await asyncio.sleep(0.5)
     traces = await store.batch_traces(name, resolve_blobs=False)
-    for t in await store.batch_traces(trained.batch, resolve_blobs=False) if trained else []:
-        label = f"{CONDUCTOR} {trained.version}" if trained else CONDUCTOR
-        task = t.task.model_copy(update={"id": t.task.id.replace("heldout~", f"{label}~")})
-        traces.append(t.model_copy(update={"task": task}))
+    if trained is not None and repeats == 1:  # its greedy held-out runs, already made
+        label = f"{CONDUCTOR} {trained.version}"
+        for t in await store.batch_traces(trained.batch, resolve_blobs=False):
+            task = t.task.model_copy(update={"id": t.task.id.replace("heldout~", f"{label}~")})
+            traces.append(t.model_copy(update={"task": task}))
     rows = system_rows(traces)
-    print(f"\nstructured pool seed {seed}, held-out tasks ({len(held)}), conductor greedy:")
+    print(f"\nstructured pool seed {seed}, held-out tasks ({len(held)}), conductor {version} "
+          f"greedy, {repeats} run(s) of each task by each system:")
     print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
     for r in rows:
         print("| " + " | ".join(cells(r)) + " |")
