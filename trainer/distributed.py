@@ -85,8 +85,10 @@ def setup() -> Ranks:
 
 
 def release() -> None:
-    """Rank 0, stopping: the other ranks stop (their `receive` gets None), and this one
-    leaves the process group."""
+    """Leave the process group. Rank 0, stopping, first tells the other ranks to stop (their
+    `receive` gets None); each of them leaves too (`follow`), since a rank that exits still in
+    the group can abort in its teardown (SIGABRT, "terminate called without an active
+    exception", seen once in the test suite under load)."""
     global _joined
     if _joined is not None:
         if _joined.leader:

@@ -479,7 +479,7 @@ def on_ranks(ranks: Any, command: str, kept: _Kept | None, *args: Any) -> Any:
 def follow() -> None:
     """A rank other than 0 (`conductor trainer` under torchrun): run rank 0's commands on this
     rank's copy of the policy until rank 0 stops."""
-    from conductor_engine.trainer.distributed import setup
+    from conductor_engine.trainer.distributed import release, setup
 
     ranks = setup()
     kept: _Kept | None = None
@@ -494,6 +494,7 @@ def follow() -> None:
             continue
         if name == "load":
             kept = result
+    release()  # leave the group before exiting: a gloo rank that exits in it can abort
     log.info("trainer rank stopped", rank=ranks.rank)
 
 
