@@ -165,12 +165,13 @@ def eval_tasks(tasks: Sequence[Task], spec: EvalSpec) -> list[Task]:
     """Every run of the eval: each task once per system, `spec.repeats` times (a later
     repeat's id ends `~r`, a run of its own with its own draws; the first keeps the id an eval
     of one repeat gives it)."""
-    out: list[Task] = []
-    for task in tasks:
-        out.extend(_task_runs(task, spec))
-        for r in range(1, spec.repeats):
-            out.extend(_task_runs(revised(task, id=f"{task.id}{SEPARATOR}{r}"), spec))
-    return out
+    return [run for task in tasks for again in repeated(task, spec.repeats)
+            for run in _task_runs(again, spec)]
+
+
+def repeated(task: Task, repeats: int) -> list[Task]:
+    """The task once per repeat: the first as it is, the r-th (from 1) with id `TASK~r`."""
+    return [task, *(revised(task, id=f"{task.id}{SEPARATOR}{r}") for r in range(1, repeats))]
 
 
 def _task_runs(task: Task, spec: EvalSpec) -> list[Task]:

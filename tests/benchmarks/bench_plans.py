@@ -57,8 +57,8 @@ from conductor_engine.engine.eval import EvalSpec, eval_tasks, system_rows
 from conductor_engine.engine.eval.report import HEADER, cells
 from conductor_engine.engine.eval.systems import (
     CONDUCTOR,
-    SEPARATOR,
     SOLO,
+    repeated,
     run_id,
     system_of,
 )
@@ -378,13 +378,12 @@ async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
     spec = EvalSpec(agents=[a.id for a in pool.agents], baselines=["single", "moa"],
                     repeats=repeats, policy_version=version)
     runs = [t for t in eval_tasks(held, spec) if repeats > 1 or system_of(t.id) != CONDUCTOR]
-    runs += [_oracle_run(revised(t, id=f"{t.id}{SEPARATOR}{r}" if r else t.id), oracles[t.id])
-             for t in held for r in range(repeats)]
+    runs += [_oracle_run(again, oracles[t.id]) for t in held for again in repeated(t, repeats)]
     # a fixed plan is not the conductor's, so the tasks' two-step limit does not bind MoA;
     # the conductor plans greedily, as on its held-out runs
     runs = [revised(t, options=revised(t.options, temperature=0.0))
             if system_of(t.id) == CONDUCTOR else
-            t.model_copy(update={"options": t.options.model_copy(update={"max_steps": 20})})
+            revised(t, options=revised(t.options, max_steps=20))
             for t in runs]
     name = f"eval-structure-{seed}-{uuid.uuid4().hex[:6]}"
     await conductor.submit_batch(name, runs, concurrency=50, report=False)

@@ -13,12 +13,13 @@ from conductor_engine.engine.providers.pool import AgentSpec
 from conductor_engine.engine.providers.sim import is_right
 
 TASKS = [Task(id=f"t{i}", question=f"q{i}?", reference="42") for i in range(3)]
-SPEC = EvalSpec(agents=["a", "b"], baselines=["single", "moa"])
+AGENTS = ["a", "b"]
+SPEC = EvalSpec(agents=AGENTS, baselines=["single", "moa"])
 
 
 def test_each_repeat_runs_every_system_on_every_task_as_runs_of_their_own() -> None:
     once = eval_tasks(TASKS, SPEC)
-    thrice = eval_tasks(TASKS, SPEC.model_copy(update={"repeats": 3}))
+    thrice = eval_tasks(TASKS, EvalSpec(agents=AGENTS, baselines=["single", "moa"], repeats=3))
     assert len(thrice) == 3 * len(once)
     assert len({t.id for t in thrice}) == len(thrice), "every run has its own id"
     assert {t.id for t in once} < {t.id for t in thrice}, "the first repeat keeps its ids"
@@ -35,7 +36,7 @@ def test_a_sampling_agent_answers_each_repeat_afresh() -> None:
     would have scored it 0 or 1 on that task."""
     agent = AgentSpec(id="a", provider="sim", model="sim")
     settings = SimSettings(default_skill=0.5)
-    runs = [t for t in eval_tasks(TASKS[:1], SPEC.model_copy(update={"repeats": 16}))
-            if system_of(t.id) == "single a"]
+    spec = EvalSpec(agents=AGENTS, baselines=["single"], repeats=16)
+    runs = [t for t in eval_tasks(TASKS[:1], spec) if system_of(t.id) == "single a"]
     right = [is_right(agent, settings, TaskInfo(task_id=t.id, reference="42")) for t in runs]
     assert len(right) == 16 and 3 < sum(right) < 13, right
