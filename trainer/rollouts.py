@@ -103,7 +103,7 @@ def update_samples(groups: Sequence[tuple[Group, int]], tokenizer: Any, cfg: Rol
     if cfg.baseline == "group":
         return [s for g, age in groups for s in group_samples(g, age, tokenizer, cfg, temperature)]
     trained = [(g, age) for g, age in groups if g.trainable]
-    advantages = batch_advantages([g.rewards for g, _ in trained], scale=cfg.scale_rewards)
+    advantages = batch_advantages([g.credited for g, _ in trained], scale=cfg.scale_rewards)
     return [s for (g, age), a in zip(trained, advantages, strict=True)
             for s in group_samples(g, age, tokenizer, cfg, temperature, advantages=a)]
 
@@ -112,19 +112,20 @@ def group_samples(
     group: Group, age: int, tokenizer: Any, cfg: RolloutConfig, temperature: float = 1.0,
     advantages: Sequence[float] | None = None,
 ) -> list[Sample]:
-    """The samples of one group: group-relative advantages over its rollouts' rewards (or the
-    `advantages` given, one per rollout), the runs left out taking no part; none for a group
-    too small to train. `temperature` is the one the trainer scores tokens at: a run sampled at
-    another (a stored run trained with `--from-traces`) keeps its tokens but not its log-probs,
-    which are in another distribution, so its update is on-policy."""
+    """The samples of one group: group-relative advantages over its rollouts' credited rewards
+    (their own, or their plans' means: `Group.credited`), or the `advantages` given, one per
+    rollout; the runs left out take no part; none for a group too small to train.
+    `temperature` is the one the trainer scores tokens at: a run sampled at another (a stored
+    run trained with `--from-traces`) keeps its tokens but not its log-probs, which are in
+    another distribution, so its update is on-policy."""
     if not group.trainable:
         return []
     if advantages is None:
-        advantages = group_advantages(group.rewards, scale=cfg.scale_rewards)
+        advantages = group_advantages(group.credited, scale=cfg.scale_rewards)
     weight = cfg.stale_discount**age
     out: list[Sample] = []
     shaped: list[ShapedRollout] = []
-    for trace, advantage, reward in zip(group.traces, advantages, group.rewards, strict=True):
+    for trace, advantage, reward in zip(group.traces, advantages, group.credited, strict=True):
         same = trace.task.options.temperature == temperature
         for attempt in deciding_attempts(trace):
             sample = attempt_sample(attempt, tokenizer, advantage * weight,
@@ -187,6 +188,9 @@ class GroupStats(BaseModel):
     valid_plan_rate: float | None = None
     tokens: int = 0
     left_out: dict[str, int] = Field(default_factory=dict)
+    plan_runs: float | None = Field(
+        default=None, description="[rollouts] reward = 'plan_mean': the stored runs behind "
+        "each rollout's credited reward, on average (1: every rollout its own draw)")
 
 
 def group_stats(groups: list[tuple[Group, int]]) -> GroupStats:
@@ -196,7 +200,9 @@ def group_stats(groups: list[tuple[Group, int]]) -> GroupStats:
     if not traces:
         return GroupStats(left_out=left_out)
     rewards = [r for g in trained for r in g.rewards]
+    means = [m.runs for g in trained for m in g.plan_means or []]
     return GroupStats(
+        plan_runs=sum(means) / len(means) if means else None,
         groups=len(trained), rollouts=len(traces), mean_reward=sum(rewards) / len(rewards),
         valid_plan_rate=sum(t.valid_plan for t in traces) / len(traces),
         tokens=sum(t.totals.usage.input_tokens + t.totals.usage.output_tokens for t in traces),

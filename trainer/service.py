@@ -36,6 +36,7 @@ from conductor_engine.engine.contracts.names import (
     REHEARSAL_PLANS_ACTIVITY,
     UPDATE_ACTIVITY,
     WARMUP_ACTIVITY,
+    rehearsal_batch,
 )
 from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.traces import StoredRun
@@ -67,6 +68,7 @@ from conductor_engine.engine.storage.retention import prune_after_publish
 from conductor_engine.engine.storage.shared_store import shared_store
 from conductor_engine.engine.storage.task_list_chunks import read_all
 from conductor_engine.engine.storage.trace_store import TraceStore
+from conductor_engine.trainer.plan_means import with_plan_means
 from conductor_engine.trainer.reconstruct import (
     needs_reconstruction,
     reconstruct_groups,
@@ -144,6 +146,8 @@ class Trainer:
         await self._reference(kept, req, registry, store)
         groups = await asyncio.to_thread(  # a served conductor's records (trainer/reconstruct.py)
             reconstruct_groups, groups, kept.policy.model, kept.policy.tokenizer)
+        if req.recipe.rollouts.reward == "plan_mean":
+            groups = await _credit_plan_means(store, req, groups)
         stats = group_stats(groups)
         samples = update_samples(groups, kept.policy.tokenizer, req.recipe.rollouts,
                                  req.recipe.loss.temperature)
@@ -154,6 +158,8 @@ class Trainer:
         metrics = {**step.model_dump(), "groups": stats.groups, "rollouts": stats.rollouts,
                    "mean_reward": stats.mean_reward, "valid_plan_rate": stats.valid_plan_rate,
                    "rollout_tokens": stats.tokens, "left_out": stats.left_out}
+        if stats.plan_runs is not None:
+            metrics["plan_runs"] = stats.plan_runs
         version = await self._save(kept, req, store, metrics)
         try:
             published = await registry.publish(version, consumed, blobs=store.blobs)
@@ -344,6 +350,18 @@ class Trainer:
             base_model=req.recipe.policy.base, kind=kept.policy.kind, files=files,
             optimizer=optimizer, metrics=metrics, update_id=req.update_id,
         )
+
+
+async def _credit_plan_means(store: TraceStore, req: UpdateRequest,
+                             groups: list[tuple[Group, int]]) -> list[tuple[Group, int]]:
+    """The groups with each rollout credited with its plan's mean reward over the training
+    run's stored runs of its task (trainer/plan_means.py): the newest `plan_runs` scored runs
+    of each task the policy planned, and its rehearsals."""
+    cfg = req.recipe.rollouts
+    task_ids = sorted({g.task_id for g, _ in groups})
+    runs = await store.scored_runs(task_ids, per_task=cfg.plan_runs, policies=[req.name],
+                                   batch=rehearsal_batch(req.name))
+    return with_plan_means(groups, [r.trace for r in runs if r.trace is not None])
 
 
 def sample_plans(groups: list[tuple[Group, int]]) -> list[SamplePlan]:

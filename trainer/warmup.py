@@ -76,6 +76,7 @@ from conductor_engine.engine.contracts.training import (
 )
 from conductor_engine.engine.rewards.rollouts import as_rollout, count_reasons
 from conductor_engine.trainer.grpo import Sample
+from conductor_engine.trainer.plan_means import Signature, plan_signature
 from conductor_engine.trainer.rollouts import attempt_sample, deciding_attempts
 
 
@@ -154,16 +155,6 @@ def why_not_trained(trace: Trace, cfg: WarmupConfig) -> str | None:
     if not any(a.prompt for a in deciding_attempts(trace)):
         return "no_prompt"
     return None
-
-
-Signature = tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
-"""A run's plans as the warm-up compares them: per round, each step's agent and the earlier
-steps it sees ("all" and the list of every earlier step are the same); not the subtasks."""
-
-
-def plan_signature(trace: Trace) -> Signature:
-    return tuple(tuple((s.agent, tuple(s.sees(i))) for i, s in enumerate(r.plan.steps))
-                 for r in trace.rounds if r.plan is not None)
 
 
 def signature_shape(signature: Signature) -> str:

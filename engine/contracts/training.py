@@ -106,6 +106,21 @@ class RolloutConfig(_TrlNames):
         "policy's, so an explored choice that paid counts as if the policy had made it (a "
         "biased, faster push, ε-greedy's)",
     )
+    reward: Literal["run", "plan_mean"] = Field(
+        default="run",
+        description="what a rollout is credited with: 'run', its own run's reward (one draw of "
+        "the agents' answers); 'plan_mean', the mean reward of every stored run of the training "
+        "run's with the same task and plan (each step's agent and what it sees, not the "
+        "subtasks' wording: trainer/plan_means.py): its rollouts of every version, its "
+        "warm-up's samples and rehearsals. Given the plan the reward does not depend on the "
+        "policy, so the mean estimates the same expectation with less noise. Runs of more than "
+        "one round or with a self-call keep their own reward",
+    )
+    plan_runs: int = Field(
+        default=256, ge=1, le=4096,
+        description="reward = 'plan_mean': the newest N scored runs of each task of an update "
+        "read for the means",
+    )
     credit: Literal["rollout", "shape"] = Field(
         default="rollout",
         description="'rollout': every token of a rollout takes its advantage; 'shape': credit "

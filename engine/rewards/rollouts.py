@@ -143,6 +143,14 @@ class LeftOut(BaseModel):
     detail: str | None = Field(default=None, description="the run's error, or the read error")
 
 
+class PlanMean(BaseModel):
+    """A rollout's plan's mean reward and the stored runs it rests on (the rollout's own
+    included: 1 means its own reward): trainer/plan_means.py."""
+
+    mean: float
+    runs: int = Field(ge=1)
+
+
 class Group(BaseModel):
     """GRPO's unit: the `size` oldest runs of one task under one policy version. `traces` are
     the honest rollouts among them (as `as_rollout` makes them), oldest first; `left_out`
@@ -152,6 +160,9 @@ class Group(BaseModel):
     policy: PolicyRef
     traces: list[Trace]
     left_out: list[LeftOut] = Field(default_factory=list)
+    plan_means: list[PlanMean] | None = Field(
+        default=None, description="each rollout's plan's mean reward over its stored runs, "
+        "one per trace, when the recipe credits those ([rollouts] reward = 'plan_mean')")
 
     @property
     def trainable(self) -> bool:
@@ -162,6 +173,14 @@ class Group(BaseModel):
         """The rollouts' rewards (every rollout has one: a run without is left out)."""
         return [t.reward.value if t.reward and t.reward.value is not None else 0.0
                 for t in self.traces]
+
+    @property
+    def credited(self) -> list[float]:
+        """What each rollout is credited with: its plan's mean reward when the group has them,
+        else its own reward."""
+        if self.plan_means is None:
+            return self.rewards
+        return [m.mean for m in self.plan_means]
 
     @property
     def runs(self) -> list[tuple[str, str]]:
