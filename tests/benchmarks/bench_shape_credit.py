@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_shape_credit.py [--seed 1] [--iterations 40] [--runs 8]
         [--group 8] [--second-step 0.02] [--rows "plan order,shape first,warm-up"]
-        [--warmup-tie mean,fewer0.1] [--warmup-rehearse-plans 4]
+        [--warmup-tie mean,fewer0.1] [--warmup-rehearse-plans 4] [--grpo-lr 0.01]
 
 What the method changes is who gets credit, not the model, so this measures it where nothing
 else varies: one softmax table per task kind of `conductor sim pool --structure --seed S`
@@ -47,6 +47,14 @@ its agents drawn as any sample's, exploring alike), the rest free; `K rounds`, e
 iteration: each round samples from the policy the last round's fine-tuning left (with the
 same exploring and forcing), rehearses the plans not rehearsed before, ranks every plan of
 every round by its mean over all its runs, and fine-tunes on the new selections.
+
+`--rows "plan mean"` compares what a rollout is credited with: its own draw (`group`) or its
+plan's mean over every run of its task so far, the warm-up's samples and rehearsals included
+(`by plan mean`, `[rollouts] reward = "plan_mean"`, trainer/plan_means.py; each kind's group of
+an iteration is one of its `--warmup-tasks` tasks in turn), from the untrained start and after
+the shipped warm-up (forced, 3 rounds; with `--warmup-tie fewer0.1 --warmup-rehearse-plans 4`
+as the product selects), GRPO exploring at 0.25 as the plans recipe does (`--grpo-lr` for
+its smaller step after a warm-up).
 
 `--rows ties` is the forced 3-round rehearsed warm-up alone, to compare how it selects a task's
 plan (`--warmup-tie`, comma-separated, each a row; `all` for every rule in TIES): the best
@@ -438,7 +446,8 @@ def rehearse_top(task: TaskRuns, drawn: list[tuple[Plan, bool, float]], rehearsa
 
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
             rng: random.Random, rehearsals: int | None, *, forced: bool = False,
-            rounds: int = 1, tie: str = "mean") -> tuple[list[tuple[int, int]], float]:
+            rounds: int = 1, tie: str = "mean"
+            ) -> tuple[list[tuple[int, int]], float, list[list[TaskRuns]]]:
     """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
     `--warmup-samples` exploring samples of each, one plan selected per task, then
     `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
@@ -463,8 +472,9 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
 
     Returns per kind how many tasks selected (in the last round) an oracle plan (the oracle's
     or one of equal exact value: the review kind's two drafters swapped) and how many a plan
-    of the oracle's shape, and the runs per task the warm-up paid for (samples and
-    rehearsals)."""
+    of the oracle's shape, the runs per task the warm-up paid for (samples and
+    rehearsals), and every run of each task's plans (per kind; a GRPO that credits plan means
+    starts from them, as the product's reads the warm-up's stored runs)."""
     runs_paid = 0
     per_shape = round(args.warmup_force * args.warmup_samples) if forced else 0
     targets_of = [SHAPES[1]] * per_shape + [SHAPES[2]] * per_shape
@@ -513,7 +523,16 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                                                for q in chosen]).mean()
             loss.backward()
             opt.step()
-    return oracle_picked, runs_paid / (len(ks) * args.warmup_tasks)
+    return oracle_picked, runs_paid / (len(ks) * args.warmup_tasks), seen
+
+
+def plan_means(runs: dict[Plan, list[float]], plans: list[Plan], rewards: list[float]
+               ) -> list[float]:
+    """A group's credited rewards under `reward = "plan_mean"`: its rollouts' draws added to
+    their task's runs, then each rollout credited with its plan's mean over all of them."""
+    for plan, r in zip(plans, rewards, strict=True):
+        runs.setdefault(plan, []).append(r)
+    return [statistics.fmean(runs[plan]) for plan in plans]
 
 
 def same_shape(plan: Plan, other: Plan) -> bool:
@@ -564,7 +583,7 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
     core = method.removeprefix("shape first: ")
     make = ShapeFirst if shape_first else Policy
     policies = [make(len(names), args.second_step) for _ in ks]
-    warm: tuple[list[tuple[int, int]], float] | None = None
+    warm: tuple[list[tuple[int, int]], float, list[list[TaskRuns]]] | None = None
     after: tuple[float, float, int, list[Plan]] | None = None
     if core.startswith("warm-up"):
         how = core.split(" + ", 1)[0]
@@ -574,15 +593,22 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                        forced="forced" in how, rounds=rounds, tie=tie)
         after = measure(policies, ks)
     credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
-    opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=args.lr)
-    explore = 0.5 if "explore" in credit else 0.0
+    lr = args.lr if args.grpo_lr is None or not warm else args.grpo_lr
+    opt = torch.optim.Adam([p for pol in policies for p in pol.parameters()], lr=lr)
+    explore = float(credit.split("explore ")[1].split()[0]) if "explore" in credit else 0.0
+    # `by plan mean` ([rollouts] reward = "plan_mean"): each rollout credited with the mean of
+    # every run of its task's plan so far (the warm-up's included); the kind's group of an
+    # iteration is one of its tasks in turn, as the product picks tasks
+    by_plan_mean = credit.endswith(" by plan mean")
+    stored = warm[2] if warm else [[TaskRuns({}, set(), set())
+                                    for _ in range(args.warmup_tasks)] for _ in ks]
     shape_credit = credit.startswith("shape")
     force = "force" in credit
     g = args.group
     for it in range(args.iterations):
         opt.zero_grad()
         loss = torch.zeros(())
-        for pol, k in zip(policies, ks, strict=True):
+        for pol, k, runs_of in zip(policies, ks, stored, strict=True):
             if credit == "exact":  # the yardstick: the exact gradient of sum pi(p) E[R | p]
                 plans = list(k.value)
                 loss = loss - (pol.plan_probs(plans) * torch.tensor(
@@ -601,6 +627,9 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
                 answered |= right and target is None
                 drawn.append((plan, forced, right))
             rewards = [k.right[p] if r else k.wrong[p] for p, _, r in drawn]
+            if by_plan_mean:
+                rewards = plan_means(runs_of[it % len(runs_of)].rewards,
+                                     [plan for plan, _, _ in drawn], rewards)
             if shape_credit:
                 shaped, decision_at = [], []
                 for (plan, forced, _), r in zip(drawn, rewards, strict=True):
@@ -653,6 +682,9 @@ ROWS = {
                    "shape first: warm-up forced best mean of 8 + group",
                    "shape first: warm-up forced best mean of 8, 2 rounds + group"),
     "ties": ("warm-up forced best mean of 8, 3 rounds + group",),
+    "plan mean": ("group by plan mean",
+                  "warm-up forced best mean of 8, 3 rounds + group + explore 0.25",
+                  "warm-up forced best mean of 8, 3 rounds + group + explore 0.25 by plan mean"),
 }
 
 
@@ -690,6 +722,9 @@ def main() -> None:
     p.add_argument("--warmup-force", type=float, default=0.25,
                    help="in a `forced` warm-up, the share of a task's samples forced to each "
                    "two-step shape")
+    p.add_argument("--grpo-lr", type=float, default=None,
+                   help="GRPO's Adam step size after a warm-up (default: --lr); the shipped "
+                   "plans recipe trains GRPO at a tenth of its warm-up's")
     p.add_argument("--warmup-steps", type=int, default=18,
                    help="Adam steps of cross-entropy on the selected plans (at --lr)")
     args = p.parse_args()
@@ -717,11 +752,11 @@ def main() -> None:
         return statistics.fmean(getattr(x, field) for x in rows[method])
 
     base = (mean("group", "e"), mean("group", "greedy"))
-    print(f"{'method':<64} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
+    print(f"{'method':<78} {'E[reward]/oracle':>17} {'greedy/oracle':>14} "
           f"{'kinds shaped right':>19} {'ratio to group (E, greedy)':>27}")
     for method in rows:
         e, gr = mean(method, "e"), mean(method, "greedy")
-        print(f"{method:<64} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
+        print(f"{method:<78} {e:>17.3f} {gr:>14.3f} {mean(method, 'shaped_right'):>17.2f}/4 "
               f"{e / base[0]:>13.2f}x {gr / base[1]:>11.2f}x")
     warmed = [m for m in rows if "warm-up" in m]
     if warmed:
@@ -730,20 +765,20 @@ def main() -> None:
               f"a task at epsilon {args.warmup_explore}, {args.warmup_steps} Adam steps; "
               f"{total} selections a kind over all runs): how many selected an oracle plan, "
               "and a plan of the oracle's shape")
-        print(f"{'method':<64} {'runs/task':>9} "
+        print(f"{'method':<78} {'runs/task':>9} "
               + " ".join(f"{k.name + ' (plan, shape)':>25}" for k in ks)
               + f" {'E after warm-up':>16} {'shaped right then':>18}")
         for m in warmed:
             picked = [[sum(x.oracle_picked[i][j] for x in rows[m])  # type: ignore[index]
                        for j in (0, 1)] for i in range(len(ks))]
-            print(f"{m:<64} {mean(m, 'warmup_runs'):>9.1f} "
+            print(f"{m:<78} {mean(m, 'warmup_runs'):>9.1f} "
                   + " ".join(f"{f'{c[0]}, {c[1]}':>25}" for c in picked)
                   + f" {mean(m, 'after_warmup'):>16.3f} {mean(m, 'after_shaped'):>16.2f}/4")
         print(f"\ngreedy plans with the oracle's number of steps, per kind, of {args.runs} runs: "
               "right after the warm-up -> after GRPO; and over the kinds of one step (two "
               "steps), the share whose greedy plan has one step (two)")
         one_step = [i for i, k in enumerate(ks) if steps(k.oracle) == 1]
-        print(f"{'method':<64} "
+        print(f"{'method':<78} "
               + " ".join(f"{k.name:>13}" for k in ks)
               + f" {'1-step kinds 1 step':>20} {'2-step kinds 2 steps':>21}")
         for m in warmed:
@@ -761,7 +796,7 @@ def main() -> None:
                     f"{share('greedy_plans', one_step):.2f}")
             twos = (f"{share('after_plans', two_step):.2f} -> "
                     f"{share('greedy_plans', two_step):.2f}")
-            print(f"{m:<64} " + " ".join(f"{c:>13}" for c in per_kind)
+            print(f"{m:<78} " + " ".join(f"{c:>13}" for c in per_kind)
                   + f" {ones:>20} {twos:>21}")
 
 

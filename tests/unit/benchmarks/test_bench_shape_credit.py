@@ -128,7 +128,7 @@ def test_a_forced_warm_up_draws_its_share_of_each_two_step_shape_and_the_rest_fr
             return out
 
     policies = [Recording(len(names), 0.02) for _ in ks]
-    _, runs = warm_up(policies, ks, args, random.Random(0), 0, forced=True)
+    _, runs, _ = warm_up(policies, ks, args, random.Random(0), 0, forced=True)
     assert runs == 8
     for k in range(len(ks)):
         mine = seen[8 * k: 8 * k + 8]
@@ -136,3 +136,14 @@ def test_a_forced_warm_up_draws_its_share_of_each_two_step_shape_and_the_rest_fr
             ("more", "apart", "end")] * 2 + [None] * 4
         assert all(p[1] is not None and p[2] for _, p in mine[:2])
         assert all(p[1] is not None and not p[2] for _, p in mine[2:4])
+
+
+def test_a_rollout_credited_by_plan_mean_takes_its_plan_s_mean_over_the_task_s_runs() -> None:
+    """The group's draws join the task's runs (a warm-up's included) before the means."""
+    from tests.benchmarks.bench_shape_credit import plan_means
+
+    solo, review = (0, None, False), (1, 2, True)
+    runs: dict = {solo: [0.25, 0.25, 0.25], review: [1.0]}
+    credited = plan_means(runs, [solo, review, solo], [1.0, 0.0, 0.25])
+    assert credited == [0.4, 0.5, 0.4]
+    assert runs == {solo: [0.25, 0.25, 0.25, 1.0, 0.25], review: [1.0, 0.0]}
