@@ -109,10 +109,10 @@ class RolloutConfig(_TrlNames):
     reward: Literal["run", "plan_mean"] = Field(
         default="run",
         description="what a rollout is credited with: 'run', its own run's reward (one draw of "
-        "the agents' answers); 'plan_mean', the mean reward of every stored run of the training "
-        "run's with the same task and plan (each step's agent and what it sees, not the "
-        "subtasks' wording: trainer/plan_means.py): its rollouts of every version, its "
-        "warm-up's samples and rehearsals. Given the plan the reward does not depend on the "
+        "the agents' answers); 'plan_mean', the mean reward of every stored run this training "
+        "run made of the same task with the same plan (each step's agent and what it sees, "
+        "not the subtasks' wording: trainer/plan_means.py): its rollouts of every version, "
+        "its warm-up's samples and rehearsals. Given the plan the reward does not depend on the "
         "policy, so the mean estimates the same expectation with less noise. Runs of more than "
         "one round or with a self-call keep their own reward",
     )
