@@ -32,6 +32,7 @@ from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
+from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
 from conductor_engine.runtime.client import (
     ConductorClient,
     connect_temporal,
@@ -157,6 +158,22 @@ def reachable_tempdir(prefix: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         Path(tmp).chmod(0o711)
         yield Path(tmp)
+
+
+async def dump_traces(store: TraceStore, path: Path, *, page: int = 500) -> int:
+    """Every trace in the store (self-calls included), newest first, one JSON document a line,
+    written to `path`; the number written. A benchmark's store lives in a temporary directory
+    that is removed when it ends: this keeps its runs for analysis afterwards."""
+    written = 0
+    with path.open("w", encoding="utf-8") as out:
+        while rows := await store.search(TraceFilter(roots_only=False), limit=page,
+                                          offset=written):
+            for row in rows:
+                trace = await store.get(row.workflow_id, row.run_id, children=False)
+                if trace is not None:
+                    out.write(trace.model_dump_json() + "\n")
+            written += len(rows)
+    return written
 
 
 @contextmanager

@@ -89,6 +89,7 @@ from conductor_engine.workflows.train import (
 )
 from tests.benchmarks._harness import (
     Stack,
+    dump_traces,
     iteration_line,
     patiently,
     quiet_logs,
@@ -117,6 +118,9 @@ def parse_args() -> argparse.Namespace:
                    help="the eval rows over R runs of each held-out task by each system "
                    "(`conductor eval --repeats`; the conductor's greedy plan run R times): one "
                    "run a task on 8 tasks measures the agents' draws as much as the systems")
+    p.add_argument("--keep-traces", type=Path, metavar="FILE",
+                   help="before the benchmark's store is removed, write every run's trace to "
+                   "FILE as JSON lines (the rollouts, samples and rehearsals, for analysis)")
     p.add_argument("--eval-only", action="store_true",
                    help="no training: only the single-agent and MoA rows on the held-out tasks "
                    "(and the base conductor's with --eval-repeats above 1)")
@@ -421,6 +425,9 @@ async def main(args: argparse.Namespace) -> int:
             for seed in seeds:
                 results.append(await one_pool(s, args, seed, recipe, store, workdir))
         finally:
+            if args.keep_traces:
+                kept = await dump_traces(store, args.keep_traces)
+                print(f"{kept:,} traces written to {args.keep_traces}", flush=True)
             await close_shared_stores()
     if args.eval_only:
         return 0

@@ -1,13 +1,16 @@
 """The training benchmarks' harness (tests/benchmarks/_harness.py): polling that outlives a
-loaded machine."""
+loaded machine, and the traces a benchmark keeps."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from pathlib import Path
 
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
+from conductor_engine.engine.storage.trace_store import TraceStore
 from tests.benchmarks._harness import iteration_line, patiently
 
 
@@ -50,3 +53,23 @@ def test_an_iteration_line_counts_the_runs_left_out_of_its_mean() -> None:
     assert "left out 22 (PlanFailed 22)" in line and "update left out" not in line
     whole = IterationStats(iteration=3, version="v3", rollouts=32, mean_reward=0.5)
     assert "left out" not in iteration_line(whole)
+
+
+async def test_every_stored_trace_is_kept_as_a_json_line_across_pages(
+    trace_store: TraceStore, tmp_path: Path,
+) -> None:
+    """`--keep-traces`: a benchmark's store is removed when it ends; its traces are written
+    out first, every one whatever the page size (the store is shared: other tests' too)."""
+    from conductor_engine.engine.contracts.traces import Trace
+    from tests.benchmarks._harness import dump_traces
+    from tests.traces import make_trace
+
+    ours = [make_trace(f"keep-{uuid.uuid4().hex[:6]}") for _ in range(3)]
+    for trace in ours:
+        await trace_store.write(trace)
+    out = tmp_path / "traces.jsonl"
+    written = await dump_traces(trace_store, out, page=2)
+    kept = [Trace.model_validate_json(line) for line in out.read_text().splitlines()]
+    assert written == len(kept) >= 3
+    assert {t.workflow_id for t in ours} <= {t.workflow_id for t in kept}
+    assert {t.task.id for t in kept if t.workflow_id == ours[0].workflow_id} == {ours[0].task.id}
