@@ -36,7 +36,6 @@ from conductor_engine.engine.contracts.names import (
     REHEARSAL_PLANS_ACTIVITY,
     UPDATE_ACTIVITY,
     WARMUP_ACTIVITY,
-    rehearsal_batch,
 )
 from conductor_engine.engine.contracts.policy_versions import version_label
 from conductor_engine.engine.contracts.traces import StoredRun
@@ -356,11 +355,11 @@ async def _credit_plan_means(store: TraceStore, req: UpdateRequest,
                              groups: list[tuple[Group, int]]) -> list[tuple[Group, int]]:
     """The groups with each rollout credited with its plan's mean reward over the training
     run's stored runs of its task (trainer/plan_means.py): the newest `plan_runs` scored runs
-    of each task the policy planned, and its rehearsals."""
+    of each task the policy planned, and the training run's rehearsals (`rehearsal_batch`)."""
     cfg = req.recipe.rollouts
     task_ids = sorted({g.task_id for g, _ in groups})
     runs = await store.scored_runs(task_ids, per_task=cfg.plan_runs, policies=[req.name],
-                                   batch=rehearsal_batch(req.name))
+                                   batch=req.rehearsal_batch)
     return with_plan_means(groups, [r.trace for r in runs if r.trace is not None])
 
 

@@ -500,6 +500,8 @@ class TrainingWorkflow:
             name=inp.policy, parent=p.version, recipe=recipe,
             update_id=update_id(info.workflow_id, info.first_execution_run_id, p.iteration),
             reference=self._reference(recipe),
+            rehearsal_batch=rehearsal_batch(inp.name)
+            if recipe.rollouts.reward == "plan_mean" else None,
         )
         return await workflow.execute_activity(
             UPDATE_ACTIVITY, req, result_type=UpdateResult,

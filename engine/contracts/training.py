@@ -461,6 +461,10 @@ class UpdateRequest(BaseModel):
         default=None, description="the version the KL term (beta > 0) measures against: the one "
         "GRPO started from, the warm-up's, as TRL's reference is the SFT model its GRPO starts "
         "from; None: the frozen base")
+    rehearsal_batch: str | None = Field(
+        default=None, description="[rollouts] reward = 'plan_mean': the batch label of the "
+        "training run's rehearsals (fixed-plan runs recorded under the policy `baseline`), "
+        "counted towards their plans' means with the policy's own runs")
 
 
 class StepMetrics(BaseModel):
