@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -170,8 +171,8 @@ async def dump_traces(store: TraceStore, path: Path, *, page: int = 500) -> int:
                                           offset=written):
             for row in rows:
                 trace = await store.get(row.workflow_id, row.run_id, children=False)
-                if trace is not None:
-                    out.write(trace.model_dump_json() + "\n")
+                if trace is not None:  # ASCII JSON: an agent's lone surrogate stays escaped
+                    out.write(json.dumps(trace.model_dump(mode="json")) + "\n")
             written += len(rows)
     return written
 

@@ -4,6 +4,7 @@ loaded machine, and the traces a benchmark keeps."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 
@@ -65,11 +66,13 @@ async def test_every_stored_trace_is_kept_as_a_json_line_across_pages(
     from tests.traces import make_trace
 
     ours = [make_trace(f"keep-{uuid.uuid4().hex[:6]}") for _ in range(3)]
+    ours[1].answer = "half a pair: \ud800"  # an agent's unencodable text, stored as it came
     for trace in ours:
         await trace_store.write(trace)
     out = tmp_path / "traces.jsonl"
     written = await dump_traces(trace_store, out, page=2)
-    kept = [Trace.model_validate_json(line) for line in out.read_text().splitlines()]
+    kept = [Trace.model_validate(json.loads(line)) for line in out.read_text().splitlines()]
     assert written == len(kept) >= 3
     assert {t.workflow_id for t in ours} <= {t.workflow_id for t in kept}
     assert {t.task.id for t in kept if t.workflow_id == ours[0].workflow_id} == {ours[0].task.id}
+    assert [t.answer for t in kept if t.workflow_id == ours[1].workflow_id] == [ours[1].answer]
