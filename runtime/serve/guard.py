@@ -54,6 +54,13 @@ FD_RESERVE = 256
 """Open files kept for the server's own use (Temporal, PostgreSQL, the in-process worker's
 agent calls and sandboxes) when the connection cap is fitted under the open-file limit."""
 
+ACCEPT_BACKLOG = 64
+"""The listening socket's backlog, which is also how many connections asyncio accepts each time
+the socket is ready, before any of them is counted against the cap (uvicorn's default, 2,048,
+let a burst of 1,100 half-sent requests open more files than the cap and FD_RESERVE left:
+accept failed with 'Too many open files' in one whole run of the test suite). A burst and the
+next can both be accepted before the first is counted: 2 x 64 leaves most of FD_RESERVE."""
+
 
 class ServeLimits(BaseModel):
     """The bounds on clients, from the `serve_*` settings (each documented there)."""
@@ -262,7 +269,9 @@ def guarded_protocol(limits: ServeLimits) -> type[GuardedH11Protocol]:
 
 
 def uvicorn_config(app: Any, limits: ServeLimits, **options: Any) -> uvicorn.Config:
-    """uvicorn's Config for `app` under `limits` (the other options as uvicorn takes them)."""
+    """uvicorn's Config for `app` under `limits` (the other options as uvicorn takes them; the
+    backlog ACCEPT_BACKLOG unless given)."""
+    options.setdefault("backlog", ACCEPT_BACKLOG)
     return uvicorn.Config(app, http=guarded_protocol(limits), ws="none",
                           h11_max_incomplete_event_size=limits.max_header_bytes, **options)
 

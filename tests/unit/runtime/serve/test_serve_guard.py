@@ -36,3 +36,22 @@ def test_a_noisy_line_passes_once_a_period_then_says_how_many_were_left_out() ->
         "Invalid HTTP request received.", "Exceeded concurrency limit.",
         "Exception in ASGI application", "Exception in ASGI application",
         "Invalid HTTP request received. (49 more like it in the last 1s not logged)"]
+
+
+def test_the_accept_burst_fits_in_the_files_kept_beyond_the_connection_cap() -> None:
+    """asyncio accepts up to the backlog's number of connections each time the listening socket
+    is ready, before any is counted against the cap: with uvicorn's 2,048 a burst of half-sent
+    requests ran the served process out of files. The server listens with ACCEPT_BACKLOG, and
+    two bursts fit in FD_RESERVE; a backlog given explicitly is kept."""
+    from conductor_engine.runtime.serve.guard import (
+        ACCEPT_BACKLOG,
+        FD_RESERVE,
+        ServeLimits,
+        uvicorn_config,
+    )
+
+    limits = ServeLimits(max_connections=10, header_timeout_s=5, max_header_bytes=8192,
+                         max_headers=64, body_timeout_s=5)
+    assert uvicorn_config(object(), limits).backlog == ACCEPT_BACKLOG
+    assert 2 * ACCEPT_BACKLOG <= FD_RESERVE // 2
+    assert uvicorn_config(object(), limits, backlog=16).backlog == 16
