@@ -33,7 +33,7 @@ from conductor_engine.engine.contracts.tasks import RunOptions, Task
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.database import EmbeddedPostgres
-from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
+from conductor_engine.engine.storage.trace_store import UNREADABLE, TraceFilter, TraceStore
 from conductor_engine.runtime.client import (
     ConductorClient,
     connect_temporal,
@@ -162,18 +162,23 @@ def reachable_tempdir(prefix: str) -> Iterator[Path]:
 
 
 async def dump_traces(store: TraceStore, path: Path, *, page: int = 500) -> int:
-    """Every trace in the store (self-calls included), newest first, one JSON document a line,
-    written to `path`; the number written. A benchmark's store lives in a temporary directory
-    that is removed when it ends: this keeps its runs for analysis afterwards."""
-    written = 0
+    """Every readable trace in the store (self-calls included), newest first, one JSON document
+    a line, written to `path`; the number written. A trace that cannot be read back (a blob
+    gone) is left out, as the trainer leaves it out of its group. A benchmark's store lives in
+    a temporary directory that is removed when it ends: this keeps its runs for analysis."""
+    seen = written = 0
     with path.open("w", encoding="utf-8") as out:
         while rows := await store.search(TraceFilter(roots_only=False), limit=page,
-                                          offset=written):
+                                          offset=seen):
             for row in rows:
-                trace = await store.get(row.workflow_id, row.run_id, children=False)
+                try:
+                    trace = await store.get(row.workflow_id, row.run_id, children=False)
+                except UNREADABLE:
+                    continue
                 if trace is not None:  # ASCII JSON: an agent's lone surrogate stays escaped
                     out.write(json.dumps(trace.model_dump(mode="json")) + "\n")
-            written += len(rows)
+                    written += 1
+            seen += len(rows)
     return written
 
 
