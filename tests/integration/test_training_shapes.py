@@ -85,7 +85,8 @@ async def test_forced_shapes_anneal_then_rescue_only_groups_whose_unforced_rollo
             iteration = int(t.workflow_id.split("/it")[1].split("/")[0])
             sample = int(t.workflow_id.rsplit("/", 1)[1])  # the rollout's place in its group
             # each iteration's rollouts draw afresh: rollout k of iteration i is sample 4i + k
-            assert t.task.sampling.sample == rollout_draw(iteration, sample, 4) == 4 * iteration + sample
+            drawn = rollout_draw(iteration, sample, 4)
+            assert t.task.sampling.sample == drawn == 4 * iteration + sample
             by_run[iteration, sample] = t
         assert len(by_run) == 8, sorted(by_run)
         for sample in range(4):  # the first iteration: the last two forced, in turn
