@@ -104,13 +104,30 @@ with workflow.unsafe.imports_passed_through():
 REHEARSAL_PATCH = "warmup-rehearsal"
 
 REHEARSAL_SAMPLES_FROM = 1_000_000
-"""The sample number of a rehearsal's first repeat: far from any rollout's (0 .. group_size),
+"""The sample number of a rehearsal's first repeat: above any rollout's (`rollout_draw`),
 so a rehearsal draws afresh rather than repeating the run it rehearses (the sim provider seeds
 an agent's answer with the sample)."""
 
 WARMUP_SAMPLES_FROM = 2_000_000
 """The sample number of the first warm-up sample; round r's sample i is this + 1,000 r + i,
 apart from rollouts', rehearsals' and other rounds' draws."""
+
+# Rollouts started from here on draw under a sample number that counts up across iterations
+# (`rollout_draw`); before, every iteration's rollout k drew under sample k.
+ROLLOUT_DRAWS_PATCH = "rollout-draws-per-iteration"
+
+
+def rollout_draw(iteration: int, sample: int, group_size: int) -> int:
+    """The sample number rollout `sample` of iteration `iteration` runs under: iteration x
+    group_size + sample, below REHEARSAL_SAMPLES_FROM. The sim provider seeds an agent's answer
+    with (task, agent, sample, attempt), as the local conductor seeds its plan; under the
+    in-group index alone every iteration's rollout k of a task drew the same answers, so a
+    plan written greedily met the same draws each iteration: GRPO could learn those draws, and
+    plan means (`[rollouts] reward = "plan_mean"`) counted one draw as many runs (structured
+    pool 3: a one-step review plan's rollouts 1 and 3 at iteration 3 repeated iteration 0's
+    right answers). Replays stay exact: the number depends on the iteration and the group only."""
+    return (iteration * group_size + sample) % REHEARSAL_SAMPLES_FROM
+
 
 # Rollouts started from here on get one plan attempt; an iteration already under way when this
 # shipped replays, and finishes, with the attempts it started with.
@@ -218,6 +235,7 @@ class TrainingWorkflow:
         p, g = self._progress, inp.recipe.rollouts.group_size
         chain = workflow.info().first_execution_run_id[:8]
         one_attempt = workflow.patched(ONE_PLAN_ATTEMPT_PATCH)
+        fresh_draws = workflow.patched(ROLLOUT_DRAWS_PATCH)
         children = FanOut(inp.concurrency, StartWaves(enabled=workflow.patched(START_WAVES_PATCH)))
         rewards: list[float] = []
         valid: list[bool] = []
@@ -241,7 +259,8 @@ class TrainingWorkflow:
             if one_attempt:
                 options = revised(options, max_plan_attempts=1)
             sampling = rollout_sampling(
-                sample, explore=cfg.explore, explore_importance=cfg.explore_importance,
+                rollout_draw(p.iteration, sample, g) if fresh_draws else sample,
+                explore=cfg.explore, explore_importance=cfg.explore_importance,
                 force_shape=None if shape is None else ",".join(shape))
             task = revised(task, options=options, sampling=sampling)
             wid = rollout_workflow_id(inp.name, chain, p.iteration, task.id, sample)

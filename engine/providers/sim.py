@@ -4,7 +4,9 @@ the pool file gives them.
 A sim agent answers a task right with the probability its skill matrix sets for the task's tags
 (the best of them; `default_skill` when none is listed) and wrong otherwise. The draw comes from
 SHA-256 of (task id, agent id, sample, attempt), so the same rollout gets the same answer on
-every run and every machine, while the rollouts of a group (samples 0..G-1) draw independently.
+every run and every machine, while the rollouts of a group draw independently, and so do a
+task's rollouts of different iterations (a training run numbers them up across iterations:
+workflows/train.py `rollout_draw`).
 
 - right: the task's reference as written (in `\\boxed{}` for a math expression that is not a
   plain number, which math-verify reads only inside delimiters), which every verifier but

@@ -33,7 +33,12 @@ from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.payloads import data_converter
 from conductor_engine.engine.storage.trace_store import TraceStore
 from conductor_engine.runtime.client import ConductorClient
-from conductor_engine.workflows.train import TrainingWorkflow, TrainInput, TrainProgress
+from conductor_engine.workflows.train import (
+    TrainingWorkflow,
+    TrainInput,
+    TrainProgress,
+    rollout_draw,
+)
 from tests.conftest import running_worker
 from tests.integration.test_training import sim_pool, sim_tasks
 from tests.rollout_groups import read_groups
@@ -78,7 +83,11 @@ async def test_forced_shapes_anneal_then_rescue_only_groups_whose_unforced_rollo
         by_run = {}
         for t in g.traces:
             iteration = int(t.workflow_id.split("/it")[1].split("/")[0])
-            by_run[iteration, t.task.sampling.sample] = t
+            sample = int(t.workflow_id.rsplit("/", 1)[1])  # the rollout's place in its group
+            # each iteration's rollouts draw afresh: rollout k of iteration i is sample 4i + k
+            drawn = rollout_draw(iteration, sample, 4)
+            assert t.task.sampling.sample == drawn == 4 * iteration + sample
+            by_run[iteration, sample] = t
         assert len(by_run) == 8, sorted(by_run)
         for sample in range(4):  # the first iteration: the last two forced, in turn
             t = by_run[0, sample]
