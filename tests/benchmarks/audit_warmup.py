@@ -1,0 +1,119 @@
+"""What did a warm-up's selection miss, and why? Kept traces of a structured pool, exact values.
+
+    python -m tests.benchmarks.audit_warmup TRACES --seed S [--recipe R]
+
+TRACES is what `bench_plans --keep-traces FILE` wrote (every stored run of the training run, a
+JSON line each). For each warm-up round it replays the selection the trainer made
+(trainer/warmup.py `select_plans`, with the recipe's `[warmup]`) on the runs stored by the end
+of that round's rehearsal, scores every chosen plan exactly
+(engine/providers/sim_structure.py `expected_reward`), and prints the chosen plans' expected
+reward over the oracle's. Each task whose choice is worth less than its oracle's is named with
+the cause: the oracle's plan never ran on it (exploration), or it ran and its mean fell below
+the chosen plan's (a lucky mean won: the chosen plan's mean above its exact value says so).
+Last, the plans whose stored runs' mean is furthest from their exact value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+from conductor_engine.engine.contracts.traces import Trace
+from conductor_engine.engine.contracts.training import Recipe
+from conductor_engine.trainer.warmup import RankedPlan, rank_plans, select_plans
+from tests.benchmarks.bench_warmup_ranking import Pool, steps_of
+
+GAP = 0.05
+"""A choice worth less than its oracle's by more than this is a miss."""
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", type=Path,
+                   help="JSON lines of kept traces (bench_plans --keep-traces)")
+    p.add_argument("--seed", type=int, required=True, help="the structured pool's seed")
+    p.add_argument("--recipe", type=Path, default=Path("examples/sim/recipe-plans-warmup.toml"))
+    return p.parse_args()
+
+
+def phase(workflow_id: str) -> str:
+    """warmup-rK, rehearse(-rK), itN, heldout-vK: the third part of a training run's ids."""
+    parts = workflow_id.split("/")
+    return parts[2] if len(parts) > 2 else "eval"
+
+
+def warmup_round(name: str) -> int | None:
+    """The round a warm-up sample or rehearsal belongs to (0-based), None for other runs."""
+    if name == "rehearse":
+        return 0
+    for prefix in ("warmup-r", "rehearse-r"):
+        if name.startswith(prefix):
+            return int(name.removeprefix(prefix))
+    return None
+
+
+def label(trace: Trace) -> str:
+    return " > ".join(s.agent + ("*" if s.sees else "") for s in steps_of(trace))
+
+
+def same_plan(plan: RankedPlan, steps: list[tuple[str, tuple[int, ...]]]) -> bool:
+    return [(s.agent, tuple(s.sees)) for s in steps_of(plan.runs[0])] == steps
+
+
+def main() -> None:
+    args = parse_args()
+    pool = Pool(args.seed)
+    cfg = Recipe.model_validate(tomllib.loads(args.recipe.read_text())).warmup
+    rounds: list[tuple[int, Trace]] = []
+    every: list[tuple[str, Trace]] = []
+    for line in args.traces.open():
+        row = json.loads(line)
+        trace = Trace.model_validate(row)
+        every.append((phase(row["workflow_id"]), trace))
+        r = warmup_round(phase(row["workflow_id"]))
+        if r is not None:
+            rounds.append((r, trace))
+    ids = sorted({t.task.id for _, t in rounds})
+    for last in range(max(r for r, _ in rounds) + 1):
+        runs = [t for r, t in rounds if r <= last]
+        ranked, _ = rank_plans(runs, ids, cfg)
+        chosen = select_plans(runs, ids, cfg).plans
+        value = sum(pool.value(t.task.id, steps_of(t))[0] for t in chosen)
+        oracle = sum(pool.oracles[t.task.id].expected_reward for t in chosen)
+        print(f"round {last + 1}: {len(chosen)} tasks, chosen / oracle {value / oracle:.3f}")
+        for trace in chosen:
+            best = pool.oracles[trace.task.id]
+            worth = pool.value(trace.task.id, steps_of(trace))[0]
+            if worth >= best.expected_reward - GAP:
+                continue
+            plan = next(p for p in ranked[trace.task.id] if trace in p.runs)
+            steps = [(s.agent, tuple(s.sees)) for s in best.plan]
+            ran = [p for p in ranked[trace.task.id] if same_plan(p, steps)]
+            cause = (f"oracle's plan ran: mean {ran[0].mean_reward:.2f} over {len(ran[0].runs)}"
+                     if ran else "oracle's plan never ran")
+            print(f"  {trace.task.id} ({best.kind}): chose {label(trace)}, worth {worth:.2f}, "
+                  f"mean {plan.mean_reward:.2f} over {len(plan.runs)}; oracle "
+                  f"{' > '.join(s.agent + ('*' if s.sees else '') for s in best.plan)} "
+                  f"{best.expected_reward:.2f}; {cause}")
+    # every stored run with a reward, whatever its phase: mean against exact value per plan
+    per: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for _, trace in every:
+        task = trace.task.id.split("~")[-1]
+        if (trace.depth or trace.reward is None or task not in pool.oracles
+                or len(trace.rounds) != 1 or trace.rounds[0].plan is None):
+            continue
+        acc = per[(task, label(trace))]
+        acc[0] += 1
+        acc[1] += trace.reward.value
+        acc[2] += pool.value(task, steps_of(trace))[0]
+    print("plans of 20 runs or more whose mean is furthest from their exact value:")
+    far = sorted(((s - v) / n, n, key) for key, (n, s, v) in per.items() if n >= 20)
+    for diff, n, (task, plan) in far if len(far) <= 8 else [*far[:3], *far[-5:]]:
+        print(f"  {task} {plan}: {n:.0f} runs, mean - exact {diff:+.3f}")
+
+
+if __name__ == "__main__":
+    main()
