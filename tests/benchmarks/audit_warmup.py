@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from conductor_engine.engine.contracts.traces import Trace
-from conductor_engine.engine.contracts.training import Recipe
+from conductor_engine.engine.contracts.training import Recipe, WarmupConfig
 from conductor_engine.trainer.warmup import RankedPlan, rank_plans, select_plans
 from tests.benchmarks.bench_warmup_ranking import Pool, steps_of
 
@@ -63,27 +63,19 @@ def same_plan(plan: RankedPlan, steps: list[tuple[str, tuple[int, ...]]]) -> boo
     return [(s.agent, tuple(s.sees)) for s in steps_of(plan.runs[0])] == steps
 
 
-def main() -> None:
-    args = parse_args()
-    pool = Pool(args.seed)
-    cfg = Recipe.model_validate(tomllib.loads(args.recipe.read_text())).warmup
-    rounds: list[tuple[int, Trace]] = []
-    every: list[tuple[str, Trace]] = []
-    for line in args.traces.open():
-        row = json.loads(line)
-        trace = Trace.model_validate(row)
-        every.append((phase(row["workflow_id"]), trace))
-        r = warmup_round(phase(row["workflow_id"]))
-        if r is not None:
-            rounds.append((r, trace))
+def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[str]:
+    """The report's lines for `rows` (each stored run with its workflow id's phase)."""
+    rounds = [(r, t) for name, t in rows if (r := warmup_round(name)) is not None]
     ids = sorted({t.task.id for _, t in rounds})
-    for last in range(max(r for r, _ in rounds) + 1):
+    out: list[str] = []
+    for last in range(max((r for r, _ in rounds), default=-1) + 1):
         runs = [t for r, t in rounds if r <= last]
         ranked, _ = rank_plans(runs, ids, cfg)
         chosen = select_plans(runs, ids, cfg).plans
         value = sum(pool.value(t.task.id, steps_of(t))[0] for t in chosen)
         oracle = sum(pool.oracles[t.task.id].expected_reward for t in chosen)
-        print(f"round {last + 1}: {len(chosen)} tasks, chosen / oracle {value / oracle:.3f}")
+        out.append(f"round {last + 1}: {len(chosen)} tasks, chosen / oracle "
+                   f"{value / oracle:.3f}")
         for trace in chosen:
             best = pool.oracles[trace.task.id]
             worth = pool.value(trace.task.id, steps_of(trace))[0]
@@ -94,13 +86,13 @@ def main() -> None:
             ran = [p for p in ranked[trace.task.id] if same_plan(p, steps)]
             cause = (f"oracle's plan ran: mean {ran[0].mean_reward:.2f} over {len(ran[0].runs)}"
                      if ran else "oracle's plan never ran")
-            print(f"  {trace.task.id} ({best.kind}): chose {label(trace)}, worth {worth:.2f}, "
-                  f"mean {plan.mean_reward:.2f} over {len(plan.runs)}; oracle "
-                  f"{' > '.join(s.agent + ('*' if s.sees else '') for s in best.plan)} "
-                  f"{best.expected_reward:.2f}; {cause}")
+            out.append(f"  {trace.task.id} ({best.kind}): chose {label(trace)}, worth "
+                       f"{worth:.2f}, mean {plan.mean_reward:.2f} over {len(plan.runs)}; oracle "
+                       f"{' > '.join(s.agent + ('*' if s.sees else '') for s in best.plan)} "
+                       f"{best.expected_reward:.2f}; {cause}")
     # every stored run with a reward, whatever its phase: mean against exact value per plan
     per: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for _, trace in every:
+    for _, trace in rows:
         task = trace.task.id.split("~")[-1]
         if (trace.depth or trace.reward is None or task not in pool.oracles
                 or len(trace.rounds) != 1 or trace.rounds[0].plan is None):
@@ -109,10 +101,21 @@ def main() -> None:
         acc[0] += 1
         acc[1] += trace.reward.value
         acc[2] += pool.value(task, steps_of(trace))[0]
-    print("plans of 20 runs or more whose mean is furthest from their exact value:")
+    out.append("plans of 20 runs or more whose mean is furthest from their exact value:")
     far = sorted(((s - v) / n, n, key) for key, (n, s, v) in per.items() if n >= 20)
     for diff, n, (task, plan) in far if len(far) <= 8 else [*far[:3], *far[-5:]]:
-        print(f"  {task} {plan}: {n:.0f} runs, mean - exact {diff:+.3f}")
+        out.append(f"  {task} {plan}: {n:.0f} runs, mean - exact {diff:+.3f}")
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = Recipe.model_validate(tomllib.loads(args.recipe.read_text())).warmup
+    rows = []
+    for line in args.traces.open():
+        row = json.loads(line)
+        rows.append((phase(row["workflow_id"]), Trace.model_validate(row)))
+    print("\n".join(audit(rows, Pool(args.seed), cfg)))
 
 
 if __name__ == "__main__":
