@@ -56,6 +56,11 @@ the shipped warm-up (forced, 3 rounds; with `--warmup-tie fewer0.1 --warmup-rehe
 as the product selects), GRPO exploring at 0.25 as the plans recipe does (`--grpo-lr` for
 its smaller step after a warm-up).
 
+`--rows borrowed` is the forced 4-round rehearsed warm-up as shipped, then with each task also
+running the plans its kind's other tasks selected in the last round (`borrowed`: a plan one task
+found, tried on its siblings), then with each task's two leading plans run `R` more times every
+round however often they ran (`raced`: a lucky mean gets more draws).
+
 `--rows ties` is the forced 3-round rehearsed warm-up alone, to compare how it selects a task's
 plan (`--warmup-tie`, comma-separated, each a row; `all` for every rule in TIES): the best
 mean, the cheapest plan within C standard errors of it (`cheaperC`), fewer steps first (a plan
@@ -446,8 +451,8 @@ def rehearse_top(task: TaskRuns, drawn: list[tuple[Plan, bool, float]], rehearsa
 
 def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
             rng: random.Random, rehearsals: int | None, *, forced: bool = False,
-            rounds: int = 1, tie: str = "mean"
-            ) -> tuple[list[tuple[int, int]], float, list[list[TaskRuns]]]:
+            rounds: int = 1, tie: str = "mean", borrowed: bool = False,
+            raced: bool = False) -> tuple[list[tuple[int, int]], float, list[list[TaskRuns]]]:
     """A warm start before GRPO, on `--warmup-tasks` tasks per kind (each the kind's task):
     `--warmup-samples` exploring samples of each, one plan selected per task, then
     `--warmup-steps` Adam steps of cross-entropy on the selected plans' decisions.
@@ -464,6 +469,9 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     free. `rounds` > 1: expert iteration; each round samples from the policy the previous
     round's fine-tuning left, rehearses the plans it has not rehearsed yet, ranks every plan
     of every round so far by its mean over all its runs, and fine-tunes on the new selections.
+    `borrowed`: from round 2 on, a task's samples also include each plan another task of its
+    kind selected in the last round and this task never ran, written as a sample (all its
+    decisions forced), so a plan one task found is tried on its siblings.
 
     `tie`: the rule that selects a task's plan among its ranked ones (TIES). With
     `--warmup-rehearse-plans K` > 0 a round rehearses only each task's K best candidates not
@@ -481,10 +489,11 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
     seen: list[list[TaskRuns]] = [
         [TaskRuns({}, set(), set()) for _ in range(args.warmup_tasks)] for _ in ks]
     oracle_picked: list[tuple[int, int]] = []
+    targets: list[list[Plan]] = [[] for _ in ks]
     for _ in range(rounds):
-        targets: list[list[Plan]] = []
+        last, targets = targets, []
         oracle_picked = []
-        for pol, k, tasks in zip(policies, ks, seen, strict=True):
+        for pol, k, tasks, before in zip(policies, ks, seen, last, strict=True):
             chosen: list[Plan] = []
             for task in tasks:
                 drawn = []
@@ -492,6 +501,10 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                     target = targets_of[i] if i < len(targets_of) else None
                     plan, _ = pol.draw(rng, args.warmup_explore, target)
                     drawn.append((plan, *reward_draw(k, plan, rng)))
+                if borrowed:
+                    for plan in dict.fromkeys(before):
+                        if plan not in task.rewards and plan not in (q for q, _, _ in drawn):
+                            drawn.append((plan, *reward_draw(k, plan, rng)))
                 runs_paid += len(drawn)
                 if rehearsals is None:
                     best = best_run(drawn, k.cost)
@@ -502,6 +515,13 @@ def warm_up(policies: list[Policy], ks: list[Kind], args: argparse.Namespace,
                     runs_paid += rehearse_top(task, drawn, rehearsals, args.warmup_rehearse_plans,
                                               k.cost, lambda q, k=k: reward_draw(k, q, rng),
                                               tie if args.warmup_rehearse_by_tie else None)
+                    if raced:  # the two leading plans run again, however often they ran
+                        lead = sorted((q for q in task.rewards if q in task.right),
+                                      key=lambda q: -statistics.fmean(task.rewards[q]))[:2]
+                        for q in lead:
+                            task.rewards[q] += [reward_draw(k, q, rng)[1]
+                                                for _ in range(rehearsals)]
+                        runs_paid += rehearsals * len(lead)
                     among = {q: r for q, r in task.rewards.items() if q in task.right}
                     if among:
                         chosen.append(tie_rule(tie)(among, k.cost))
@@ -590,7 +610,8 @@ def run(method: str, names: list[str], ks: list[Kind], args: argparse.Namespace,
         rounds = int(how.split(", ")[1].split()[0]) if ", " in how else 1
         warm = warm_up(policies, ks, args, rng,  # type: ignore[arg-type]
                        None if "best run" in how else int(how.split(" of ")[1].split(",")[0]),
-                       forced="forced" in how, rounds=rounds, tie=tie)
+                       forced="forced" in how, rounds=rounds, tie=tie,
+                       borrowed="borrowed" in how, raced="raced" in how)
         after = measure(policies, ks)
     credit = core.split(" + ", 1)[1] if warm else core  # what GRPO credits after the warm-up
     lr = args.lr if args.grpo_lr is None or not warm else args.grpo_lr
@@ -682,6 +703,9 @@ ROWS = {
                    "shape first: warm-up forced best mean of 8 + group",
                    "shape first: warm-up forced best mean of 8, 2 rounds + group"),
     "ties": ("warm-up forced best mean of 8, 3 rounds + group",),
+    "borrowed": ("warm-up forced best mean of 8, 4 rounds + group",
+                 "warm-up forced borrowed best mean of 8, 4 rounds + group",
+                 "warm-up forced raced best mean of 8, 4 rounds + group"),
     "plan mean": ("group by plan mean",
                   "warm-up forced best mean of 8, 3 rounds + group + explore 0.25",
                   "warm-up forced best mean of 8, 3 rounds + group + explore 0.25 by plan mean"),

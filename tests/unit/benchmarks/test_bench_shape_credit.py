@@ -147,3 +147,33 @@ def test_a_rollout_credited_by_plan_mean_takes_its_plan_s_mean_over_the_task_s_r
     credited = plan_means(runs, [solo, review, solo], [1.0, 0.0, 0.25])
     assert credited == [0.4, 0.5, 0.4]
     assert runs == {solo: [0.25, 0.25, 0.25, 1.0, 0.25], review: [1.0, 0.0]}
+
+
+def test_a_borrowed_warm_up_runs_on_each_task_the_plans_its_siblings_selected_last_round(
+) -> None:
+    """Round 2 of a borrowed warm-up runs, on each task, what the kind's other task selected
+    in round 1 (the same draws as a one-round warm-up up to then); without borrowing, not."""
+    import argparse
+
+    from tests.benchmarks.bench_shape_credit import Policy, kinds, tie_rule, warm_up
+
+    names, ks = kinds(1)
+    args = argparse.Namespace(warmup_tasks=2, warmup_samples=2, warmup_explore=0.5,
+                              warmup_force=0.0, warmup_steps=0, warmup_tie="mean", lr=0.1,
+                              warmup_rehearse_plans=0, warmup_rehearse_by_tie=False)
+
+    def tasks(rounds: int, borrowed: bool) -> list[Any]:
+        policies = [Policy(len(names), 0.5) for _ in ks]
+        return warm_up(policies, ks, args, random.Random(3), 0, rounds=rounds,
+                       borrowed=borrowed)[2]
+
+    first = tasks(1, False)
+    picked = [[tie_rule("mean")(t.rewards, k.cost) for t in kind]
+              for k, kind in zip(ks, first, strict=True)]
+    lent = tasks(2, True)
+    kept = tasks(2, False)
+    for i in range(len(ks)):
+        for j in (0, 1):
+            assert picked[i][1 - j] in lent[i][j].rewards
+    assert any(picked[i][1 - j] not in kept[i][j].rewards
+               for i in range(len(ks)) for j in (0, 1))
