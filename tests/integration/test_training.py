@@ -154,7 +154,7 @@ async def test_a_tiny_conductor_learns_the_routing_of_a_generated_pool(
     reads each group in sample order with torch seeded per update; so the curve is the same on
     every run, on an idle or a busy machine, and only a hung run meets the timeout. Not across
     library releases or CPUs: on the same code the group baseline crossed in CI at iterations
-    8 and 9, and a later CI run (reproduced here) never crossed in 30; so the recipe is one
+    8 and 9, and a later CI run (reproduced locally) never crossed in 30; so the recipe is one
     that crossed on three pool seeds and three initialisations (docs/results/learning.md)."""
     settings = trainer_settings(settings)
     pool, tasks, _ = generated_pool(str(tiny_policy_dir), tmp_path, seed=0, tasks_per_tag=5)
