@@ -8,8 +8,10 @@ JSON line each). For each warm-up round it replays the selection the trainer mad
 of that round's rehearsal, scores every chosen plan exactly
 (engine/providers/sim_structure.py `expected_reward`), and prints the chosen plans' expected
 reward over the oracle's. Each task whose choice is worth less than its oracle's is named with
-the cause: the oracle's plan never ran on it (exploration), or it ran and its mean fell below
-the chosen plan's (a lucky mean won: the chosen plan's mean above its exact value says so).
+the cause: no oracle plan (the oracle's, or one worth as much: a review's two drafters swapped)
+ran on it (exploration), or one ran and its mean fell below the chosen plan's (a lucky mean
+won: the chosen plan's mean above its exact value says so), or above it by less than the
+recipe's `more_steps_margin` when it has more steps.
 Last, the plans whose stored runs' mean is furthest from their exact value.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.contracts.training import Recipe, WarmupConfig
-from conductor_engine.trainer.warmup import RankedPlan, rank_plans, select_plans
+from conductor_engine.trainer.warmup import rank_plans, select_plans
 from tests.benchmarks.bench_warmup_ranking import Pool, steps_of
 
 GAP = 0.05
@@ -59,10 +61,6 @@ def label(trace: Trace) -> str:
     return " > ".join(s.agent + ("*" if s.sees else "") for s in steps_of(trace))
 
 
-def same_plan(plan: RankedPlan, steps: list[tuple[str, tuple[int, ...]]]) -> bool:
-    return [(s.agent, tuple(s.sees)) for s in steps_of(plan.runs[0])] == steps
-
-
 def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[str]:
     """The report's lines for `rows` (each stored run with its workflow id's phase)."""
     rounds = [(r, t) for name, t in rows if (r := warmup_round(name)) is not None]
@@ -82,10 +80,14 @@ def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[
             if worth >= best.expected_reward - GAP:
                 continue
             plan = next(p for p in ranked[trace.task.id] if trace in p.runs)
-            steps = [(s.agent, tuple(s.sees)) for s in best.plan]
-            ran = [p for p in ranked[trace.task.id] if same_plan(p, steps)]
-            cause = (f"oracle's plan ran: mean {ran[0].mean_reward:.2f} over {len(ran[0].runs)}"
-                     if ran else "oracle's plan never ran")
+            ran = [p for p in ranked[trace.task.id]  # best first: the oracle's, or as good
+                   if pool.value(trace.task.id, steps_of(p.runs[0]))[0]
+                   >= best.expected_reward - 1e-5]  # the oracle rounds to 6 places
+            cause = (f"an oracle plan ran: {label(ran[0].runs[0])}, mean "
+                     f"{ran[0].mean_reward:.2f} over {len(ran[0].runs)}"
+                     if ran else "no oracle plan ran")
+            if ran and ran[0].mean_reward >= plan.mean_reward and ran[0].steps > plan.steps:
+                cause += f" (above the choice, not by more_steps_margin {cfg.more_steps_margin})"
             out.append(f"  {trace.task.id} ({best.kind}): chose {label(trace)}, worth "
                        f"{worth:.2f}, mean {plan.mean_reward:.2f} over {len(plan.runs)}; oracle "
                        f"{' > '.join(s.agent + ('*' if s.sees else '') for s in best.plan)} "

@@ -33,7 +33,7 @@ def test_phases_are_read_off_a_training_runs_workflow_ids() -> None:
                                       "heldout-v2"]] == [0, 0, 3, None, None]
 
 
-def test_a_miss_is_named_never_ran_or_lost_on_its_mean() -> None:
+def test_a_miss_is_named_no_oracle_plan_ran_or_one_lost_on_its_mean() -> None:
     pool = Pool(1)
     task = next(t for t, o in pool.oracles.items() if len(o.plan) == 2)
     best = pool.oracles[task]
@@ -43,14 +43,27 @@ def test_a_miss_is_named_never_ran_or_lost_on_its_mean() -> None:
     lucky = runs(pool, task, single, [1.0] * 8, "warmup-r0")
     report = audit(lucky, pool, cfg)
     assert report[0].startswith("round 1: 1 tasks")
-    assert report[1].endswith("oracle's plan never ran"), report
+    assert report[1].endswith("no oracle plan ran"), report
     # round 2 runs the oracle's plan, unluckily: it ran, and lost on its mean
+    oracle = " > ".join(s.agent + ("*" if s.sees else "") for s in best.plan)
     unlucky = runs(pool, task, list(best.plan), [0.0] * 9, "warmup-r1")
     report = audit(lucky + unlucky, pool, cfg)
     assert report[2].startswith("round 2: 1 tasks")
-    assert report[3].endswith("oracle's plan ran: mean 0.00 over 9"), report
+    assert report[3].endswith(f"an oracle plan ran: {oracle}, mean 0.00 over 9"), report
     # round 3: the oracle's plan right 30 times, the draft alone wrong 8: no miss left
     more = [*runs(pool, task, list(best.plan), [1.0] * 30, "warmup-r2"),
             *runs(pool, task, single, [0.0] * 8, "rehearse-r2")]
     report = audit(lucky + unlucky + more, pool, cfg)
     assert report[4] == "round 3: 1 tasks, chosen / oracle 1.000", report
+
+
+def test_an_oracle_plan_above_the_choice_by_less_than_the_margin_is_named_so() -> None:
+    pool = Pool(1)
+    task = next(t for t, o in pool.oracles.items() if len(o.plan) == 2)
+    best = pool.oracles[task]
+    single = [PlanStep(agent=best.plan[0].agent)]
+    rows = [*runs(pool, task, single, [1.0] * 9 + [0.0], "warmup-r0"),   # mean 0.90
+            *runs(pool, task, list(best.plan), [1.0] * 19 + [0.0], "rehearse")]  # 0.95
+    report = audit(rows, pool, WarmupConfig(enabled=True, more_steps_margin=0.1))
+    assert report[1].endswith("(above the choice, not by more_steps_margin 0.1)"), report
+    assert audit(rows, pool, WarmupConfig(enabled=True))[0].endswith("oracle 1.000")
