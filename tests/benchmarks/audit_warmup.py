@@ -11,7 +11,8 @@ reward over the oracle's. Each task whose choice is worth less than its oracle's
 the cause: no oracle plan (the oracle's, or one worth as much: a review's two drafters swapped)
 ran on it (exploration), or one ran and its mean fell below the chosen plan's (a lucky mean
 won: the chosen plan's mean above its exact value says so), or above it by less than the
-recipe's `more_steps_margin` when it has more steps.
+recipe's `more_steps_margin` when it has more steps. Rehearsal runs count as the trainer counts
+them when the recipe's `[warmup] conductors` is unset (the shipped recipes'): whoever ran them.
 Last, the plans whose stored runs' mean is furthest from their exact value.
 """
 
@@ -21,10 +22,12 @@ import argparse
 import json
 import tomllib
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.contracts.training import Recipe, WarmupConfig
+from conductor_engine.engine.providers.sim_structure import PlanStep
 from conductor_engine.trainer.warmup import rank_plans, select_plans
 from tests.benchmarks.bench_warmup_ranking import Pool, steps_of
 
@@ -57,8 +60,13 @@ def warmup_round(name: str) -> int | None:
     return None
 
 
+def steps_label(steps: Sequence[PlanStep]) -> str:
+    """A plan as the report writes it: agents in order, `*` on a step that sees the first."""
+    return " > ".join(s.agent + ("*" if s.sees else "") for s in steps)
+
+
 def label(trace: Trace) -> str:
-    return " > ".join(s.agent + ("*" if s.sees else "") for s in steps_of(trace))
+    return steps_label(steps_of(trace))
 
 
 def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[str]:
@@ -90,7 +98,7 @@ def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[
                 cause += f" (above the choice, not by more_steps_margin {cfg.more_steps_margin})"
             out.append(f"  {trace.task.id} ({best.kind}): chose {label(trace)}, worth "
                        f"{worth:.2f}, mean {plan.mean_reward:.2f} over {len(plan.runs)}; oracle "
-                       f"{' > '.join(s.agent + ('*' if s.sees else '') for s in best.plan)} "
+                       f"{steps_label(best.plan)} "
                        f"{best.expected_reward:.2f}; {cause}")
     # every stored run with a reward, whatever its phase: mean against exact value per plan
     per: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])

@@ -8,7 +8,7 @@ from conductor_engine.engine.contracts.plans import Plan, Step
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.contracts.training import WarmupConfig
 from conductor_engine.engine.providers.sim_structure import PlanStep
-from tests.benchmarks.audit_warmup import audit, phase, warmup_round
+from tests.benchmarks.audit_warmup import audit, phase, steps_label, warmup_round
 from tests.benchmarks.bench_warmup_ranking import Pool
 
 
@@ -45,7 +45,7 @@ def test_a_miss_is_named_no_oracle_plan_ran_or_one_lost_on_its_mean() -> None:
     assert report[0].startswith("round 1: 1 tasks")
     assert report[1].endswith("no oracle plan ran"), report
     # round 2 runs the oracle's plan, unluckily: it ran, and lost on its mean
-    oracle = " > ".join(s.agent + ("*" if s.sees else "") for s in best.plan)
+    oracle = steps_label(best.plan)
     unlucky = runs(pool, task, list(best.plan), [0.0] * 9, "warmup-r1")
     report = audit(lucky + unlucky, pool, cfg)
     assert report[2].startswith("round 2: 1 tasks")
