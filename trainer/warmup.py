@@ -30,6 +30,10 @@ Which runs (`select_plans`), per training task:
     With a handful of runs per task the best single run is mostly luck: a cheap one-step plan
     that was right once beats a review plan that is right nine times in ten. The mean over
     all of a plan's runs is the estimate of its expected reward that a run's own reward is not.
+    With `plan_means_by` "tag" the plans of a task are ordered by their mean over the runs of
+    every training task sharing its first tag (`by_kind_order`): the tasks of one kind learn
+    one plan, and a plan the kind ranks first is rehearsed, and learned, on a task whose one
+    run of it drew a wrong answer (`rehearsed_run`).
     Rehearsal (`rehearse`, run by the training workflow before the warm-up) executes each
     task's best candidate plans again as fixed plans; their runs count towards their plan's
     mean (they are recorded under the policy `baseline` in the run's rehearsal batch, and
@@ -178,6 +182,9 @@ class RankedPlan:
     signature: Signature
     runs: list[Trace] = field(default_factory=list)
     best: Trace | None = None
+    written: list[Trace] = field(default_factory=list)
+    """With `plan_means_by` "tag": its conductor-written runs with a prompt, right or wrong
+    (`by_kind_order`'s candidates and fallback)."""
 
     @property
     def mean_reward(self) -> float:
@@ -204,6 +211,7 @@ def rank_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConf
     """Each training task's plans among `traces`, best first (RankedPlan.key), and why each
     run that does not count was left out."""
     allowed = frozenset(task_ids)
+    any_verdict = cfg.model_copy(update={"correct_only": False})
     plans: dict[tuple[str, Signature], RankedPlan] = {}
     reasons: list[str] = []
     for trace in traces:
@@ -217,10 +225,29 @@ def rank_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConf
         if why_not_trained(trace, cfg) is None and (
                 plan.best is None or rank_key(trace) < rank_key(plan.best)):
             plan.best = trace
+        if cfg.plan_means_by == "tag" and why_not_trained(trace, any_verdict) is None:
+            plan.written.append(trace)
     by_task: dict[str, list[RankedPlan]] = {}
     for plan in plans.values():
+        if plan.best is None and rehearsal_batch is not None:
+            plan.best = rehearsed_run(plan, rehearsal_batch)
         by_task.setdefault(plan.task_id, []).append(plan)
     return {t: sorted(by_task[t], key=RankedPlan.key) for t in sorted(by_task)}, reasons
+
+
+def rehearsed_run(plan: RankedPlan, rehearsal_batch: str) -> Trace | None:
+    """With `plan_means_by` "tag", a plan no right run of which a conductor wrote: the best of
+    its conductor-written runs (`rank_key`) whose exact plan, subtasks' wording and all, this
+    training run's rehearsal ran (`candidate_plans` offers such plans), or None. Its mean
+    then rests on the rehearsal's runs of that very text, so the run's own wrong draw says
+    nothing against learning it: a task whose one run of its kind's best plan drew a wrong
+    answer would otherwise never learn that plan (structured pool 3's split-7,
+    docs/results/learning.md)."""
+    texts = {t.rounds[0].plan.model_dump_json() for t in plan.runs
+             if t.task.batch == rehearsal_batch and len(t.rounds) == 1
+             and t.rounds[0].plan is not None}
+    return min((t for t in plan.written if len(t.rounds) == 1 and t.rounds[0].plan is not None
+                and t.rounds[0].plan.model_dump_json() in texts), key=rank_key, default=None)
 
 
 def fewer_steps_first(plans: Sequence[RankedPlan], margin: float) -> list[RankedPlan]:
@@ -254,6 +281,45 @@ def fewer_steps_first(plans: Sequence[RankedPlan], margin: float) -> list[Ranked
     return out
 
 
+def kind_of(trace: Trace) -> str:
+    """The kind a task's runs are pooled with under `plan_means_by` "tag": its first tag, ""
+    when it has none (as the held-out split groups tasks, engine/contracts/training.py
+    `split_heldout`)."""
+    return trace.task.tags[0] if trace.task.tags else ""
+
+
+def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
+                  ) -> dict[str, list[RankedPlan]]:
+    """Each task's plans (`rank_plans`' lists) in the order its kind ranks them: every plan's
+    runs on all the kind's training tasks pooled into one mean (RankedPlan.key on the pooled
+    runs), fewer steps first by `margin` (`fewer_steps_first`).
+
+    Why: after rounds of sampling and rehearsal a task has many plans near its best, each
+    measured by a handful of runs, and which of them its own mean puts first is mostly luck.
+    The tasks of one kind (in the sim, one tag: the same agents are good at all of them) then
+    learn different near-tied plans, and a held-out task of the kind writes whichever its
+    question resembles (structured pool 3: split tasks learned three first agents, and both
+    held-out splits drafted with the one a single training task had learned,
+    docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
+    the runs, and every task of the kind learns the same plan where it has a run of it."""
+    kinds = {task: kind_of(plans[0].runs[0]) for task, plans in ranked.items() if plans}
+    pooled: dict[tuple[str, Signature], RankedPlan] = {}
+    for task, plans in ranked.items():
+        for p in plans:
+            key = (kinds[task], p.signature)
+            pooled.setdefault(key, RankedPlan(kinds[task], p.signature)).runs.extend(p.runs)
+    by_kind: dict[str, list[RankedPlan]] = {}
+    for plan in pooled.values():
+        by_kind.setdefault(plan.task_id, []).append(plan)
+    place = {(kind, p.signature): i for kind, plans in by_kind.items()
+             for i, p in enumerate(fewer_steps_first(sorted(plans, key=RankedPlan.key), margin))}
+    out: dict[str, list[RankedPlan]] = {}
+    for task, plans in ranked.items():
+        order = {p.signature: place[kinds[task], p.signature] for p in plans}
+        out[task] = sorted(plans, key=lambda p: order[p.signature])
+    return out
+
+
 def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
                     rehearsal_batch: str | None = None) -> dict[str, list[Plan]]:
     """Each training task's `cfg.rehearse_plans` best plans the warm-up could train on, as
@@ -262,17 +328,29 @@ def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: Warmu
     training run has rehearsed already (an earlier warm-up round's) is not a candidate: its
     mean rests on its rehearsals, and the round's runs go to plans it has not measured.
     Ranked by mean alone, not `more_steps_margin`: a rehearsal gathers the runs a longer plan
-    needs to earn its margin, so it tries the plans that look best."""
+    needs to earn its margin, so it tries the plans that look best; with `plan_means_by`
+    "tag", the plans its kind's pooled runs rank first (`by_kind_order`), a plan the task's
+    conductor wrote but never answered right with included (`rehearsed_run`)."""
     ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
+    if cfg.plan_means_by == "tag":
+        ranked = by_kind_order(ranked, margin=0.0)
     out: dict[str, list[Plan]] = {}
     for task, plans in ranked.items():
-        chosen = [plan for p in plans if p.best is not None and len(p.signature) == 1
+        chosen = [plan for p in plans if (run := _source(p)) is not None
+                  and len(p.signature) == 1
                   and not (rehearsal_batch and any(t.task.batch == rehearsal_batch
                                                    for t in p.runs))
-                  and (plan := p.best.rounds[0].plan) is not None][: cfg.rehearse_plans]
+                  and (plan := run.rounds[0].plan) is not None][: cfg.rehearse_plans]
         if chosen:
             out[task] = chosen
     return out
+
+
+def _source(plan: RankedPlan) -> Trace | None:
+    """The run whose plan a rehearsal runs again: the one the warm-up would train on, or with
+    `plan_means_by` "tag" (`written` filled) the best conductor-written one, right or wrong:
+    a plan its kind ranks first is rehearsed on a task whose one run of it drew wrong."""
+    return plan.best or min(plan.written, key=rank_key, default=None)
 
 
 def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
@@ -299,11 +377,17 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
 def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
              rehearsal_batch: str | None) -> Selection:
     """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
-    that have a run to train on, fewer steps first by `more_steps_margin`."""
+    that have a run to train on, fewer steps first by `more_steps_margin`; with
+    `plan_means_by` "tag", in the order of its kind's pooled runs (`by_kind_order`)."""
     ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
-    chosen = [p for plans in ranked.values()
-              for p in fewer_steps_first([p for p in plans if p.best is not None],
-                                         cfg.more_steps_margin)[: cfg.per_task]]
+    if cfg.plan_means_by == "tag":
+        ordered = by_kind_order(ranked, cfg.more_steps_margin)
+        chosen = [p for plans in ordered.values()
+                  for p in [p for p in plans if p.best is not None][: cfg.per_task]]
+    else:
+        chosen = [p for plans in ranked.values()
+                  for p in fewer_steps_first([p for p in plans if p.best is not None],
+                                             cfg.more_steps_margin)[: cfg.per_task]]
     return Selection(
         plans=[p.best for p in chosen if p.best is not None],
         left_out=count_reasons(reasons),

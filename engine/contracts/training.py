@@ -321,6 +321,15 @@ class WarmupConfig(Strict):
         "this (rewards run 0 to 1), else the plan of fewer steps is; 0: the best mean alone. A "
         "second step that adds nothing is a near tie, and among many candidates one such "
         "plan's noisy mean beats the plain plan's by luck")
+    plan_means_by: Literal["task", "tag"] = Field(
+        default="task", description="rank plan_mean: 'task' ranks a task's plans by their mean "
+        "over that task's runs alone; 'tag' by their mean over the runs of every training task "
+        "that shares the task's first tag (untagged tasks form one group, as the held-out split "
+        "does), so the tasks of one kind learn the plan the kind's pooled runs rank first (the "
+        "first of that order each task has a run to train on; fewer steps first by "
+        "more_steps_margin on the pooled means) and rehearse the plans it ranks first: a "
+        "task's own handful of runs is mostly luck, and a kind whose tasks learned different "
+        "near-tied plans teaches held-out tasks of that kind whichever one they resemble")
     per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "
                           "task trained on: distinct plans (one run each) with rank plan_mean, "
                           "runs with rank run (best by reward, ties by the run's cost, cheaper "
@@ -384,6 +393,9 @@ class WarmupConfig(Strict):
         if self.rehearse and self.rehearse_plans and self.rank != "plan_mean":
             raise ValueError("[warmup] rehearse counts towards a plan's mean reward: set "
                              "rank = \"plan_mean\" or rehearse = 0")
+        if self.plan_means_by != "task" and self.rank != "plan_mean":
+            raise ValueError("[warmup] plan_means_by pools plan means: set rank = "
+                             "\"plan_mean\" or leave plan_means_by = \"task\"")
         return self
 
 

@@ -233,6 +233,69 @@ def test_a_later_rounds_candidates_are_the_best_plans_not_rehearsed_yet() -> Non
     assert [p.steps[1].access for p in first["a"]] == [[], "all"]
 
 
+def tagged(trace: Trace, tag: str) -> Trace:
+    trace.task.tags = [tag]
+    return trace
+
+
+def test_tasks_of_one_tag_learn_the_plan_their_pooled_runs_rank_first() -> None:
+    """Tasks a, b, c share tag k. On a the cheap plan was lucky (right 3 of 3) and the review
+    plan right 3 of 4; on b and c the review is right 4 of 4 and the cheap plan 1 of 4. Ranked
+    per task, a learns the cheap plan; pooled over the tag the review plan (11 of 12 against
+    5 of 11) comes first on every task. Task d, tagged otherwise, is not pooled with them and
+    keeps its own best; the margin applies to the pooled means."""
+    from conductor_engine.trainer.warmup import select_plans
+
+    def runs(task: str, plan: tuple[tuple[str, Access], ...], right: int, n: int,
+             tag: str = "k") -> list[Trace]:
+        return [tagged(planned(task, plan, 1.0, minute=i) if i < right
+                       else _wrong(planned(task, plan, 0.25, minute=i)), tag)
+                for i in range(n)]
+
+    traces = [*runs("a", SOLO, 3, 3), *runs("a", REVIEW, 3, 4),
+              *[t for task in "bc" for t in [*runs(task, REVIEW, 4, 4), *runs(task, SOLO, 1, 4)]],
+              *runs("d", SOLO, 3, 3, "other"), *runs("d", REVIEW, 3, 4, "other")]
+    per_task = select_plans(traces, list("abcd"), WarmupConfig())
+    assert [(t.task.id, len(t.rounds[0].plan.steps)) for t in per_task.plans  # type: ignore[union-attr]
+            ] == [("a", 1), ("b", 2), ("c", 2), ("d", 1)]
+    pooled = select_plans(traces, list("abcd"), WarmupConfig(plan_means_by="tag"))
+    assert [(t.task.id, len(t.rounds[0].plan.steps)) for t in pooled.plans  # type: ignore[union-attr]
+            ] == [("a", 2), ("b", 2), ("c", 2), ("d", 1)]
+    # pooled 0.94 against 0.59: above a margin of 0.3, not of 0.4
+    wide = select_plans(traces, list("abc"), WarmupConfig(plan_means_by="tag",
+                                                          more_steps_margin=0.4))
+    assert {len(t.rounds[0].plan.steps) for t in wide.plans} == {1}  # type: ignore[union-attr]
+
+
+def test_a_plan_its_tag_ranks_first_is_rehearsed_and_then_learned_from_its_wrong_run() -> None:
+    """Task a's conductor wrote the review plan once and drew a wrong answer; on b the review
+    plan is right 4 of 4. Pooled over the tag the review plan is a's first candidate for
+    rehearsal (its one run's very text); per task it is no candidate (no right run). Once the
+    rehearsal has run that text and scored it, a learns it from the wrong run; rehearsals of
+    other wording would not let it."""
+    from conductor_engine.trainer.warmup import candidate_plans, select_plans
+
+    wrong = tagged(_wrong(planned("a", REVIEW, 0.25, wording="Mine.")), "k")
+    solo = [tagged(planned("a", SOLO, 1.0 if i else 0.25, minute=i), "k") for i in range(3)]
+    _wrong(solo[0])
+    sibling = [tagged(planned("b", REVIEW, 1.0, minute=i), "k") for i in range(4)]
+    traces = [wrong, *solo, *sibling]
+    cfg = WarmupConfig(rehearse=2, rehearse_plans=1)
+    assert [len(p.steps) for p in candidate_plans(traces, ["a", "b"], cfg, "r")["a"]] == [1]
+    pooled = cfg.model_copy(update={"plan_means_by": "tag"})
+    got = candidate_plans(traces, ["a", "b"], pooled, "r")["a"]
+    assert [s.subtask for s in got[0].steps] == ["Mine. (0)", "Mine. (1)"]
+
+    def rehearsals(wording: str) -> list[Trace]:
+        return [tagged(planned("a", REVIEW, 1.0, wording=wording, fixed_in="r", minute=i), "k")
+                for i in range(4)]
+
+    learned = select_plans([*traces, *rehearsals("Mine.")], ["a"], pooled, "r")
+    assert [t.workflow_id for t in learned.plans] == [wrong.workflow_id]
+    other = select_plans([*traces, *rehearsals("Other.")], ["a"], pooled, "r")
+    assert [len(t.rounds[0].plan.steps) for t in other.plans] == [1]  # type: ignore[union-attr]
+
+
 def test_rehearsal_asks_for_plan_means() -> None:
     """Rehearsed runs count towards a plan's mean: with rank "run" they would count for
     nothing, so the recipe says so."""
