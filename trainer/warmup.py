@@ -71,6 +71,7 @@ from typing import Any
 
 from conductor_engine.engine.contracts.plan_shapes import Outcome, shape_label
 from conductor_engine.engine.contracts.plans import Plan
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import StoredRun, Trace
 from conductor_engine.engine.contracts.training import (
     LossConfig,
@@ -211,7 +212,7 @@ def rank_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConf
     """Each training task's plans among `traces`, best first (RankedPlan.key), and why each
     run that does not count was left out."""
     allowed = frozenset(task_ids)
-    any_verdict = cfg.model_copy(update={"correct_only": False})
+    any_verdict = revised(cfg, correct_only=False)
     plans: dict[tuple[str, Signature], RankedPlan] = {}
     reasons: list[str] = []
     for trace in traces:

@@ -10,6 +10,7 @@ from conductor_engine.engine.contracts.agent_calls import Message
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.plans import Access, Plan, Step
 from conductor_engine.engine.contracts.rewards import Verdict
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import (
     LossConfig,
@@ -282,7 +283,7 @@ def test_a_plan_its_tag_ranks_first_is_rehearsed_and_then_learned_from_its_wrong
     traces = [wrong, *solo, *sibling]
     cfg = WarmupConfig(rehearse=2, rehearse_plans=1)
     assert [len(p.steps) for p in candidate_plans(traces, ["a", "b"], cfg, "r")["a"]] == [1]
-    pooled = cfg.model_copy(update={"plan_means_by": "tag"})
+    pooled = revised(cfg, plan_means_by="tag")
     got = candidate_plans(traces, ["a", "b"], pooled, "r")["a"]
     assert [s.subtask for s in got[0].steps] == ["Mine. (0)", "Mine. (1)"]
 
