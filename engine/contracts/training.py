@@ -393,9 +393,6 @@ class WarmupConfig(Strict):
         if self.rehearse and self.rehearse_plans and self.rank != "plan_mean":
             raise ValueError("[warmup] rehearse counts towards a plan's mean reward: set "
                              "rank = \"plan_mean\" or rehearse = 0")
-        if self.plan_means_by != "task" and self.rank != "plan_mean":
-            raise ValueError("[warmup] plan_means_by pools plan means: set rank = "
-                             "\"plan_mean\" or leave plan_means_by = \"task\"")
         return self
 
 
