@@ -12,7 +12,7 @@ the cause: no oracle plan (the oracle's, or one worth as much: a review's two dr
 ran on it (exploration), or one ran and its mean fell below the chosen plan's (a lucky mean
 won: the chosen plan's mean above its exact value says so), or above it by less than the
 recipe's `more_steps_margin` when it has more steps. Rehearsal runs count as the trainer counts
-them when the recipe's `[warmup] conductors` is unset (the shipped recipes'): whoever ran them.
+them (the rehearsal batch is the one the kept rehearsals name): whoever ran them.
 Last, the plans whose stored runs' mean is furthest from their exact value.
 """
 
@@ -73,11 +73,12 @@ def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[
     """The report's lines for `rows` (each stored run with its workflow id's phase)."""
     rounds = [(r, t) for name, t in rows if (r := warmup_round(name)) is not None]
     ids = sorted({t.task.id for _, t in rounds})
+    batch = next((t.task.batch for name, t in rows if name.startswith("rehearse")), None)
     out: list[str] = []
     for last in range(max((r for r, _ in rounds), default=-1) + 1):
         runs = [t for r, t in rounds if r <= last]
-        ranked, _ = rank_plans(runs, ids, cfg)
-        chosen = select_plans(runs, ids, cfg).plans
+        ranked, _ = rank_plans(runs, ids, cfg, batch)
+        chosen = select_plans(runs, ids, cfg, batch).plans
         value = sum(pool.value(t.task.id, steps_of(t))[0] for t in chosen)
         oracle = sum(pool.oracles[t.task.id].expected_reward for t in chosen)
         out.append(f"round {last + 1}: {len(chosen)} tasks, chosen / oracle "
