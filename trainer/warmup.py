@@ -304,7 +304,7 @@ def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
     docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
     the runs, and every task of the kind learns the same plan where it has a run of it."""
     kinds = {task: kind_of(plans[0].runs[0]) for task, plans in ranked.items() if plans}
-    pooled: dict[tuple[str, Signature], RankedPlan] = {}
+    pooled: dict[tuple[str, Signature], RankedPlan] = {}  # its task_id: the kind's tag
     for task, plans in ranked.items():
         for p in plans:
             key = (kinds[task], p.signature)
