@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from conductor_engine.engine.settings import Settings
+from tests.conftest import free_port
 
 # The `conductor` command, from this interpreter (no reliance on PATH).
 CONDUCTOR = [sys.executable, "-m", "conductor_engine"]
@@ -21,6 +22,17 @@ def stack_env(settings: Settings, pool_file: Path) -> dict[str, str]:
             "CONDUCTOR_TASK_QUEUE": settings.task_queue,
             "CONDUCTOR_DATABASE_URL": settings.database_url or "",
             "CONDUCTOR_DATA_DIR": str(settings.data_dir), "CONDUCTOR_POOL_FILE": str(pool_file)}
+
+
+def embedded_env(data_dir: Path, pool_file: Path) -> dict[str, str]:
+    """The environment of a `conductor` command that starts its own embedded stack in
+    `data_dir`, with every port it listens on (server, UI, codec endpoint) free now. The codec's
+    default, the UI's port + 1, is not: a free test port lies in the kernel's ephemeral range,
+    where the port above it may be the local end of any outgoing connection on the machine."""
+    return {"CONDUCTOR_DATA_DIR": str(data_dir), "CONDUCTOR_POOL_FILE": str(pool_file),
+            "CONDUCTOR_EMBEDDED_PORT": str(free_port()),
+            "CONDUCTOR_EMBEDDED_UI_PORT": str(free_port()),
+            "CONDUCTOR_EMBEDDED_CODEC_PORT": str(free_port())}
 
 
 def run_conductor(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,

@@ -15,7 +15,7 @@ import pytest
 from conductor_engine.engine.contracts.names import pool_task_queue
 from conductor_engine.engine.settings import Settings
 from tests.agent_server import Reply
-from tests.cli import CONDUCTOR, one_line_error, run_conductor
+from tests.cli import CONDUCTOR, embedded_env, one_line_error, run_conductor
 from tests.conftest import free_port, make_pool, write_pool
 from tests.plans import plan_json
 
@@ -30,9 +30,8 @@ def test_run_starts_the_embedded_stack_and_prints_answer_steps_and_ui_link(
     agent_server.script("claude", [Reply.ok(
         "2^10 = 1024 is larger than 10^3 = 1000.\n\nAnswer: 1024")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
-    port, ui_port = free_port(), free_port()
-    env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "CONDUCTOR_EMBEDDED_PORT": str(port),
-           "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port), "CONDUCTOR_POOL_FILE": str(pool)}
+    env = embedded_env(tmp_path / "data", pool)
+    ui_port = env["CONDUCTOR_EMBEDDED_UI_PORT"]
     try:
         proc = run_conductor("run", "Which is larger, 2^10 or 10^3?", "--id", "cli-1",
                          "--reference", "1024", env=env)
@@ -78,9 +77,7 @@ def test_user_and_model_text_prints_verbatim_in_every_view(
     agent_server.script("conductor", [Reply.ok(plan_json(("gpt", f"sub {HOSTILE}", [])))])
     agent_server.script("gpt", [Reply.ok(f"answer {HOSTILE}")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
-    env = {"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "400",  # no cell wraps
-           "CONDUCTOR_EMBEDDED_PORT": str(free_port()),
-           "CONDUCTOR_EMBEDDED_UI_PORT": str(free_port()), "CONDUCTOR_POOL_FILE": str(pool)}
+    env = {**embedded_env(tmp_path / "data", pool), "COLUMNS": "400"}  # no cell wraps
     tasks = tmp_path / "hostile.jsonl"
     task = {"id": "[bold]t", "question": f"q {HOSTILE}", "tags": [HOSTILE], "dataset": HOSTILE}
     tasks.write_text(json.dumps(task) + "\n" + '{"question": "q", "id": "bad\\u0000"}\n')
@@ -178,10 +175,7 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachab
     agent_server.script("gpt", [Reply.ok("served by up")])
     pool = write_pool(make_pool(agent_server), tmp_path / "pool.toml")
     queue = pool_task_queue("conductor", make_pool(agent_server).model_dump(mode="json"))
-    port, ui_port = free_port(), free_port()
-    env = {**os.environ, "CONDUCTOR_DATA_DIR": str(tmp_path / "data"),
-           "CONDUCTOR_EMBEDDED_PORT": str(port), "CONDUCTOR_EMBEDDED_UI_PORT": str(ui_port),
-           "CONDUCTOR_POOL_FILE": str(pool)}
+    env = {**os.environ, **embedded_env(tmp_path / "data", pool)}
     up = subprocess.Popen([*CONDUCTOR, "up"], env=env, text=True,
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
@@ -198,7 +192,8 @@ def test_up_serves_runs_and_ctrl_c_stops_server_and_worker(agent_server, reachab
         up.kill()
     from conductor_engine.runtime.embedded import port_open
 
-    assert not port_open(port), "Ctrl-C must stop the embedded server too"
+    assert not port_open(int(env["CONDUCTOR_EMBEDDED_PORT"])), (
+        "Ctrl-C must stop the embedded server too")
 
 
 def test_tasks_check_counts_good_lines_and_names_bad_ones(tmp_path: Path, repo_root: Path) -> None:
