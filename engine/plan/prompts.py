@@ -30,10 +30,18 @@ access_list = [...]  # which earlier steps each step may read: "all", [] for non
 
 Use at most {max_steps} steps. A step may read only earlier steps."""
 
-JSON_FORMAT = """\
-Reply with a JSON object {{"steps": [...]}}: at most {max_steps} step objects, each with
-"agent" (a model id from the pool), "subtask" (the instruction) and "access" ("all", [] for
-none, or a list of earlier step numbers counted from 0). A step may read only earlier steps."""
+# The bare form's prompt is the role and the format said once, briefly: it is written for a tiny
+# conductor under a JSON schema, which already fixes the plan's syntax, and its prompt is paid
+# on every plan (58 fewer SmolLM2 tokens than the full role and format: a trained conductor's
+# own plan call is then ~200 tokens, not ~260; docs/results/learning.md).
+BARE_ROLE = """\
+You are the conductor: plan the task for the models in the pool, do not answer it yourself.
+Split the work only when that helps; the last step's output is the final answer."""
+
+BARE_FORMAT = """\
+Reply with {{"steps": [...]}}, at most {max_steps} steps, each with "agent" (an id from the pool),
+"subtask" (its instruction) and "access" (the earlier steps it reads: "all", [] or their numbers
+from 0)."""
 
 REASONING_JSON_FORMAT = """\
 Reply with a JSON object {{"reasoning": "...", "steps": [...]}}. First think in "reasoning"
@@ -92,24 +100,26 @@ def conductor_messages(
     `previous` holds (plan, final answer) of earlier rounds, for a refinement round; an empty
     plan then keeps the last answer. `last_error` is why the previous attempt did not parse.
     With `json_mode`, a `reasoning_max_chars` asks for the reasoning-first JSON object (the
-    reasoning field of plan_json_schema); None asks for the bare {"steps": [...]}. The
+    reasoning field of plan_json_schema); None asks for the bare {"steps": [...]}, under a
+    shorter role and format (BARE_ROLE: the form for tiny conductors, cheapest in tokens). The
     free-text form always asks the conductor to think first, then write the lists.
     A self-call's sub-plan gets `outer_question` (the whole job) and `context` (what its step
     could see), so the conductor plans the part knowing the whole.
     """
     ids = [a.id for a in agents]
     a, b = ids[0], ids[1] if len(ids) > 1 else ids[0]
+    role = CONDUCTOR_ROLE
     if not json_mode:
         fmt = LIST_FORMAT.format(max_steps=max_steps)
     elif reasoning_max_chars is None:
-        fmt = JSON_FORMAT.format(max_steps=max_steps)
+        role, fmt = BARE_ROLE, BARE_FORMAT.format(max_steps=max_steps)
     else:
         fmt = REASONING_JSON_FORMAT.format(
             max_steps=max_steps, reasoning_max_chars=reasoning_max_chars
         )
     system = "\n\n".join(
         [
-            CONDUCTOR_ROLE,
+            role,
             "The pool:\n" + pool_listing(agents),
             fmt,
             EXAMPLES.format(a=a, b=b) if not json_mode else "",

@@ -64,7 +64,7 @@ async def test_a_bare_conductor_gets_the_steps_schema_alone(agent_server: AgentS
 
     seen = agent_server.requests("conductor")[0]
     assert seen.json_schema is not None and list(seen.json_schema["properties"]) == ["steps"]
-    assert 'Reply with a JSON object {"steps": [...]}' in seen.system
+    assert 'Reply with {"steps": [...]}, at most' in seen.system
     assert "reasoning" not in seen.system
     assert attempt.plan is not None and len(attempt.plan) == 2  # any reply form still parses
 

@@ -42,8 +42,19 @@ def test_the_reasoning_json_prompt_asks_to_reason_first_within_the_bound() -> No
 
 def test_the_bare_json_prompt_asks_for_the_steps_alone() -> None:
     prompt = system_prompt(json_mode=True)
-    assert 'Reply with a JSON object {"steps": [...]}' in prompt
+    assert 'Reply with {"steps": [...]}, at most 3 steps' in prompt
     assert "reasoning" not in prompt
+
+
+def test_the_bare_json_prompt_is_the_shortest_form_every_other_says_more() -> None:
+    """The bare form is for tiny conductors and its prompt is paid on every plan: it keeps the
+    role's point (plan, do not answer; the last step answers) in fewer words than any form."""
+    bare = system_prompt(json_mode=True)
+    assert bare.startswith("You are the conductor: plan the task")
+    assert "the last step's output is the final answer" in bare
+    for other in (system_prompt(json_mode=True, reasoning_max_chars=500),
+                  system_prompt(json_mode=False)):
+        assert len(bare) < len(other) - 250
 
 
 def test_the_free_text_prompt_asks_to_think_then_write_the_lists_whatever_the_form() -> None:
