@@ -200,8 +200,9 @@ class AgentSpec(BaseModel):
         default="reasoning",
         description="conductor, under constrained JSON: 'reasoning' (the paper's form) writes "
         'free-text reasoning first, {"reasoning": ..., "steps": [...]}, then the plan; '
-        "'bare' writes only {\"steps\": [...]}, the cheapest in tokens, for tiny conductors "
-        "with a small max_tokens. A conductor answering in free text always reasons first",
+        "'bare' writes only {\"steps\": [...]} after a shorter prompt, the cheapest in "
+        "tokens, for tiny conductors with a small max_tokens. A conductor answering in free "
+        "text always reasons first",
     )
     reasoning_max_chars: int = Field(
         default=DEFAULT_REASONING_MAX_CHARS, ge=1, le=20_000,
