@@ -86,7 +86,10 @@ async def patiently(call: Callable[[], Awaitable[Any]], *, tries: int = 8,
     """`call()` again after a Temporal RPC that timed out or found the server unavailable, up
     to `tries` times (pause doubling): a training benchmark polls its workflow for hours, and
     on a loaded machine one query can miss its deadline (a pool's run died of it, 2026-11-27)
-    while the training itself goes on."""
+    while the training itself goes on. A query the worker was too starved to answer in the
+    SDK's 2 s ("Potential deadlock detected": a run under `nice -n 19` beside two others died
+    of it, 2026-11-30) is asked again too; any other failed query is raised at once."""
+    from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
     transient = {RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE,
@@ -94,9 +97,11 @@ async def patiently(call: Callable[[], Awaitable[Any]], *, tries: int = 8,
     for attempt in range(tries):
         try:
             return await call()
-        except RPCError as e:
-            if e.status not in transient and "Timeout expired" not in e.message \
-                    or attempt == tries - 1:
+        except (RPCError, WorkflowQueryFailedError) as e:
+            again = ("Potential deadlock detected" in e.message
+                     if isinstance(e, WorkflowQueryFailedError)
+                     else e.status in transient or "Timeout expired" in e.message)
+            if not again or attempt == tries - 1:
                 raise
             print(f"  (Temporal RPC failed: {e.message}; again in {pause:.0f} s)", flush=True)
             await asyncio.sleep(pause)

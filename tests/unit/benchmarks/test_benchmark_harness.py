@@ -43,6 +43,31 @@ def test_a_query_that_timed_out_is_asked_again_and_a_real_error_is_raised_at_onc
         asyncio.run(patiently(always_times_out, tries=3, pause=0.0))
 
 
+def test_a_query_the_starved_worker_could_not_answer_is_asked_again_others_raise() -> None:
+    from temporalio.client import WorkflowQueryFailedError
+
+    calls = [0]
+
+    async def starved_once() -> str:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise WorkflowQueryFailedError("[TMPRL1101] Potential deadlock detected: "
+                                           "workflow didn't yield within 2 second(s).")
+        return "progress"
+
+    assert asyncio.run(patiently(starved_once, pause=0.0)) == "progress"
+    assert calls[0] == 2
+
+    async def query_raised() -> str:
+        calls[0] += 1
+        raise WorkflowQueryFailedError("KeyError: 'iteration'")
+
+    calls[0] = 0
+    with pytest.raises(WorkflowQueryFailedError, match="KeyError"):
+        asyncio.run(patiently(query_raised, pause=0.0))
+    assert calls[0] == 1
+
+
 def test_an_iteration_line_counts_the_runs_left_out_of_its_mean() -> None:
     from conductor_engine.engine.contracts.training_runs import IterationStats
 
