@@ -15,13 +15,15 @@ rewards it (1 or `wrong`, less the cost penalty). Then the warm-up's own selecti
 - best run by reward (`rank = "run"`), the obvious baseline;
 - plan mean over the same samples (`rank = "plan_mean"`);
 - plan mean after a rehearsal: the `--rehearse-plans` best candidates of each task run
-  `--rehearse` more times each, as fixed plans with fresh draws.
+  `--rehearse` more times each, as fixed plans with fresh draws;
+- the same by tag (`plan_means_by = "tag"`, as the plans recipe ships it): means pooled over
+  the tasks of a kind, every task trained on its kind's plan or on none (`kind_choices`).
 
 It prints, per way, the selected plans' expected reward over the oracle's (summed over the tasks
-with a selection: the same tasks in every way), how many are the oracle's plan per kind, and the
-runs executed, averaged over `--repeats` draws per pool; then the ratio of each way's figure to
-the best run's. Seconds, no model, no services: the ranking in isolation from what SFT and GRPO
-make of it (bench_plans.py measures those, with SmolLM2 writing the samples).
+with a selection, which the tag way may leave some out of), how many are the oracle's plan per
+kind, and the runs executed, averaged over `--repeats` draws per pool; then the ratio of each
+way's figure to the best run's. Seconds, no model, no services: the ranking in isolation from
+what SFT and GRPO make of it (bench_plans.py measures those, with SmolLM2 writing the samples).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections import Counter
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.plans import Plan, Step
+from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import WarmupConfig
 from conductor_engine.engine.providers.sim_structure import (
@@ -46,7 +49,8 @@ from conductor_engine.trainer.warmup import candidate_plans, select_plans
 from tests.unit.trainer.test_warmup import scored
 
 BATCH = "rehearse-bench"
-WAYS = ("best run by reward", "plan mean, samples only", "plan mean, rehearsed")
+WAYS = ("best run by reward", "plan mean, samples only", "plan mean, rehearsed",
+        "plan mean by tag, rehearsed")
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,6 +78,8 @@ class Pool:
         self.parts: dict[str, list[str]] = {
             str(r["id"]): list(r.get("parts") or r["tags"])  # type: ignore[call-overload]
             for r, _ in rows}
+        self.tags: dict[str, list[str]] = {
+            str(r["id"]): list(r["tags"]) for r, _ in rows}  # type: ignore[call-overload]
 
     def value(self, task_id: str, plan: list[PlanStep]) -> tuple[float, float, float]:
         return expected_reward(plan, self.agents, self.parts[task_id], self.spec.wrong,
@@ -89,6 +95,7 @@ class Pool:
         reward = max(0.0, base - self.spec.cost_penalty_per_usd * cost)
         trace = scored(task_id, reward, cost=cost, minute=minute, correct=right,
                        conductor="conductor")
+        trace.task.tags = self.tags[task_id]
         trace.rounds[0].plan = Plan(steps=[Step(agent=s.agent, subtask="Do it.",
                                                 access=list(s.sees)) for s in plan])
         if fixed:
@@ -124,13 +131,19 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
                for t in ids for k in range(args.samples)]
     cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans,
                        more_steps_margin=args.margin)
-    rehearsed = [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
-                 for t, plans in candidate_plans(samples, ids, cfg, BATCH).items()
-                 for plan in plans for r in range(args.rehearse)]
+    by_tag = revised(cfg, plan_means_by="tag")
+
+    def rehearsal(c: WarmupConfig) -> list[Trace]:
+        return [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
+                for t, plans in candidate_plans(samples, ids, c, BATCH).items()
+                for plan in plans for r in range(args.rehearse)]
+
+    rehearsed = {WAYS[2]: rehearsal(cfg), WAYS[3]: rehearsal(by_tag)}
     chosen = {
         WAYS[0]: select_plans(samples, ids, WarmupConfig(rank="run")),
         WAYS[1]: select_plans(samples, ids, WarmupConfig()),
-        WAYS[2]: select_plans(samples + rehearsed, ids, cfg, BATCH),
+        WAYS[2]: select_plans(samples + rehearsed[WAYS[2]], ids, cfg, BATCH),
+        WAYS[3]: select_plans(samples + rehearsed[WAYS[3]], ids, by_tag, BATCH),
     }
     out = {}
     for way, selection in chosen.items():
@@ -144,7 +157,7 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
             oracle += best.expected_reward
             exact[best.kind] += plan == best.plan
             kinds[best.kind] += 1
-        runs = len(samples) + (len(rehearsed) if way == WAYS[2] else 0)
+        runs = len(samples) + len(rehearsed.get(way, []))
         out[way] = (expected, oracle, exact, kinds, runs)
     return out
 
@@ -173,7 +186,7 @@ def main() -> None:
             e, o, runs = per[way]
             hits = " · ".join(f"{k} {exact[way][k] / args.repeats:.1f}/"
                               f"{kinds[way][k] / args.repeats:.1f}" for k in sorted(kinds[way]))
-            print(f"  {way:<24} expected / oracle {e / o:.3f} · oracle plans per kind: {hits} "
+            print(f"  {way:<27} expected / oracle {e / o:.3f} · oracle plans per kind: {hits} "
                   f"· {runs:.0f} runs")
             for i, v in enumerate((e, o, runs)):
                 totals[way][i] += v
@@ -181,7 +194,7 @@ def main() -> None:
     print("\nall pools:")
     for way in WAYS:
         e, o, runs = totals[way]
-        print(f"  {way:<24} expected / oracle {e / o:.3f} ({e / o / base:.3f}x the best run) "
+        print(f"  {way:<27} expected / oracle {e / o:.3f} ({e / o / base:.3f}x the best run) "
               f"· {runs / totals[WAYS[0]][2]:.1f}x its runs")
     print(f"\n{time.monotonic() - started:.1f}s")
 
