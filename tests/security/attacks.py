@@ -384,7 +384,9 @@ def count_zombies(runs: int) -> int:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     sleeper = "import time\ndef f():\n    time.sleep(3600)\n"
     for _ in range(runs):
-        res = sandbox.run_call_cases(sleeper, [("f", [], {})], sandbox.SandboxLimits(timeout_s=1))
+        # 5 s, not 1: the candidate must have started (error None) for its processes to be
+        # orphaned, and on a loaded 2-core host a sandbox once took over 1 s to get there
+        res = sandbox.run_call_cases(sleeper, [("f", [], {})], sandbox.SandboxLimits(timeout_s=5))
         assert res.timed_out and res.error is None, res
     time.sleep(0.5)
     zombies = 0
