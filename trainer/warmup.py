@@ -32,9 +32,8 @@ Which runs (`select_plans`), per training task:
     all of a plan's runs is the estimate of its expected reward that a run's own reward is not.
     With `plan_means_by` "tag" the plans of a task are ordered by their mean over the runs of
     every training task sharing its first tag (`by_kind_order`): the tasks of one kind learn
-    one plan, the kind's best that some task of it has a run to train on, and a task with no
-    run of it learns none (`kind_choices`); a plan the kind ranks first is rehearsed, and
-    learned, on a task whose one run of it drew a wrong answer (`rehearsed_run`).
+    one plan, and a plan the kind ranks first is rehearsed, and learned, on a task whose one
+    run of it drew a wrong answer (`rehearsed_run`).
     Rehearsal (`rehearse`, run by the training workflow before the warm-up) executes each
     task's best candidate plans again as fixed plans; their runs count towards their plan's
     mean (they are recorded under the policy `baseline` in the run's rehearsal batch, and
@@ -290,11 +289,20 @@ def kind_of(trace: Trace) -> str:
     return trace.task.tags[0] if trace.task.tags else ""
 
 
-def kind_places(ranked: dict[str, list[RankedPlan]], margin: float
-                ) -> tuple[dict[str, str], dict[tuple[str, Signature], int]]:
-    """Each task's kind (`kind_of`) and each (kind, signature)'s place in its kind's order:
-    every plan's runs on all the kind's training tasks pooled into one mean (RankedPlan.key on
-    the pooled runs), fewer steps first by `margin` (`fewer_steps_first`)."""
+def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
+                  ) -> dict[str, list[RankedPlan]]:
+    """Each task's plans (`rank_plans`' lists) in the order its kind ranks them: every plan's
+    runs on all the kind's training tasks pooled into one mean (RankedPlan.key on the pooled
+    runs), fewer steps first by `margin` (`fewer_steps_first`).
+
+    Why: after rounds of sampling and rehearsal a task has many plans near its best, each
+    measured by a handful of runs, and which of them its own mean puts first is mostly luck.
+    The tasks of one kind (in the sim, one tag: the same agents are good at all of them) then
+    learn different near-tied plans, and a held-out task of the kind writes whichever its
+    question resembles (structured pool 3: split tasks learned three first agents, and both
+    held-out splits drafted with the one a single training task had learned,
+    docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
+    the runs, and every task of the kind learns the same plan where it has a run of it."""
     kinds = {task: kind_of(plans[0].runs[0]) for task, plans in ranked.items() if plans}
     pooled: dict[tuple[str, Signature], RankedPlan] = {}  # its task_id: the kind's tag
     for task, plans in ranked.items():
@@ -306,49 +314,11 @@ def kind_places(ranked: dict[str, list[RankedPlan]], margin: float
         by_kind.setdefault(plan.task_id, []).append(plan)
     place = {(kind, p.signature): i for kind, plans in by_kind.items()
              for i, p in enumerate(fewer_steps_first(sorted(plans, key=RankedPlan.key), margin))}
-    return kinds, place
-
-
-def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
-                  ) -> dict[str, list[RankedPlan]]:
-    """Each task's plans (`rank_plans`' lists) in the order its kind ranks them (`kind_places`).
-
-    Why: after rounds of sampling and rehearsal a task has many plans near its best, each
-    measured by a handful of runs, and which of them its own mean puts first is mostly luck.
-    The tasks of one kind (in the sim, one tag: the same agents are good at all of them) then
-    learn different near-tied plans, and a held-out task of the kind writes whichever its
-    question resembles (structured pool 3: split tasks learned three first agents, and both
-    held-out splits drafted with the one a single training task had learned,
-    docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
-    the runs."""
-    kinds, place = kind_places(ranked, margin)
-    return {task: sorted(plans, key=lambda p: place[kinds[task], p.signature])
-            for task, plans in ranked.items()}
-
-
-def kind_choices(ranked: dict[str, list[RankedPlan]], margin: float, per_task: int
-                 ) -> list[RankedPlan]:
-    """What the tasks of each kind train on with `plan_means_by` "tag": the kind's first
-    `per_task` plans (`kind_places`) among those some task of the kind has a run to train on,
-    on every task that has a run of them; tasks in id order, each one's plans best first. A
-    task with no run of its kind's plans trains on none.
-
-    Why not that task's own next plan: it would teach the kind's held-out tasks a worse plan
-    as well. Structured pool 1 (docs/results/learning.md): round 4 ranked the review kind's
-    draft + review first on the pooled runs, and five of the six review tasks learned it, but
-    the sixth, which had never written it, learned a two-step plan whose second step did not
-    see the first (0.65 against 0.83), and one of the two held-out review tasks wrote that."""
-    kinds, place = kind_places(ranked, margin)
-    trainable: dict[str, set[Signature]] = {}
+    out: dict[str, list[RankedPlan]] = {}
     for task, plans in ranked.items():
-        for p in plans:
-            if p.best is not None:
-                trainable.setdefault(kinds[task], set()).add(p.signature)
-    taken = {kind: set(sorted(sigs, key=lambda s: place[kind, s])[:per_task])
-             for kind, sigs in trainable.items()}
-    return [p for task, plans in ranked.items()
-            for p in sorted(plans, key=lambda p: place[kinds[task], p.signature])
-            if p.best is not None and p.signature in taken[kinds[task]]]
+        order = {p.signature: place[kinds[task], p.signature] for p in plans}
+        out[task] = sorted(plans, key=lambda p: order[p.signature])
+    return out
 
 
 def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
@@ -409,11 +379,12 @@ def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig
              rehearsal_batch: str | None) -> Selection:
     """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
     that have a run to train on, fewer steps first by `more_steps_margin`; with
-    `plan_means_by` "tag", its kind's best `per_task` plans, where it has a run of them
-    (`kind_choices`)."""
+    `plan_means_by` "tag", in the order of its kind's pooled runs (`by_kind_order`)."""
     ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     if cfg.plan_means_by == "tag":
-        chosen = kind_choices(ranked, cfg.more_steps_margin, cfg.per_task)
+        ordered = by_kind_order(ranked, cfg.more_steps_margin)
+        chosen = [p for plans in ordered.values()
+                  for p in [p for p in plans if p.best is not None][: cfg.per_task]]
     else:
         chosen = [p for plans in ranked.values()
                   for p in fewer_steps_first([p for p in plans if p.best is not None],

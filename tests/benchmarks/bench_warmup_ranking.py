@@ -17,13 +17,13 @@ rewards it (1 or `wrong`, less the cost penalty). Then the warm-up's own selecti
 - plan mean after a rehearsal: the `--rehearse-plans` best candidates of each task run
   `--rehearse` more times each, as fixed plans with fresh draws;
 - the same by tag (`plan_means_by = "tag"`, as the plans recipe ships it): means pooled over
-  the tasks of a kind, every task trained on its kind's plan or on none (`kind_choices`).
+  the tasks of a kind, each task trained on the first plan of its kind's order it has a run of.
 
 It prints, per way, the selected plans' expected reward over the oracle's (summed over the tasks
-with a selection, which the tag way may leave some out of), how many are the oracle's plan per
-kind, and the runs executed, averaged over `--repeats` draws per pool; then the ratio of each
-way's figure to the best run's. Seconds, no model, no services: the ranking in isolation from
-what SFT and GRPO make of it (bench_plans.py measures those, with SmolLM2 writing the samples).
+with a selection), how many are the oracle's plan per kind, and the runs executed, averaged
+over `--repeats` draws per pool; then the ratio of each way's figure to the best run's.
+Seconds, no model, no services: the ranking in isolation from what SFT and GRPO make of it
+(bench_plans.py measures those, with SmolLM2 writing the samples).
 """
 
 from __future__ import annotations

@@ -268,31 +268,6 @@ def test_tasks_of_one_tag_learn_the_plan_their_pooled_runs_rank_first() -> None:
     assert {len(t.rounds[0].plan.steps) for t in wide.plans} == {1}  # type: ignore[union-attr]
 
 
-def test_a_task_that_never_wrote_its_tags_first_plan_learns_no_other_plan() -> None:
-    """Tasks a, b, c share tag k: the review plan right 4 of 4 on a and b, the cheap plan 3
-    of 4 on all three; c never wrote the review plan. Pooled over the tag the review plan comes
-    first, so a and b learn it and c learns nothing: its own next plan (the cheap one) would
-    teach the tag's held-out tasks the worse plan too. Task d, tagged otherwise, keeps its
-    own best; with per_task 2 every task of k that has them takes the tag's two plans."""
-    from conductor_engine.trainer.warmup import select_plans
-
-    def runs(task: str, plan: tuple[tuple[str, Access], ...], right: int, n: int,
-             tag: str = "k") -> list[Trace]:
-        return [tagged(planned(task, plan, 1.0, minute=i) if i < right
-                       else _wrong(planned(task, plan, 0.25, minute=i)), tag)
-                for i in range(n)]
-
-    traces = [*runs("a", REVIEW, 4, 4), *runs("b", REVIEW, 4, 4),
-              *[t for task in "abc" for t in runs(task, SOLO, 3, 4)], *runs("d", SOLO, 3, 3, "o")]
-    cfg = WarmupConfig(plan_means_by="tag")
-    chosen = select_plans(traces, list("abcd"), cfg)
-    assert [(t.task.id, len(t.rounds[0].plan.steps)) for t in chosen.plans  # type: ignore[union-attr]
-            ] == [("a", 2), ("b", 2), ("d", 1)]
-    both = select_plans(traces, list("abcd"), revised(cfg, per_task=2))
-    assert [(t.task.id, len(t.rounds[0].plan.steps)) for t in both.plans  # type: ignore[union-attr]
-            ] == [("a", 2), ("a", 1), ("b", 2), ("b", 1), ("c", 1), ("d", 1)]
-
-
 def test_a_plan_its_tag_ranks_first_is_rehearsed_and_then_learned_from_its_wrong_run() -> None:
     """Task a's conductor wrote the review plan once and drew a wrong answer; on b the review
     plan is right 4 of 4. Pooled over the tag the review plan is a's first candidate for
