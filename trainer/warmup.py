@@ -289,11 +289,29 @@ def kind_of(trace: Trace) -> str:
     return trace.task.tags[0] if trace.task.tags else ""
 
 
+def pooled_by_kind(ranked: dict[str, list[RankedPlan]], margin: float
+                   ) -> dict[str, list[RankedPlan]]:
+    """Each kind's plans (`RankedPlan.task_id` the kind's tag), every plan's runs and
+    conductor-written runs on all the kind's training tasks pooled, in the kind's order:
+    RankedPlan.key on the pooled runs, fewer steps first by `margin` (`fewer_steps_first`)."""
+    pooled: dict[tuple[str, Signature], RankedPlan] = {}
+    for plans in ranked.values():
+        for p in plans:
+            kind = kind_of(p.runs[0])
+            into = pooled.setdefault((kind, p.signature), RankedPlan(kind, p.signature))
+            into.runs.extend(p.runs)
+            into.written.extend(p.written)
+    by_kind: dict[str, list[RankedPlan]] = {}
+    for plan in pooled.values():
+        by_kind.setdefault(plan.task_id, []).append(plan)
+    return {kind: fewer_steps_first(sorted(plans, key=RankedPlan.key), margin)
+            for kind, plans in by_kind.items()}
+
+
 def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
                   ) -> dict[str, list[RankedPlan]]:
-    """Each task's plans (`rank_plans`' lists) in the order its kind ranks them: every plan's
-    runs on all the kind's training tasks pooled into one mean (RankedPlan.key on the pooled
-    runs), fewer steps first by `margin` (`fewer_steps_first`).
+    """Each task's plans (`rank_plans`' lists) in the order its kind ranks them
+    (`pooled_by_kind`).
 
     Why: after rounds of sampling and rehearsal a task has many plans near its best, each
     measured by a handful of runs, and which of them its own mean puts first is mostly luck.
@@ -302,23 +320,70 @@ def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
     question resembles (structured pool 3: split tasks learned three first agents, and both
     held-out splits drafted with the one a single training task had learned,
     docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
-    the runs, and every task of the kind learns the same plan where it has a run of it."""
-    kinds = {task: kind_of(plans[0].runs[0]) for task, plans in ranked.items() if plans}
-    pooled: dict[tuple[str, Signature], RankedPlan] = {}  # its task_id: the kind's tag
+    the runs, and every task of the kind learns the same plan (`borrowed_run` where its own
+    conductor never wrote it)."""
+    place = {(kind, p.signature): i for kind, plans in pooled_by_kind(ranked, margin).items()
+             for i, p in enumerate(plans)}
+    return {task: sorted(plans, key=lambda p: place[kind_of(p.runs[0]), p.signature])
+            for task, plans in ranked.items()}
+
+
+def kind_firsts(ranked: dict[str, list[RankedPlan]], margin: float) -> dict[str, RankedPlan]:
+    """Each kind's first plan (`pooled_by_kind`) among those a conductor wrote, in one round:
+    the plan every task of the kind should learn."""
+    return {kind: first for kind, plans in pooled_by_kind(ranked, margin).items()
+            if (first := next((p for p in plans if p.written and len(p.signature) == 1),
+                              None)) is not None}
+
+
+def borrowed_plans(ranked: dict[str, list[RankedPlan]]) -> dict[str, Plan]:
+    """With `plan_means_by` "tag", each training task that has no run at all of its kind's
+    first plan (`kind_firsts`, by the candidates' order): that plan as the best of its
+    conductor-written runs on a sibling task (`rank_key`) wrote it, subtasks and all, for the
+    rehearsal to run on this task. Its runs there then count towards the plan's mean on the
+    task, and the warm-up can teach it with this task's own prompt (`borrowed_run`).
+
+    Why: a task whose conductor never wrote its kind's plan used to learn its own next plan
+    (structured pool 1: a review task learned a worse plan that a held-out task then wrote,
+    docs/results/learning.md); leaving such a task out instead taught each kind from one or
+    two of its six tasks, which did not reach the held-out tasks."""
+    firsts = kind_firsts(ranked, margin=0.0)
+    out: dict[str, Plan] = {}
     for task, plans in ranked.items():
-        for p in plans:
-            key = (kinds[task], p.signature)
-            pooled.setdefault(key, RankedPlan(kinds[task], p.signature)).runs.extend(p.runs)
-    by_kind: dict[str, list[RankedPlan]] = {}
-    for plan in pooled.values():
-        by_kind.setdefault(plan.task_id, []).append(plan)
-    place = {(kind, p.signature): i for kind, plans in by_kind.items()
-             for i, p in enumerate(fewer_steps_first(sorted(plans, key=RankedPlan.key), margin))}
-    out: dict[str, list[RankedPlan]] = {}
-    for task, plans in ranked.items():
-        order = {p.signature: place[kinds[task], p.signature] for p in plans}
-        out[task] = sorted(plans, key=lambda p: order[p.signature])
+        first = firsts.get(kind_of(plans[0].runs[0])) if plans else None
+        if first is None or any(p.signature == first.signature for p in plans):
+            continue
+        source = min(first.written, key=rank_key)
+        if source.rounds[0].plan is not None:
+            out[task] = source.rounds[0].plan
     return out
+
+
+def borrowed_run(plan: RankedPlan, kind: RankedPlan, own: Sequence[Trace],
+                 rehearsal_batch: str) -> Trace | None:
+    """A run to learn `plan` (one task's, its kind's first) from when no conductor wrote it on
+    this task: the best of the task's rehearsed runs of a text a conductor wrote on a sibling
+    task (`kind.written`, the kind's pooled plan), with that conductor's plan attempt under
+    this task's own prompt (from `own`, the task's best conductor-written run). The sample is
+    what the task's prompt would have asked for; the reward it carries is this task's, for
+    that very plan text, executed and scored. None when the rehearsal has not run it here."""
+    rehearsed: dict[str, Trace] = {}  # each text's best run on this task
+    for t in sorted(plan.runs, key=rank_key):
+        if t.task.batch == rehearsal_batch and len(t.rounds) == 1 and t.rounds[0].plan:
+            rehearsed.setdefault(t.rounds[0].plan.model_dump_json(), t)
+    sources = [t for t in sorted(kind.written, key=rank_key) if len(t.rounds) == 1
+               and t.rounds[0].plan is not None
+               and t.rounds[0].plan.model_dump_json() in rehearsed]
+    prompts = [a.prompt for t in sorted(own, key=rank_key) for a in deciding_attempts(t)
+               if a.prompt and len(t.rounds) == 1]
+    if not sources or not prompts or not deciding_attempts(sources[0]):
+        return None
+    source = sources[0]
+    assert source.rounds[0].plan is not None
+    run = rehearsed[source.rounds[0].plan.model_dump_json()]
+    attempt = revised(deciding_attempts(source)[0], prompt=prompts[0])
+    return revised(run, policy=source.policy,
+                   rounds=[revised(run.rounds[0], attempts=[attempt])])
 
 
 def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
@@ -333,15 +398,18 @@ def candidate_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: Warmu
     "tag", the plans its kind's pooled runs rank first (`by_kind_order`), a plan the task's
     conductor wrote but never answered right with included (`rehearsed_run`)."""
     ranked, _ = rank_plans(traces, task_ids, cfg, rehearsal_batch)
+    borrowed: dict[str, Plan] = {}
     if cfg.plan_means_by == "tag":
+        borrowed = borrowed_plans(ranked)
         ranked = by_kind_order(ranked, margin=0.0)
     out: dict[str, list[Plan]] = {}
     for task, plans in ranked.items():
-        chosen = [plan for p in plans if (run := _source(p)) is not None
-                  and len(p.signature) == 1
-                  and not (rehearsal_batch and any(t.task.batch == rehearsal_batch
-                                                   for t in p.runs))
-                  and (plan := run.rounds[0].plan) is not None][: cfg.rehearse_plans]
+        own = [plan for p in plans if (run := _source(p)) is not None
+               and len(p.signature) == 1
+               and not (rehearsal_batch and any(t.task.batch == rehearsal_batch
+                                                for t in p.runs))
+               and (plan := run.rounds[0].plan) is not None]
+        chosen = [*([borrowed[task]] if task in borrowed else []), *own][: cfg.rehearse_plans]
         if chosen:
             out[task] = chosen
     return out
@@ -383,6 +451,8 @@ def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig
     ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     if cfg.plan_means_by == "tag":
         ordered = by_kind_order(ranked, cfg.more_steps_margin)
+        if rehearsal_batch is not None:
+            _borrow(ordered, rehearsal_batch)
         chosen = [p for plans in ordered.values()
                   for p in [p for p in plans if p.best is not None][: cfg.per_task]]
     else:
@@ -396,6 +466,19 @@ def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig
         counted_runs=sum(len(p.runs) for plans in ranked.values() for p in plans),
         plan_means={(p.best.workflow_id, p.best.run_id): p.mean_reward for p in chosen
                     if p.best is not None})
+
+
+def _borrow(ordered: dict[str, list[RankedPlan]], rehearsal_batch: str) -> None:
+    """Fill in `best` (`borrowed_run`) of each task's plan that no conductor wrote on the
+    task, only the rehearsal ran there (`borrowed_plans` offered it in an earlier round)."""
+    kinds = {kind: {p.signature: p for p in plans}
+             for kind, plans in pooled_by_kind(ordered, 0.0).items()}
+    for plans in ordered.values():
+        own = [t for p in plans for t in p.written]
+        for p in plans:
+            if p.best is None and not p.written:
+                p.best = borrowed_run(p, kinds[kind_of(p.runs[0])][p.signature], own,
+                                      rehearsal_batch)
 
 
 def stored_traces(runs: Sequence[StoredRun]) -> tuple[list[Trace], dict[str, int]]:

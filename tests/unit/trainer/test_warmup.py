@@ -297,6 +297,42 @@ def test_a_plan_its_tag_ranks_first_is_rehearsed_and_then_learned_from_its_wrong
     assert [len(t.rounds[0].plan.steps) for t in other.plans] == [1]  # type: ignore[union-attr]
 
 
+def test_a_task_that_never_wrote_its_tags_first_plan_rehearses_and_learns_a_siblings() -> None:
+    """Task a's conductor only ever wrote the one-step plan (right 1 of 3); on b the review
+    plan is right 4 of 4, so the tag ranks it first. The rehearsal is offered b's text of it
+    for a; once a's runs of that text are scored, a learns it: b's plan attempt under a's own
+    prompt, credited with a's run. Before that rehearsal, and per task, a keeps its own plan."""
+    from conductor_engine.trainer.warmup import candidate_plans, select_plans
+
+    solo = [tagged(planned("a", SOLO, 1.0 if i == 2 else 0.25, minute=i), "k") for i in range(3)]
+    for t in solo[:2]:
+        _wrong(t)
+    sibling = [tagged(planned("b", REVIEW, 1.0, wording="B's.", minute=i), "k")
+               for i in range(4)]
+    traces = [*solo, *sibling]
+    cfg = WarmupConfig(rehearse=2, rehearse_plans=2, plan_means_by="tag")
+    got = candidate_plans(traces, ["a", "b"], cfg, "r")
+    assert [[s.subtask for s in p.steps] for p in got["a"]] == [["B's. (0)", "B's. (1)"],
+                                                                ["Do it. (0)"]]
+    assert [[s.subtask for s in p.steps] for p in got["b"]] == [["B's. (0)", "B's. (1)"]]
+    before = select_plans(traces, ["a", "b"], cfg, "r")
+    assert [(t.task.id, len(t.rounds[0].plan.steps)) for t in before.plans  # type: ignore[union-attr]
+            ] == [("a", 1), ("b", 2)]
+    rehearsed = [tagged(planned("a", REVIEW, 0.9 + i / 100, wording="B's.", fixed_in="r",
+                                minute=10 + i), "k") for i in range(3)]
+    learned = select_plans([*traces, *rehearsed], ["a", "b"], cfg, "r")
+    a = learned.plans[0]
+    assert a.task.id == "a" and a.rounds[0].plan == sibling[0].rounds[0].plan
+    assert a.reward is not None and a.reward.value == 0.92  # a's best rehearsed run's
+    assert a.policy.name == "teacher"  # the conductor that wrote the text
+    assert [m.content for m in a.rounds[0].attempts[-1].prompt] == ["Plan a."]
+    assert learned.conductors() == {"teacher": 2} and learned.tasks == 2
+    # only this training run's rehearsal of that very text lets a learn it
+    elsewhere = [revised(t, task=revised(t.task, batch="other")) for t in rehearsed]
+    assert len(select_plans([*traces, *elsewhere], ["a", "b"], cfg, "r").plans[0]
+               .rounds[0].plan.steps) == 1  # type: ignore[union-attr]
+
+
 def test_rehearsal_asks_for_plan_means() -> None:
     """Rehearsed runs count towards a plan's mean: with rank "run" they would count for
     nothing, so the recipe says so."""
