@@ -33,7 +33,9 @@ Which runs (`select_plans`), per training task:
     With `plan_means_by` "tag" the plans of a task are ordered by their mean over the runs of
     every training task sharing its first tag (`by_kind_order`): the tasks of one kind learn
     one plan, and a plan the kind ranks first is rehearsed, and learned, on a task whose one
-    run of it drew a wrong answer (`rehearsed_run`).
+    run of it drew a wrong answer (`rehearsed_run`) or whose conductor never wrote it: the
+    rehearsal runs a sibling task's text of it there, and the task learns that text under its
+    own prompt, credited with its own runs of it (`borrowed_plans`, `borrowed_run`).
     Rehearsal (`rehearse`, run by the training workflow before the warm-up) executes each
     task's best candidate plans again as fixed plans; their runs count towards their plan's
     mean (they are recorded under the policy `baseline` in the run's rehearsal batch, and

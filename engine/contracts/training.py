@@ -327,7 +327,9 @@ class WarmupConfig(Strict):
         "that shares the task's first tag (untagged tasks form one group, as the held-out split "
         "does), so the tasks of one kind learn the plan the kind's pooled runs rank first (the "
         "first of that order each task has a run to train on; fewer steps first by "
-        "more_steps_margin on the pooled means) and rehearse the plans it ranks first: a "
+        "more_steps_margin on the pooled means) and rehearse the plans it ranks first (on a "
+        "task whose conductor never wrote the kind's first plan, a sibling task's text of it, "
+        "then learned under the task's own prompt): a "
         "task's own handful of runs is mostly luck, and a kind whose tasks learned different "
         "near-tied plans teaches held-out tasks of that kind whichever one they resemble")
     per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "

@@ -120,6 +120,28 @@ async def test_a_training_run_warms_up_on_the_best_scored_runs_then_continues_gr
     assert [v.metrics.get("phase") for v in history] == ["warmup", None, None]
 
 
+def conductor_wrote(task: Task, agent: str, policy: str, *, reward: float = 1.0,
+                    cost: float = 0.01, minute: int = 0) -> Trace:
+    """A scored run of `task` whose conductor (`policy`) wrote the one-step plan to `agent`,
+    right when `reward` is 1; its plan text re-tokenized, as an API conductor's."""
+    from conductor_engine.engine.contracts.agent_calls import Message
+    from conductor_engine.engine.contracts.plans import Plan, Step
+    from conductor_engine.engine.contracts.traces import PolicyRef
+    from tests.plans import plan_json
+    from tests.unit.trainer.test_warmup import scored
+
+    trace = scored(task.id, reward, cost=cost, conductor=policy, minute=minute)
+    trace.task = task
+    trace.policy = PolicyRef(name=policy, version="base")
+    trace.rounds[0].plan = Plan(steps=[Step(agent=agent, subtask="Solve.", access=[])])
+    attempt = trace.rounds[0].attempts[0]
+    attempt.prompt = [Message(role="user", content=f"Plan: {task.question}")]
+    attempt.raw_text = plan_json((agent, "Solve.", []))
+    attempt.token_ids = attempt.logprobs = None  # re-tokenized, as an API conductor's
+    attempt.conductor_id, attempt.finish_reason = policy, "stop"
+    return trace
+
+
 @pytest.mark.slow  # about 30 s: 16 rehearsal runs, a warm-up, one GRPO iteration
 async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means_pick_the_plan(
     client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
@@ -131,13 +153,8 @@ async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means
     times as fixed plans on the pool's queue; their runs are scored and stored in the run's
     rehearsal batch, counted towards their plans' means, and the competent agent's plan is
     the one learned."""
-    from conductor_engine.engine.contracts.agent_calls import Message
     from conductor_engine.engine.contracts.names import BASELINE_POLICY, rehearsal_batch
-    from conductor_engine.engine.contracts.plans import Plan, Step
-    from conductor_engine.engine.contracts.traces import PolicyRef
     from conductor_engine.trainer.warmup import plan_signature, rank_plans
-    from tests.plans import plan_json
-    from tests.unit.trainer.test_warmup import scored
 
     settings = trainer_settings(settings)
     pool = sim_pool(str(tiny_policy_dir))
@@ -146,22 +163,9 @@ async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means
     weak, competent = {"sim-math-1": "bravo", "sim-code-1": "alpha"}, {
         "sim-math-1": "alpha", "sim-code-1": "bravo"}
 
-    def written(task: Task, agent: str, cost: float) -> Trace:
-        """A right run of `task` whose conductor (this test's) wrote the one-step plan."""
-        trace = scored(task.id, 1.0, cost=cost, conductor=policy)
-        trace.task = task
-        trace.policy = PolicyRef(name=policy, version="base")
-        trace.rounds[0].plan = Plan(steps=[Step(agent=agent, subtask="Solve.", access=[])])
-        attempt = trace.rounds[0].attempts[0]
-        attempt.prompt = [Message(role="user", content=f"Plan: {task.question}")]
-        attempt.raw_text = plan_json((agent, "Solve.", []))
-        attempt.token_ids = attempt.logprobs = None  # re-tokenized, as an API conductor's
-        attempt.conductor_id, attempt.finish_reason = policy, "stop"
-        return trace
-
     for task in train:
-        await trace_store.write(written(task, weak[task.id], cost=0.0001))
-        await trace_store.write(written(task, competent[task.id], cost=0.01))
+        await trace_store.write(conductor_wrote(task, weak[task.id], policy, cost=0.0001))
+        await trace_store.write(conductor_wrote(task, competent[task.id], policy, cost=0.01))
     ids = [t.id for t in train]
     warm = WarmupConfig(enabled=True, epochs=1, learning_rate=1e-3, conductors=[policy],
                         rehearse=4, rehearse_plans=2)
@@ -209,6 +213,64 @@ async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means
     assert w.mean_plan_reward == pytest.approx(sum(means) / 2)
     assert w.shapes == {"1 step": 2} and w.conductors == {policy: 2}
     assert [s.version for s in final.history] == ["v1"] and final.version == 2
+
+
+@pytest.mark.slow  # about 30 s: 8 rehearsal runs, a warm-up, one GRPO iteration
+async def test_a_task_that_never_wrote_its_kinds_plan_rehearses_a_siblings_and_learns_it(
+    client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
+) -> None:
+    """Two math tasks (one kind: `plan_means_by = "tag"`). On sim-math-2 the conductor wrote
+    the competent agent's plan three times, right each time; on sim-math-1 it only ever wrote
+    the weak agent's, right once and wrong once. The kind ranks the competent plan first, so
+    the rehearsal runs sim-math-2's text of it on sim-math-1 too (4 runs each task), and the
+    warm-up trains sim-math-1 on it, under sim-math-1's own prompt and credited with its own
+    runs of it."""
+    from conductor_engine.engine.contracts.names import rehearsal_batch
+    from conductor_engine.trainer.warmup import select_plans
+
+    settings = trainer_settings(settings)
+    pool = sim_pool(str(tiny_policy_dir))
+    policy = pool.conductor.id
+    never, wrote = sim_tasks({"sim-math-1"})[0], sim_tasks({"sim-math-2"})[0]
+    ids = [never.id, wrote.id]
+    for trace in [conductor_wrote(never, "bravo", policy, cost=0.0001),
+                  conductor_wrote(never, "bravo", policy, reward=0.25, minute=1),
+                  *(conductor_wrote(wrote, "alpha", policy, minute=i) for i in range(3))]:
+        await trace_store.write(trace)
+    warm = WarmupConfig(enabled=True, epochs=1, learning_rate=1e-3, conductors=[policy],
+                        rehearse=4, rehearse_plans=1, plan_means_by="tag")
+    recipe = Recipe(
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
+        warmup=warm)
+    name = f"borrow-{uuid.uuid4().hex[:6]}"
+    inp = TrainInput(name=name, policy=policy, tasks=[never, wrote], iterations=1,
+                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
+    async with training_stack(client, settings, pool) as conductor:
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+
+    w = final.warmup
+    assert w is not None and w.published and w.rehearsal is not None, w
+    assert (w.rehearsal.tasks, w.rehearsal.plans, w.rehearsal.runs) == (2, 2, 8)
+    rehearsed = await trace_store.batch_traces(rehearsal_batch(name))
+    assert {(t.task.id, t.rounds[0].plan.steps[0].agent) for t in rehearsed  # type: ignore[union-attr]
+            } == {(never.id, "alpha"), (wrote.id, "alpha")}
+    # what the warm-up trained on: the competent plan on both tasks, each under its own prompt
+    runs = await trace_store.scored_runs(ids, per_task=256, policies=[policy],
+                                         batch=rehearsal_batch(name))
+    chosen = select_plans([r.trace for r in runs if r.trace], ids, warm, rehearsal_batch(name))
+    assert [(t.task.id, t.rounds[0].plan.steps[0].agent) for t in chosen.plans  # type: ignore[union-attr]
+            ] == [(never.id, "alpha"), (wrote.id, "alpha")]
+    prompt = chosen.plans[0].rounds[0].attempts[-1].prompt
+    assert [m.content for m in prompt] == [f"Plan: {never.question}"]
+    assert (w.plans, w.tasks_with_plans, w.conductors, w.shapes) == (
+        2, 2, {policy: 2}, {"1 step": 2})
+    own = [t.reward.value for t in rehearsed if t.task.id == never.id and t.reward]
+    assert w.mean_plan_reward == pytest.approx((sum(own) / 4 + chosen.plan_means[
+        chosen.plans[1].workflow_id, chosen.plans[1].run_id]) / 2)
 
 
 @pytest.mark.slow  # about 60 s: two rounds of 8 samples and rehearsals, two warm-ups, one update
