@@ -25,6 +25,7 @@ from conductor_engine.engine.contracts.training import (
     RolloutConfig,
     WarmupConfig,
 )
+from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.settings import Settings
 from conductor_engine.engine.storage.policies import PolicyRegistry
 from conductor_engine.engine.storage.trace_store import TraceStore
@@ -142,6 +143,25 @@ def conductor_wrote(task: Task, agent: str, policy: str, *, reward: float = 1.0,
     return trace
 
 
+async def warm_up_and_train_once(client: Client, settings: Settings, pool: Pool,
+                                 tiny_policy_dir: Path, tasks: list[Task], warm: WarmupConfig,
+                                 *, prefix: str) -> tuple[str, TrainProgress]:
+    """A training run of `tasks` with this warm-up and one GRPO iteration of the tiny policy
+    (full weights), on its own worker stack: the run's name and its final progress."""
+    recipe = Recipe(
+        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
+        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
+        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
+        warmup=warm)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    inp = TrainInput(name=name, policy=pool.conductor.id, tasks=tasks, iterations=1,
+                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
+    async with training_stack(client, settings, pool) as conductor:
+        await conductor.start_training(inp)
+        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
+        return name, await asyncio.wait_for(handle.result(), timeout=600)
+
+
 @pytest.mark.slow  # about 30 s: 16 rehearsal runs, a warm-up, one GRPO iteration
 async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means_pick_the_plan(
     client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
@@ -176,18 +196,8 @@ async def test_a_rehearsal_runs_each_tasks_candidate_plans_again_and_their_means
         return {t: plans[0].signature[0][0][0] for t, plans in ranked.items()}
 
     assert await chosen_agents(None) == weak, "the lucky cheap plans rank first unrehearsed"
-    recipe = Recipe(
-        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
-        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
-        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
-        warmup=warm)
-    name = f"rehearse-{uuid.uuid4().hex[:6]}"
-    inp = TrainInput(name=name, policy=policy, tasks=train, iterations=1, recipe=recipe,
-                     trainer_task_queue=settings.trainer_task_queue)
-    async with training_stack(client, settings, pool) as conductor:
-        await conductor.start_training(inp)
-        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
-        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+    name, final = await warm_up_and_train_once(client, settings, pool, tiny_policy_dir, train,
+                                               warm, prefix="rehearse")
 
     w = final.warmup
     assert w is not None and w.published and w.rehearsal is not None, w
@@ -239,18 +249,8 @@ async def test_a_task_that_never_wrote_its_kinds_plan_rehearses_a_siblings_and_l
         await trace_store.write(trace)
     warm = WarmupConfig(enabled=True, epochs=1, learning_rate=1e-3, conductors=[policy],
                         rehearse=4, rehearse_plans=1, plan_means_by="tag")
-    recipe = Recipe(
-        policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
-        loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
-        rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
-        warmup=warm)
-    name = f"borrow-{uuid.uuid4().hex[:6]}"
-    inp = TrainInput(name=name, policy=policy, tasks=[never, wrote], iterations=1,
-                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
-    async with training_stack(client, settings, pool) as conductor:
-        await conductor.start_training(inp)
-        handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
-        final: TrainProgress = await asyncio.wait_for(handle.result(), timeout=600)
+    name, final = await warm_up_and_train_once(client, settings, pool, tiny_policy_dir,
+                                               [never, wrote], warm, prefix="borrow")
 
     w = final.warmup
     assert w is not None and w.published and w.rehearsal is not None, w
