@@ -27,6 +27,8 @@ Which runs (`select_plans`), per training task:
     With `more_steps_margin` m > 0 a plan of more steps is taken over the best plan of fewer
     steps only if its mean is higher by more than m (`fewer_steps_first`): a second step
     that adds nothing is a near tie the best of many noisy means wins by luck.
+    With `ties_within_se` z > 0 two plans whose means differ by at most z standard errors of
+    the difference are a tie, and the cheaper ranks first (`cheaper_when_tied`).
     With a handful of runs per task the best single run is mostly luck: a cheap one-step plan
     that was right once beats a review plan that is right nine times in ten. The mean over
     all of a plan's runs is the estimate of its expected reward that a run's own reward is not.
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -202,6 +205,13 @@ class RankedPlan:
         """The plan's steps, over all its rounds."""
         return sum(len(steps) for steps in self.signature)
 
+    @property
+    def standard_error(self) -> float:
+        """Of its mean reward: its runs' standard deviation over the root of their number; with
+        one run 0.5, the largest a reward in [0, 1] can have (one run says nothing of it)."""
+        rewards = [reward_of(t) for t in self.runs]
+        return statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.5
+
     def key(self) -> tuple[float, int, float, str]:
         """Best first: the higher mean reward, then more runs, then cheaper, then a stable
         order (the signature's text)."""
@@ -284,6 +294,37 @@ def fewer_steps_first(plans: Sequence[RankedPlan], margin: float) -> list[Ranked
     return out
 
 
+def cheaper_when_tied(plans: Sequence[RankedPlan], ties: float) -> list[RankedPlan]:
+    """`plans` (best first by RankedPlan.key) reordered so that each place goes to the cheapest
+    of the plans left whose mean reward is within `ties` standard errors of their difference
+    of the best mean left (`ties_within_se`; then RankedPlan.key); 0 leaves the order as it is.
+
+    Why: after rounds of sampling and rehearsal a kind has many plans near its best, and which
+    of them has the best mean is luck; the reward's cost penalty is too small to break such a
+    tie, though one plan may cost ten times another. Structured pool 1's review kind after the
+    fourth warm-up round: a draft by the costly generalist, 0.823 over 29 runs at $0.025,
+    against the cheap specialist's, 0.820 over 75 at $0.002 (each mean's error about 0.036);
+    the first was learned, and the held-out tasks paid 0.22x MoA's tokens where the second's
+    0.18x (docs/results/learning.md)."""
+    if ties <= 0:
+        return list(plans)
+    left, out = list(plans), []
+    while left:
+        top = left[0]
+        tied = [p for p in left if top.mean_reward - p.mean_reward
+                <= ties * math.hypot(top.standard_error, p.standard_error)]
+        pick = min(tied, key=lambda p: (p.mean_cost, p.key()))
+        out.append(pick)
+        left.remove(pick)
+    return out
+
+
+def in_order(plans: Iterable[RankedPlan], margin: float, ties: float) -> list[RankedPlan]:
+    """`plans` best first: RankedPlan.key, the cheaper of near ties first by `ties`
+    (`cheaper_when_tied`), then fewer steps first by `margin` (`fewer_steps_first`)."""
+    return fewer_steps_first(cheaper_when_tied(sorted(plans, key=RankedPlan.key), ties), margin)
+
+
 def kind_of(trace: Trace) -> str:
     """The kind a task's runs are pooled with under `plan_means_by` "tag": its first tag, ""
     when it has none (as the held-out split groups tasks, engine/contracts/training.py
@@ -291,11 +332,11 @@ def kind_of(trace: Trace) -> str:
     return trace.task.tags[0] if trace.task.tags else ""
 
 
-def pooled_by_kind(ranked: dict[str, list[RankedPlan]], margin: float
+def pooled_by_kind(ranked: dict[str, list[RankedPlan]], margin: float, ties: float = 0.0
                    ) -> dict[str, list[RankedPlan]]:
     """Each kind's plans (`RankedPlan.task_id` the kind's tag), every plan's runs and
-    conductor-written runs on all the kind's training tasks pooled, in the kind's order:
-    RankedPlan.key on the pooled runs, fewer steps first by `margin` (`fewer_steps_first`)."""
+    conductor-written runs on all the kind's training tasks pooled, in the kind's order
+    (`in_order` on the pooled runs)."""
     pooled: dict[tuple[str, Signature], RankedPlan] = {}
     for plans in ranked.values():
         for p in plans:
@@ -306,11 +347,10 @@ def pooled_by_kind(ranked: dict[str, list[RankedPlan]], margin: float
     by_kind: dict[str, list[RankedPlan]] = {}
     for plan in pooled.values():
         by_kind.setdefault(plan.task_id, []).append(plan)
-    return {kind: fewer_steps_first(sorted(plans, key=RankedPlan.key), margin)
-            for kind, plans in by_kind.items()}
+    return {kind: in_order(plans, margin, ties) for kind, plans in by_kind.items()}
 
 
-def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
+def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float, ties: float = 0.0
                   ) -> dict[str, list[RankedPlan]]:
     """Each task's plans (`rank_plans`' lists) in the order its kind ranks them
     (`pooled_by_kind`).
@@ -324,7 +364,8 @@ def by_kind_order(ranked: dict[str, list[RankedPlan]], margin: float
     docs/results/learning.md). Pooled over the kind, a plan's mean rests on about six times
     the runs, and every task of the kind learns the same plan (`borrowed_run` where its own
     conductor never wrote it)."""
-    place = {(kind, p.signature): i for kind, plans in pooled_by_kind(ranked, margin).items()
+    place = {(kind, p.signature): i
+             for kind, plans in pooled_by_kind(ranked, margin, ties).items()
              for i, p in enumerate(plans)}
     return {task: sorted(plans, key=lambda p: place[kind_of(p.runs[0]), p.signature])
             for task, plans in ranked.items()}
@@ -448,19 +489,20 @@ def select_plans(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupCo
 def _by_plan(traces: Iterable[Trace], task_ids: Iterable[str], cfg: WarmupConfig,
              rehearsal_batch: str | None) -> Selection:
     """select_plans ranked by plan: the best run of each of a task's best `per_task` plans
-    that have a run to train on, fewer steps first by `more_steps_margin`; with
+    that have a run to train on (`in_order`: the cheaper of near ties by `ties_within_se`,
+    fewer steps first by `more_steps_margin`); with
     `plan_means_by` "tag", in the order of its kind's pooled runs (`by_kind_order`)."""
     ranked, reasons = rank_plans(traces, task_ids, cfg, rehearsal_batch)
     if cfg.plan_means_by == "tag":
-        ordered = by_kind_order(ranked, cfg.more_steps_margin)
+        ordered = by_kind_order(ranked, cfg.more_steps_margin, cfg.ties_within_se)
         if rehearsal_batch is not None:
             _borrow(ordered, rehearsal_batch)
         chosen = [p for plans in ordered.values()
                   for p in [p for p in plans if p.best is not None][: cfg.per_task]]
     else:
         chosen = [p for plans in ranked.values()
-                  for p in fewer_steps_first([p for p in plans if p.best is not None],
-                                             cfg.more_steps_margin)[: cfg.per_task]]
+                  for p in in_order([p for p in plans if p.best is not None],
+                                    cfg.more_steps_margin, cfg.ties_within_se)[: cfg.per_task]]
     return Selection(
         plans=[p.best for p in chosen if p.best is not None],
         left_out=count_reasons(reasons),

@@ -321,6 +321,14 @@ class WarmupConfig(Strict):
         "this (rewards run 0 to 1), else the plan of fewer steps is; 0: the best mean alone. A "
         "second step that adds nothing is a near tie, and among many candidates one such "
         "plan's noisy mean beats the plain plan's by luck")
+    ties_within_se: float = Field(
+        default=0.0, ge=0.0, le=4.0, description="rank plan_mean: two plans whose mean rewards "
+        "differ by at most this many standard errors of the difference (a mean's error: its "
+        "runs' standard deviation over the root of their number, 0.5 with one run) are a tie, "
+        "and the cheaper by mean cost ranks first; applied before more_steps_margin; 0: "
+        "only equal means tie. Among many candidates the best noisy mean is often a near tie "
+        "that costs several times as much, and the reward's cost penalty is too small to "
+        "break it")
     plan_means_by: Literal["task", "tag"] = Field(
         default="task", description="rank plan_mean: 'task' ranks a task's plans by their mean "
         "over that task's runs alone; 'tag' by their mean over the runs of every training task "

@@ -17,11 +17,14 @@ rewards it (1 or `wrong`, less the cost penalty). Then the warm-up's own selecti
 - plan mean after a rehearsal: the `--rehearse-plans` best candidates of each task run
   `--rehearse` more times each, as fixed plans with fresh draws;
 - the same by tag (`plan_means_by = "tag"`, as the plans recipe ships it): means pooled over
-  the tasks of a kind, each task trained on the first plan of its kind's order it has a run of.
+  the tasks of a kind, each task trained on the first plan of its kind's order it has a run of;
+- the same, the cheaper of plans whose means are within `--ties` standard errors of their
+  difference ranked first (`ties_within_se`).
 
 It prints, per way, the selected plans' expected reward over the oracle's (summed over the tasks
-with a selection), how many are the oracle's plan per kind, and the runs executed, averaged
-over `--repeats` draws per pool; then the ratio of each way's figure to the best run's.
+with a selection), how many are the oracle's plan per kind, the selected plans' cost over the
+oracle plans', and the runs executed, averaged over `--repeats` draws per pool; then the ratio
+of each way's figure to the best run's.
 Seconds, no model, no services: the ranking in isolation from what SFT and GRPO make of it
 (bench_plans.py measures those, with SmolLM2 writing the samples).
 """
@@ -50,7 +53,7 @@ from tests.unit.trainer.test_warmup import scored
 
 BATCH = "rehearse-bench"
 WAYS = ("best run by reward", "plan mean, samples only", "plan mean, rehearsed",
-        "plan mean by tag, rehearsed")
+        "plan mean by tag, rehearsed", "by tag, cheaper of ties")
 
 
 def parse_args() -> argparse.Namespace:
@@ -64,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--margin", type=float, default=0.0,
                    help="more_steps_margin of the rehearsed way (the plans recipe ships 0.1)")
     p.add_argument("--repeats", type=int, default=20, help="independent draws per pool")
+    p.add_argument("--ties", type=float, default=0.5,
+                   help="ties_within_se of the last way (the by-tag way with near ties to the "
+                   "cheaper)")
     return p.parse_args()
 
 
@@ -123,15 +129,16 @@ def steps_of(trace: Trace) -> list[PlanStep]:
 
 
 def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
-             ) -> dict[str, tuple[float, float, Counter[str], Counter[str], int]]:
-    """Per way: (expected, oracle) summed over the tasks with a selection, oracle plans and
-    selections per kind, runs executed."""
+             ) -> dict[str, tuple[float, float, float, float, Counter[str], Counter[str], int]]:
+    """Per way: (expected, oracle, cost, oracle's cost) summed over the tasks with a selection,
+    oracle plans and selections per kind, runs executed."""
     ids = sorted(pool.oracles)
     samples = [pool.run(rng, t, pool.sample(rng, args.two_step), k)
                for t in ids for k in range(args.samples)]
     cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans,
                        more_steps_margin=args.margin)
     by_tag = revised(cfg, plan_means_by="tag")
+    cheaper = revised(by_tag, ties_within_se=args.ties)
 
     def rehearsal(c: WarmupConfig) -> list[Trace]:
         return [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
@@ -139,26 +146,31 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
                 for plan in plans for r in range(args.rehearse)]
 
     rehearsed = {WAYS[2]: rehearsal(cfg), WAYS[3]: rehearsal(by_tag)}
+    rehearsed[WAYS[4]] = rehearsed[WAYS[3]]  # the same candidates: ties order what is learned
     chosen = {
         WAYS[0]: select_plans(samples, ids, WarmupConfig(rank="run")),
         WAYS[1]: select_plans(samples, ids, WarmupConfig()),
         WAYS[2]: select_plans(samples + rehearsed[WAYS[2]], ids, cfg, BATCH),
         WAYS[3]: select_plans(samples + rehearsed[WAYS[3]], ids, by_tag, BATCH),
+        WAYS[4]: select_plans(samples + rehearsed[WAYS[3]], ids, cheaper, BATCH),
     }
     out = {}
     for way, selection in chosen.items():
-        expected = oracle = 0.0
+        expected = oracle = cost = oracle_cost = 0.0
         exact: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
         for trace in selection.plans:
             best = pool.oracles[trace.task.id]
             plan = steps_of(trace)
-            expected += pool.value(trace.task.id, plan)[0]
+            e, _, c = pool.value(trace.task.id, plan)
+            expected += e
+            cost += c
             oracle += best.expected_reward
+            oracle_cost += pool.value(trace.task.id, best.plan)[2]
             exact[best.kind] += plan == best.plan
             kinds[best.kind] += 1
         runs = len(samples) + len(rehearsed.get(way, []))
-        out[way] = (expected, oracle, exact, kinds, runs)
+        out[way] = (expected, oracle, cost, oracle_cost, exact, kinds, runs)
     return out
 
 
@@ -167,35 +179,34 @@ def main() -> None:
     started = time.monotonic()
     print(f"{args.samples} samples a task ({args.two_step:.2f} two-step), rehearsal "
           f"{args.rehearse} x {args.rehearse_plans} plans, {args.repeats} draws a pool")
-    totals: dict[str, list[float]] = {w: [0.0, 0.0, 0.0] for w in WAYS}
+    totals: dict[str, list[float]] = {w: [0.0] * 5 for w in WAYS}
     for seed in [int(s) for s in args.seeds.split(",")]:
         pool = Pool(seed)
-        per: dict[str, list[float]] = {w: [0.0, 0.0, 0.0] for w in WAYS}
+        per: dict[str, list[float]] = {w: [0.0] * 5 for w in WAYS}
         exact: dict[str, Counter[str]] = {w: Counter() for w in WAYS}
         kinds: dict[str, Counter[str]] = {w: Counter() for w in WAYS}
         for rep in range(args.repeats):
-            for way, (e, o, x, k, runs) in one_draw(pool, args, random.Random(
+            for way, (e, o, c, oc, x, k, runs) in one_draw(pool, args, random.Random(
                     f"{seed}/{rep}")).items():
-                per[way][0] += e
-                per[way][1] += o
-                per[way][2] += runs / args.repeats
+                for i, v in enumerate((e, o, c, oc, runs / args.repeats)):
+                    per[way][i] += v
                 exact[way].update(x)
                 kinds[way].update(k)
         print(f"\npool seed {seed}:")
         for way in WAYS:
-            e, o, runs = per[way]
+            e, o, c, oc, runs = per[way]
             hits = " · ".join(f"{k} {exact[way][k] / args.repeats:.1f}/"
                               f"{kinds[way][k] / args.repeats:.1f}" for k in sorted(kinds[way]))
-            print(f"  {way:<27} expected / oracle {e / o:.3f} · oracle plans per kind: {hits} "
-                  f"· {runs:.0f} runs")
-            for i, v in enumerate((e, o, runs)):
+            print(f"  {way:<27} expected / oracle {e / o:.3f} · cost / oracle's {c / oc:.2f} "
+                  f"· oracle plans per kind: {hits} · {runs:.0f} runs")
+            for i, v in enumerate(per[way]):
                 totals[way][i] += v
     base = totals[WAYS[0]][0] / totals[WAYS[0]][1]
     print("\nall pools:")
     for way in WAYS:
-        e, o, runs = totals[way]
+        e, o, c, oc, runs = totals[way]
         print(f"  {way:<27} expected / oracle {e / o:.3f} ({e / o / base:.3f}x the best run) "
-              f"· {runs / totals[WAYS[0]][2]:.1f}x its runs")
+              f"· cost / oracle's {c / oc:.2f} · {runs / totals[WAYS[0]][4]:.1f}x its runs")
     print(f"\n{time.monotonic() - started:.1f}s")
 
 

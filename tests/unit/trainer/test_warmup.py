@@ -333,6 +333,41 @@ def test_a_task_that_never_wrote_its_tags_first_plan_rehearses_and_learns_a_sibl
                .rounds[0].plan.steps) == 1  # type: ignore[union-attr]
 
 
+def test_of_two_plans_whose_means_differ_by_less_than_their_error_the_cheaper_is_learned(
+        ) -> None:
+    """Task a's review drafted by a costly generalist is right 9 times in 10 ($0.025 a run);
+    drafted by the cheap drafter, 17 times in 20 ($0.002): means 0.925 and 0.8875, a gap of
+    0.04 against a standard error of the difference of 0.097. By the mean the costly plan is
+    learned; with ties_within_se 0.5 the two tie and the cheaper is. The cheap agent alone,
+    right 5 times in 10, is no tie (0.3 below) and stays out. Pooled by tag over tasks a and
+    b, the same."""
+    from conductor_engine.trainer.warmup import select_plans
+
+    costly: tuple[tuple[str, Access], ...] = (("generalist", []), ("reviewer", "all"))
+
+    def runs(task: str, plan: tuple[tuple[str, Access], ...], right: int, n: int,
+             cost: float) -> list[Trace]:
+        return [tagged(planned(task, plan, 1.0, cost=cost, minute=i) if i < right
+                       else _wrong(planned(task, plan, 0.25, cost=cost, minute=i)), "k")
+                for i in range(n)]
+
+    traces = [*runs("a", costly, 9, 10, 0.025), *runs("a", REVIEW, 17, 20, 0.002),
+              *runs("a", SOLO, 5, 10, 0.001)]
+    agents: dict[float, list[list[str]]] = {}
+    for ties in (0.0, 0.5):
+        cfg = WarmupConfig(more_steps_margin=0.1, ties_within_se=ties)
+        chosen = select_plans(traces, ["a"], cfg).plans
+        agents[ties] = [[s.agent for s in t.rounds[0].plan.steps] for t in chosen]  # type: ignore[union-attr]
+    assert agents == {0.0: [["generalist", "reviewer"]], 0.5: [["drafter", "reviewer"]]}
+    # pooled over the tag: task b holds half of each plan's runs
+    split = [revised(t, task=revised(t.task, id="b")) if i % 2 else t
+             for i, t in enumerate(traces)]
+    pooled = select_plans(split, ["a", "b"], WarmupConfig(
+        plan_means_by="tag", more_steps_margin=0.1, ties_within_se=0.5))
+    assert {t.rounds[0].plan.steps[0].agent for t in pooled.plans} == {"drafter"}  # type: ignore[union-attr]
+    assert len(pooled.plans) == 2
+
+
 def test_rehearsal_asks_for_plan_means() -> None:
     """Rehearsed runs count towards a plan's mean: with rank "run" they would count for
     nothing, so the recipe says so."""
