@@ -304,7 +304,7 @@ def cheaper_when_tied(plans: Sequence[RankedPlan], ties: float) -> list[RankedPl
     tie, though one plan may cost ten times another. Structured pool 1's review kind after the
     fourth warm-up round: a draft by the costly generalist, 0.823 over 29 runs at $0.025,
     against the cheap specialist's, 0.820 over 75 at $0.002 (each mean's error about 0.036);
-    the first was learned, and the held-out tasks paid 0.22x MoA's tokens where the second's
+    the first was learned, and the held-out tasks paid 0.22x MoA's tokens where the second's paid
     0.18x (docs/results/learning.md)."""
     if ties <= 0:
         return list(plans)
