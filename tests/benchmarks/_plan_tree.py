@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,6 +236,21 @@ def build_tree(task: Task, oracle: Oracle, pool: Pool, spec: StructuredPoolSpec,
                max_steps: int = 0) -> TaskTree:
     """Every plan of `task` as the conductor would write it for `pool` (the whole pool, in
     its order), each leaf scored with the sim's expected reward."""
+    roles = spec.agents()
+    parts = task.parts or task.tags
+
+    def worth(steps: list[PlanStep]) -> float:
+        return expected_reward(steps, roles, parts, spec.wrong, spec.cost_penalty_per_usd)[0]
+
+    return scored_tree(task, oracle, pool, worth, tokenizer, compiler, info, subtask=subtask,
+                       max_steps=max_steps)
+
+
+def scored_tree(task: Task, oracle: Oracle, pool: Pool, worth: Callable[[list[PlanStep]], float],
+                tokenizer: Any, compiler: Any, info: Any, *, subtask: str = "Solve it",
+                max_steps: int = 0) -> TaskTree:
+    """`build_tree` with the leaves scored by `worth` (a plan's expected reward): the routing
+    yardstick (bench_routing_yardstick) scores a plan by its agent's skill at the task's tag."""
     agents = pool.available()
     ids = [a.id for a in agents]
     parts = task.parts or task.tags
@@ -244,7 +260,6 @@ def build_tree(task: Task, oracle: Oracle, pool: Pool, spec: StructuredPoolSpec,
                             add_special_tokens=False)["input_ids"])
     schema = plan_json_schema(ids, max_steps, subtask_max_chars=task.options.subtask_max_chars)
     compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-    roles = spec.agents()
     seen: set[str] = set()
 
     def score(text: str) -> Leaf:
@@ -254,8 +269,7 @@ def build_tree(task: Task, oracle: Oracle, pool: Pool, spec: StructuredPoolSpec,
         except PlanError:
             return Leaf(text=text, plan=None, reward=0.0)
         steps = [PlanStep(agent=s.agent, sees=s.sees(i)) for i, s in enumerate(plan.steps)]
-        value, _, _ = expected_reward(steps, roles, parts, spec.wrong, spec.cost_penalty_per_usd)
-        return Leaf(text=text, plan=steps, reward=value)
+        return Leaf(text=text, plan=steps, reward=worth(steps))
 
     b = TreeBuilder(tokenizer, compiled, info, subtask, score)
     root = b.build(prompt)
