@@ -127,9 +127,15 @@ def reward_of(trace: Trace) -> float:
     return trace.reward.value if trace.reward and trace.reward.value is not None else 0.0
 
 
-def rank_key(trace: Trace) -> tuple[float, float, Any, str]:
-    """Best first: the higher reward, then the cheaper run, then the earlier one."""
-    return (-reward_of(trace), trace.totals.cost_usd, trace.finished_at, trace.workflow_id)
+def rank_key(trace: Trace) -> tuple[float, float, str, Any, str]:
+    """Best first: the higher reward, then the cheaper run, then the conductor's text that
+    sorts first, then the earlier run. The text comes before the time: equal runs of a plan
+    differ in the wording of their subtasks and finish in whatever order concurrent runs
+    finish, so ranked by time the same seeds trained different words (routing seed 29's two
+    warm-ups, docs/results/learning.md); ranked by text they train the same."""
+    written = "\x1f".join(a.raw_text for a in deciding_attempts(trace))
+    return (-reward_of(trace), trace.totals.cost_usd, written, trace.finished_at,
+            trace.workflow_id)
 
 
 def why_not_counted(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig,

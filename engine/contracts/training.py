@@ -343,7 +343,7 @@ class WarmupConfig(Strict):
     per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "
                           "task trained on: distinct plans (one run each) with rank plan_mean, "
                           "runs with rank run (best by reward, ties by the run's cost, cheaper "
-                          "first, then the earlier run)")
+                          "first, then the conductor's text, not the finishing order)")
     recent_runs: int = Field(default=256, ge=1, le=4096, description="rank plan_mean reads the "
                              "newest N scored runs of each training task")
     rehearse: int = Field(default=0, ge=0, le=64, description="before the warm-up, run each "

@@ -24,9 +24,9 @@ and after, each missed question with the agent a greedy conductor picks and pi(c
 and the ratio against the untrained policy in the same run. The plan tree, pi and the oracle
 path are tests/benchmarks/_plan_tree.py's (bench_exact_gradient's docstring says what pi is);
 the pool is shown whole, in the pool file's order, or with `--orders K` each training task in K
-orders the recipe's own pool draw gives (`group_agents`, as its shuffled rollouts and the
-warm-up's samples show the pool; held-out tasks keep the file's order, as the held-out
-evaluation does). One process, `--threads` torch threads.
+orders the recipe's own pool draw gives (`group_agents`, as its shuffled GRPO rollouts show
+the pool; the warm-up's samples keep the file's order, and so do the held-out tasks, as the
+held-out evaluation does). One process, `--threads` torch threads.
 """
 
 from __future__ import annotations

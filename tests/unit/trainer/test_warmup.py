@@ -61,6 +61,21 @@ def test_the_best_run_of_each_training_task_is_chosen_by_reward_then_by_cost() -
     assert two.conductors() == {"teacher": 4} and two.tasks == 2
 
 
+def test_equal_runs_of_a_task_train_the_same_words_whichever_finished_first() -> None:
+    """Equal reward and cost: the conductor's text decides, not the finishing order of
+    concurrent runs, so the same seeds train the same words."""
+    from conductor_engine.trainer.warmup import select_plans
+
+    chosen = []
+    for first, second in (("tuna", "babe"), ("babe", "tuna")):
+        runs = [scored("a", 1.0, minute=0), scored("a", 1.0, minute=1)]
+        for run, subtask in zip(runs, (first, second), strict=True):
+            run.rounds[0].attempts[-1].raw_text = f'model_id = ["x"]\nsubtasks = ["{subtask}"]'
+        picked = select_plans(runs, ["a"], WarmupConfig(rank="run", per_task=1)).plans
+        chosen.append(picked[0].rounds[0].attempts[-1].raw_text)
+    assert chosen == ['model_id = ["x"]\nsubtasks = ["babe"]'] * 2
+
+
 def test_untrusted_verdicts_wrong_answers_failed_runs_and_held_out_tasks_are_never_learned(
 ) -> None:
     from conductor_engine.trainer.warmup import select_plans
