@@ -13,6 +13,7 @@ import binascii
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,28 +103,36 @@ async def stack(postgres_url: str, agent_server) -> AsyncIterator[Stack]:
         server.stop()
 
 
-def nobody_command(*argv: str) -> tuple[list[str], dict[str, str]]:
+def nobody_command(*argv: str) -> tuple[list[str], dict[str, str], Path]:
     """The command line and environment that run `argv` as uid 65534 with no capabilities, in
     a mount namespace where the program and this interpreter are reachable by that uid
-    (tests/security/unprivileged.py's `expose`), with a home of its own."""
-    home = Path(tempfile.mkdtemp(prefix="nobody-home-"))
+    (tests/security/unprivileged.py's `expose`), with a home of its own; and the scratch
+    directory that holds the home and `expose`'s staging, for the caller to remove."""
+    scratch = Path(tempfile.mkdtemp(prefix="conductor-nobody-"))
+    scratch.chmod(0o755)
+    home = scratch / "home"
+    home.mkdir()
     home.chmod(0o777)
     reach = [Path(argv[0]).parent, Path(os.path.realpath(sys.base_prefix)), Path(sys.prefix)]
     script = ("import os, sys; from pathlib import Path; "
               "from tests.security.unprivileged import expose; "
-              f"expose([Path(p) for p in {[str(p) for p in reach]!r}]); "
+              f"expose([Path(p) for p in {[str(p) for p in reach]!r}], "
+              f"under=Path({str(scratch)!r})); "
               f"os.execv('/usr/bin/setpriv', ['setpriv', '--reuid={NOBODY}', "
               f"'--regid={NOBODY}', '--clear-groups', '--inh-caps=-all', "
               "'--bounding-set=-all', '--', *sys.argv[1:]])")
     return (["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script,
-             *argv], {"PATH": "/usr/bin:/bin", "HOME": str(home)})
+             *argv], {"PATH": "/usr/bin:/bin", "HOME": str(home)}, scratch)
 
 
 def as_nobody(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """`argv` run to completion as uid 65534 (`nobody_command`), output captured."""
-    command, env = nobody_command(*argv)
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, input=stdin)
+    command, env, scratch = nobody_command(*argv)
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120, input=stdin)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # What another user's own client sends the codec endpoint: the UI's decode request, by hand.
@@ -323,7 +332,7 @@ def test_a_codec_port_another_user_holds_is_refused(tmp_path: Path) -> None:
     plaintext (its /encode calls) and could feed the owner's audit made-up values: the stack
     refuses to start its UI against it."""
     port = free_port()
-    command, env = nobody_command(sys.executable, "-c", (
+    command, env, scratch = nobody_command(sys.executable, "-c", (
         "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[1]))); "
         "print('listening', flush=True); time.sleep(120)"), str(port))
     squatter = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -340,3 +349,4 @@ def test_a_codec_port_another_user_holds_is_refused(tmp_path: Path) -> None:
     finally:
         squatter.kill()
         squatter.wait()
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -44,15 +44,19 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
 
 
-def expose(paths: list[Path]) -> None:
-    """Make each path reachable by any uid, in this mount namespace only."""
+def expose(paths: list[Path], under: Path | None = None) -> Path | None:
+    """Make each path reachable by any uid, in this mount namespace only. Returns the staging
+    directory it made on the host (in `under`, or the system's temporary directory; None when
+    no path needed one): `unexpose`, or removing `under`, takes it away again, or every run
+    would leave one behind."""
     staged: list[tuple[Path, Path]] = []
     covers: set[Path] = set()
-    stage_root = Path(tempfile.mkdtemp(prefix="conductor-expose-"))
+    stage_root: Path | None = None  # made only when a path needs it: a dir on the host's /tmp
     for i, path in enumerate(paths):
         blocker = _blocking_ancestor(path)
         if blocker is None:
             continue
+        stage_root = stage_root or Path(tempfile.mkdtemp(prefix="conductor-expose-", dir=under))
         stage = stage_root / str(i)
         stage.mkdir()
         _mount("--bind", str(path), str(stage))
@@ -63,6 +67,20 @@ def expose(paths: list[Path]) -> None:
     for path, stage in staged:
         path.mkdir(parents=True, exist_ok=True)
         _mount("--bind", str(stage), str(path))
+    return stage_root
+
+
+def unexpose(stage_root: Path | None) -> None:
+    """Remove `expose`'s staging directory: each stage unmounted here (the binds made from it
+    stay), then the empty directories."""
+    if stage_root is None:
+        return
+    for stage in stage_root.iterdir():
+        subprocess.run(["umount", "--lazy", str(stage)], check=False)
+        with contextlib.suppress(OSError):
+            stage.rmdir()
+    with contextlib.suppress(OSError):
+        stage_root.rmdir()
 
 
 def delegate(uid: int) -> list[tuple[Path, Path]]:
@@ -109,7 +127,7 @@ def main() -> None:
         os.execvpe("unshare", ["unshare", "--mount", "--propagation", "private", sys.executable,
                                "-m", "tests.security.unprivileged", *args], env)
     project = Path(__file__).resolve().parents[2]
-    expose([Path(os.path.realpath(sys.base_prefix)), Path(sys.prefix), project])
+    stage_root = expose([Path(os.path.realpath(sys.base_prefix)), Path(sys.prefix), project])
     for i, opt in enumerate(options):
         # a tool this host lacks is broken already (bwrap where bubblewrap is not installed)
         if opt == "--break" and (tool := shutil.which(options[i + 1])) is not None:
@@ -123,6 +141,7 @@ def main() -> None:
         ]).returncode
     finally:
         undelegate(made)
+        unexpose(stage_root)
     sys.exit(code)
 
 
