@@ -51,7 +51,7 @@ def expose(paths: list[Path], under: Path | None = None) -> Path | None:
     would leave one behind."""
     staged: list[tuple[Path, Path]] = []
     covers: set[Path] = set()
-    stage_root: Path | None = None  # made only when a path needs it: a dir on the host's /tmp
+    stage_root: Path | None = None  # made only when a path needs it: a dir on the host
     for i, path in enumerate(paths):
         blocker = _blocking_ancestor(path)
         if blocker is None:
