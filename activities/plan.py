@@ -94,7 +94,7 @@ class PlanActivities:
             ) if json_mode else None,
             seed=plan_seed(req, label) if sampling.seeded else None,
             explore=sampling.explore, explore_importance=sampling.explore_importance,
-            force_shape=sampling.force_shape,
+            force_shape=sampling.force_shape, force_agent=sampling.force_agent,
         )
         started = time.monotonic()
         try:
@@ -107,7 +107,8 @@ class PlanActivities:
                                  provider=conductor.provider, kind="plan", error=failure.kind,
                                  seconds=time.monotonic() - started)
             raise to_application_error(failure) from e
-        shaped = completion.token_ids is not None and bool(sampling.force_shape)
+        shaped = completion.token_ids is not None and bool(
+            sampling.force_shape or sampling.force_agent)
         out = PlanAttempt(
             attempt=req.attempt, raw_text=completion.text, usage=completion.usage,
             cost_usd=completion.cost_usd, seconds=time.monotonic() - started,
@@ -120,6 +121,7 @@ class PlanActivities:
             json_schema=request.json_schema if completion.token_ids is not None
             and (completion.forced_positions is None or shaped) else None,
             forced_shape=sampling.force_shape if shaped else None,
+            forced_agent=sampling.force_agent if shaped else None,
             agent_timeouts={a.id: a.timeout_s for a in agents},
         )
         try:

@@ -54,11 +54,12 @@ def vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
 
 def needs_reconstruction(attempt: PlanAttempt, *, unshape: bool = False) -> bool:
     """A served conductor's attempt: token ids and the schema, but no records of its own; with
-    `unshape`, also an attempt whose shape was forced (`forced_shape`), whose records hold the
-    shape's decisions as forced."""
+    `unshape`, also an attempt whose shape or first agent was forced (`forced_shape`,
+    `forced_agent`), whose records hold those decisions as forced or narrowed."""
     if attempt.token_ids is None or attempt.json_schema is None:
         return False
-    return attempt.forced_positions is None or (unshape and attempt.forced_shape is not None)
+    forced = attempt.forced_shape is not None or attempt.forced_agent is not None
+    return attempt.forced_positions is None or (unshape and forced)
 
 
 def reconstruct_groups(groups: list[tuple[Group, int]], model: Any,
@@ -96,11 +97,12 @@ def reconstruct_trace(trace: Trace, vocab: Vocabulary, *, unshape: bool = False
     """The trace with its deciding attempts' records reconstructed (their log-probs dropped), or
     why the grammar rejects one of them.
 
-    `unshape` (the warm-up's): a plan written under a forced shape gets the plain grammar's
-    records too, so the `,` that opened its second step is a choice to learn, not a forced
-    token. The warm-up trains on the plan because it scored best, however it was sampled; left
-    forced, a shape that only forcing ever wrote was never learned (its tokens out of the loss),
-    and the warm-up's version went on writing one step."""
+    `unshape` (the warm-up's): a plan written under a forced shape or first agent gets the
+    plain grammar's records too, so the `,` that opened its second step, or the agent it was
+    made to ask, is a choice to learn, not a forced token. The warm-up trains on the plan
+    because it scored best, however it was sampled; left forced, a shape that only forcing ever
+    wrote was never learned (its tokens out of the loss), and the warm-up's version went on
+    writing one step."""
     rounds = []
     for rnd in trace.rounds:
         attempt = rnd.attempts[-1] if rnd.attempts else None

@@ -418,10 +418,12 @@ class TrainingWorkflow:
     async def _sample(self, inp: TrainInput, k: int) -> WarmupSampling:
         """Round k's exploring samples: `samples` runs of every training task by the current
         version, at the rollouts' temperature with the warm-up's `explore`, the last
-        round(force_shapes x samples) of each with a multi-step shape forced in turn, one plan
-        attempt each, the task's own pool, labelled with the run's warm-up batch. They are
-        ordinary conductor runs, scored and stored; the warm-up ranks their plans with the
-        rest. Refused before any run starts where the round would start more than
+        round(force_shapes x samples) of each with a multi-step shape forced in turn and the
+        round(force_agents x samples) before them with their first step's agent forced, each
+        agent of the task's pool in turn (WarmupConfig.forced_agent), one plan attempt each,
+        the task's own pool, labelled with the run's warm-up batch. They are ordinary conductor
+        runs, scored and stored; the warm-up ranks their plans with the rest. Refused before
+        any run starts where the round would start more than
         limits.py MAX_WARMUP_SAMPLES."""
         p, cfg = self._progress, inp.recipe.warmup
         tasks = await self._training_tasks(inp)
@@ -432,6 +434,7 @@ class TrainingWorkflow:
                 f"training tasks x [warmup] samples = {n}), over the {MAX_WARMUP_SAMPLES:,} one "
                 "round holds (engine/contracts/limits.py); lower [warmup] samples or train on "
                 "fewer tasks", type="WarmupTooLarge", non_retryable=True)
+        pools = {t.id: self._warmup_pool(inp, t) for t in tasks} if cfg.force_agents else {}
         p.phase = "warmup_samples"
         started = workflow.time()
         chain = workflow.info().first_execution_run_id[:8]
@@ -443,13 +446,14 @@ class TrainingWorkflow:
 
         async def one(task: Task, i: int) -> None:
             shape = warmup_forced_shape(task.options.max_steps, i, n, n_forced)
+            agent = cfg.forced_agent(pools[task.id], i) if pools else None
             options = revised(task.options, temperature=inp.temperature,
                               policy_version=p.version, result="summary", max_plan_attempts=1,
                               plan_deadline_s=TRAINING_PLAN_DEADLINE_S)
             sampling = rollout_sampling(
                 WARMUP_SAMPLES_FROM + 1_000 * k + i, explore=cfg.explore,
                 explore_importance=inp.recipe.rollouts.explore_importance,
-                force_shape=None if shape is None else ",".join(shape))
+                force_shape=None if shape is None else ",".join(shape), force_agent=agent)
             run = revised(task, batch=batch, options=options, sampling=sampling)
             wid = warmup_sample_workflow_id(inp.name, chain, k, task.id, i)
             outcome = await children.run(run, wid, f"warm-up sample · {inp.name} r{k}")
@@ -462,12 +466,25 @@ class TrainingWorkflow:
                 return
             rewards.append(res.reward.value)
             out.forced += shape is not None
+            out.forced_agents += agent is not None
 
         await asyncio.gather(*(one(task, i) for task in tasks for i in range(n)))
         out.runs, out.left_out = len(rewards), count_reasons(left_out)
         out.mean_reward = sum(rewards) / len(rewards) if rewards else None
         out.seconds = workflow.time() - started
         return out
+
+    @staticmethod
+    def _warmup_pool(inp: TrainInput, task: Task) -> list[str]:
+        """The agents a task's warm-up samples are forced to in turn ([warmup] force_agents):
+        its own `agents`, or the training input's pool, in their order."""
+        pool = task.agents or inp.agents
+        if not pool:
+            raise ApplicationError(
+                "[warmup] force_agents forces each agent of the pool in turn, but the training "
+                "input lists no agents; start it with `conductor train start` or fill "
+                "TrainInput.agents from the pool", type="NoPoolAgents", non_retryable=True)
+        return list(pool)
 
     async def _rehearse(self, inp: TrainInput, req: WarmupRequest, k: int) -> Rehearsal:
         """Each training task's best candidate plans (asked of the trainer, which reads the

@@ -57,6 +57,11 @@ class PlanAttempt(BaseModel):
         "forced_positions, right for GRPO's importance weights; a warm-up that learns the plan "
         "rebuilds the plain grammar's records, so that it learns the shape's decisions too",
     )
+    forced_agent: str | None = Field(
+        default=None, description="the first step's agent the sampler was asked to write (a "
+        "warm-up sample's force_agents): rebuilt by the warm-up like forced_shape, so that it "
+        "learns the agent it was made to try when that plan scored best",
+    )
     agent_timeouts: dict[str, float] = Field(
         default_factory=dict, description="start-to-close of each agent, from the worker's pool"
     )

@@ -131,15 +131,23 @@ class RolloutSampling(Strict):
         "'more,sees,end' (engine/contracts/plan_shapes.py; a training rollout's [rollouts] "
         "force_shapes; the local conductor only)",
     )
+    force_agent: str | None = Field(
+        default=None, min_length=1,
+        description="the plan's first step's agent, forced (a warm-up sample's [warmup] "
+        "force_agents; the local conductor only): engine/providers/local/shaping.py",
+    )
 
 
 def rollout_sampling(sample: int, *, explore: float = 0.0, explore_importance: bool = False,
-                     force_shape: str | None = None) -> RolloutSampling:
+                     force_shape: str | None = None,
+                     force_agent: str | None = None) -> RolloutSampling:
     """A training run's sampling of rollout `sample` (0 for a held-out run): always seeded, so
     the same rollouts come whatever the load; exploring at `explore` ([rollouts] explore); its
-    shape forced to `force_shape` ([rollouts] force_shapes)."""
+    shape forced to `force_shape` ([rollouts] force_shapes), its first step's agent to
+    `force_agent` ([warmup] force_agents)."""
     return RolloutSampling(sample=sample, seeded=True, explore=explore,
-                           explore_importance=explore_importance, force_shape=force_shape)
+                           explore_importance=explore_importance, force_shape=force_shape,
+                           force_agent=force_agent)
 
 
 class SelfCallFrame(Strict):

@@ -367,6 +367,13 @@ class WarmupConfig(Strict):
                                 "task's samples (its last ones) whose plan shape is forced, "
                                 "each multi-step shape in turn (the agents inside it sampled): "
                                 "a shape the policy never writes gets candidates")
+    force_agents: float = Field(default=0.0, ge=0.0, le=1.0, description="the share of each "
+                                "task's samples (the ones before force_shapes' samples) whose "
+                                "first step's agent is forced, each agent of the task's pool in "
+                                "turn, in the pool's order (the rest of the plan sampled): every "
+                                "agent gets runs of every task, so a task's best agent is "
+                                "measured even where the policy and `explore` would rarely ask "
+                                "it")
     min_reward: float = Field(default=0.0, ge=0.0, description="runs rewarded below this are "
                               "never trained on")
     correct_only: bool = Field(default=True, description="only runs whose verdict says the "
@@ -397,6 +404,29 @@ class WarmupConfig(Strict):
     def forced_samples(self) -> int:
         """How many of a task's samples (its last ones) have their shape forced."""
         return round(self.force_shapes * self.samples)
+
+    def forced_agent_samples(self) -> int:
+        """How many of a task's samples (the ones just before the shape-forced) have their first
+        step's agent forced."""
+        return round(self.force_agents * self.samples)
+
+    def forced_agent(self, agents: Sequence[str], sample: int) -> str | None:
+        """The agent sample `sample` of a task whose pool is `agents` has its first step forced
+        to: each agent in turn over the `forced_agent_samples()` just before the shape-forced
+        ones, None for any other sample."""
+        last = self.samples - self.forced_samples()
+        first = last - self.forced_agent_samples()
+        if not agents or not first <= sample < last:
+            return None
+        return agents[(sample - first) % len(agents)]
+
+    @model_validator(mode="after")
+    def _forced_shares_fit(self) -> WarmupConfig:
+        if self.force_shapes + self.force_agents > 1.0:
+            raise ValueError(f"[warmup] force_shapes ({self.force_shapes}) and force_agents "
+                             f"({self.force_agents}) share one task's samples: together at "
+                             "most 1")
+        return self
 
     @model_validator(mode="after")
     def _rehearsal_needs_plan_means(self) -> WarmupConfig:
@@ -567,6 +597,8 @@ class WarmupSampling(BaseModel):
 
     runs: int = Field(default=0, description="samples scored")
     forced: int = Field(default=0, description="of them, with their plan shape forced")
+    forced_agents: int = Field(default=0, description="of them, with their first step's agent "
+                               "forced")
     mean_reward: float | None = Field(default=None, description="of the scored samples")
     left_out: dict[str, int] = Field(default_factory=dict, description="samples that scored "
                                      "nothing, by reason")

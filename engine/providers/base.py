@@ -60,6 +60,10 @@ class CompletionRequest(BaseModel):
         "'more,sees,end' (the local model under a JSON schema only: "
         "engine/providers/local/shaping.py)",
     )
+    force_agent: str | None = Field(
+        default=None, description="a warm-up sample's forced first-step agent, a pool id (the "
+        "local model under a JSON schema only: engine/providers/local/shaping.py)",
+    )
 
 
 class Completion(BaseModel):

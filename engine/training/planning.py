@@ -76,6 +76,13 @@ def plan_training(opts: TrainingOptions, pool: Pool, tasks: Sequence[Task]) -> T
             raise ValueError(f"the recipe's [rollouts] {key} = {value} needs a local conductor "
                              f"({why}); {pool.conductor.id!r} runs on "
                              f"{pool.conductor.provider}: set {key} = 0")
+    w = r.warmup
+    if (w.samples_per_round and w.force_agents and not opts.from_traces
+            and not capabilities(pool.conductor.provider).explores):
+        raise ValueError(f"the recipe's [warmup] force_agents = {w.force_agents} needs a local "
+                         "conductor (its sampler forces the first step's agent); "
+                         f"{pool.conductor.id!r} runs on {pool.conductor.provider}: set "
+                         "force_agents = 0")
     train, heldout = interleave_tags(tasks, opts.seed), list[Task]()
     if train and r.heldout.fraction > 0 and not opts.from_traces:
         train, heldout = split_heldout(train, r.heldout.fraction, r.heldout.seed)

@@ -232,8 +232,9 @@ def sampling_line(w: WarmupResult) -> str | None:
     if s is None:
         return None
     left = f" · left out {describe_counts(s.left_out)}" if s.left_out else ""
-    return (f"warm-up samples · {s.runs} runs ({s.forced} of a forced shape) · their reward "
-            f"{_fmt(s.mean_reward)}{left} · {s.tokens:,} tok · {s.seconds:.1f}s")
+    agents = f", {s.forced_agents} of a forced agent" if s.forced_agents else ""
+    return (f"warm-up samples · {s.runs} runs ({s.forced} of a forced shape{agents}) · their "
+            f"reward {_fmt(s.mean_reward)}{left} · {s.tokens:,} tok · {s.seconds:.1f}s")
 
 
 def rehearsal_line(w: WarmupResult) -> str | None:

@@ -185,3 +185,109 @@ async def test_a_warm_up_learns_the_shape_a_forced_sample_was_written_in(
     assert sample.forced is not None and not sample.forced[comma]
     [as_recorded] = warmup_samples([trace], tok, WarmupConfig())
     assert as_recorded.forced is not None and as_recorded.forced[comma]
+
+
+def test_a_warm_up_rounds_samples_before_the_shape_forced_ask_each_agent_in_turn() -> None:
+    """Half of 16 samples forced to an agent and a quarter to a shape: samples 4..11 ask each
+    agent of the task's pool twice, in the pool's order; the first 4 and the shape-forced last
+    4 are not forced to an agent; nothing is forced without a share or a pool; and shares
+    summing past the whole are refused."""
+    from conductor_engine.engine.contracts.training import WarmupConfig
+
+    cfg = WarmupConfig(enabled=True, samples=16, force_agents=0.5, force_shapes=0.25)
+    assert [cfg.forced_agent(AGENTS, s) for s in range(16)] == [None] * 4 + AGENTS * 2 + [
+        None] * 4
+    assert {WarmupConfig(enabled=True, samples=16).forced_agent(AGENTS, s)
+            for s in range(16)} == {None}
+    assert {cfg.forced_agent([], s) for s in range(16)} == {None}
+    with pytest.raises(ValueError, match="together at most 1"):
+        WarmupConfig(enabled=True, samples=8, force_agents=0.75, force_shapes=0.5)
+
+
+def test_a_first_agent_is_consistent_while_its_name_can_still_be_written() -> None:
+    """Before the first step's `agent` value opens anything goes; inside it, a prefix of the
+    name (so `s` for `sierra` where `scarlet` shares it); closed, the name and nothing else.
+    An `"agent":` inside the reasoning's text is escaped and does not count, nor does the
+    second step's agent."""
+    from conductor_engine.engine.providers.local.shaping import first_agent_consistent
+
+    assert first_agent_consistent('{"steps": [{"ag', "sierra")
+    assert first_agent_consistent('{"steps": [{"agent": "', "sierra")
+    assert first_agent_consistent('{"steps": [{"agent": "s', "sierra")
+    assert not first_agent_consistent('{"steps": [{"agent": "sc', "sierra")
+    assert first_agent_consistent('{"steps": [{"agent": "sierra"', "sierra")
+    assert not first_agent_consistent('{"steps": [{"agent": "sierra"', "sier")
+    assert not first_agent_consistent('{"steps":[{"agent":"sierra2"', "sierra")
+    reasoning = '{"reasoning": "ask \\"agent\\": \\"onyx\\"", "steps": [{"agent": "si'
+    assert first_agent_consistent(reasoning, "sierra")
+    assert not first_agent_consistent(reasoning, "onyx")
+    second = '{"steps": [{"agent": "sierra", "subtask": "do it all", "access": []}, {"agent": "o'
+    assert first_agent_consistent(second, "sierra")
+
+
+def _agent_request(seed: int, agent: str | None) -> CompletionRequest:
+    return CompletionRequest(
+        messages=[Message(role="user", content="Plan: who should answer what is 2 + 2?")],
+        temperature=1.0, max_tokens=120, seed=seed, force_agent=agent, explore=0.5,
+        json_schema=plan_json_schema(AGENTS, 2, subtask_max_chars=8))
+
+
+@needs_local_extra
+async def test_a_sample_forced_to_an_agent_asks_it_first_and_is_scored_as_sampled(
+    tiny_policy_dir: Path,
+) -> None:
+    """Each agent forced, three seeds each, exploring: the first step asks it; the plan's
+    length and later agents are still sampled; every token in the loss has the behaviour
+    log-prob the trainer scores (the importance ratio exact for what was sampled); and the
+    warm-up's `unshape` rebuild makes the forced name a choice it learns."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_engine.engine.contracts.records import PlanAttempt
+    from conductor_engine.engine.contracts.strict import revised
+    from conductor_engine.engine.providers.local.chat import prompt_ids
+    from conductor_engine.engine.providers.local.reconstruct import Vocabulary
+    from conductor_engine.trainer.grpo import Sample, collate, per_token_logprobs
+    from conductor_engine.trainer.reconstruct import needs_reconstruction, reconstruct_trace
+    from tests.traces import make_trace
+
+    spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_policy_dir)).float()
+    vocab = Vocabulary.of(model, tok)
+    others = 0  # later steps asking another agent than the forced one
+    for agent in AGENTS:
+        for seed in range(3):
+            request = _agent_request(seed, agent)
+            c = await local.complete(spec, request)
+            steps = json.loads(c.text, strict=False)["steps"]
+            assert steps[0]["agent"] == agent, (agent, c.text)
+            others += sum(s["agent"] != agent for s in steps[1:])
+            assert c.token_ids is not None and c.logprobs is not None
+            forced = set(c.forced_positions or ())
+            sample = Sample(prompt_ids=prompt_ids(tok, request), completion_ids=c.token_ids,
+                            advantage=1.0, forced=[k in forced for k in range(len(c.token_ids))],
+                            choices=c.choice_tokens or None)
+            with torch.no_grad():
+                scored = per_token_logprobs(model, collate([sample], tok.pad_token_id))[0]
+            for k in range(len(c.token_ids)):
+                if k not in forced:
+                    assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
+            attempt = PlanAttempt(attempt=1, raw_text=c.text, prompt=request.messages,
+                                  token_ids=c.token_ids, logprobs=c.logprobs,
+                                  forced_positions=c.forced_positions,
+                                  choice_tokens=c.choice_tokens,
+                                  json_schema=request.json_schema, forced_agent=agent)
+            assert needs_reconstruction(attempt, unshape=True)
+            assert not needs_reconstruction(attempt)
+            trace = make_trace("t1")
+            trace = revised(trace, rounds=[revised(trace.rounds[0], attempts=[attempt])])
+            rebuilt = reconstruct_trace(trace, vocab, unshape=True)
+            assert not isinstance(rebuilt, str)
+            learnt = rebuilt.rounds[0].attempts[-1]
+            texts = [str(tok.decode([t])) for t in c.token_ids]
+            name = next(k for k in range(len(texts))
+                        if '"agent"' in "".join(texts[:k]) and texts[k].strip(' "'))
+            assert name not in learnt.forced_positions, (agent, texts[name])
+            assert len(learnt.choice_tokens[name]) >= 2  # the name is a choice among agents
+    assert others, "no later step asked another agent: the test checks nothing there"
