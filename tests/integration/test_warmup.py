@@ -278,8 +278,9 @@ async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_o
     client: Client, settings: Settings, tiny_policy_dir: Path, trace_store: TraceStore,
 ) -> None:
     """Two rounds of expert iteration on two sim tasks with nothing stored before: each round
-    samples every training task 4 times by the newest version (round 0 by base, round 1 by
-    the v1 round 0 published), the last 2 of each with a two-step shape forced in turn, then
+    samples every training task 6 times by the newest version (round 0 by base, round 1 by
+    the v1 round 0 published), the 2 before the last with their first step's agent forced to
+    the pool's first two agents, the last 2 with a two-step shape forced in turn, then
     rehearses candidate plans no earlier round rehearsed, then fine-tunes and publishes: v1
     from base, v2 from v1, each under its round's idempotency key, each answered by the
     held-out task; GRPO's iteration 0 samples with v2. Each round runs in a run of its own
@@ -302,16 +303,18 @@ async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_o
     tasks = [revised(t, options=revised(t.options, max_steps=2)) for t in sim_tasks()]
     train, held = tasks[:2], tasks[3:]
     warm = WarmupConfig(enabled=True, epochs=1, learning_rate=3e-3, conductors=[policy],
-                        correct_only=False, rounds=2, samples=4, force_shapes=0.5, rehearse=2,
-                        rehearse_plans=2)
+                        correct_only=False, rounds=2, samples=6, force_shapes=1 / 3,
+                        force_agents=1 / 3, rehearse=2, rehearse_plans=2)
     recipe = Recipe(
         policy=PolicyConfig(base=str(tiny_policy_dir), lora=False),
         loss=LossConfig(learning_rate=1e-3, micro_batch_size=8),
         rollouts=RolloutConfig(group_size=2, groups_per_update=2, max_staleness=0),
         heldout=HeldOutConfig(every=1), warmup=warm)
     name = f"rounds-{uuid.uuid4().hex[:6]}"
+    agents = [a.id for a in pool.agents]
     inp = TrainInput(name=name, policy=policy, tasks=train, heldout_tasks=held, iterations=1,
-                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue)
+                     recipe=recipe, trainer_task_queue=settings.trainer_task_queue,
+                     agents=agents)
     async with training_stack(client, settings, pool) as conductor:
         await conductor.start_training(inp)
         handle = client.get_workflow_handle(training_workflow_id(name), result_type=TrainProgress)
@@ -325,7 +328,7 @@ async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_o
     assert final.warmup == final.warmup_rounds[1]
     for w in final.warmup_rounds:
         assert w.sampling is not None and w.rehearsal is not None and w.published, w
-        assert w.sampling.runs + sum(w.sampling.left_out.values()) == 8
+        assert w.sampling.runs + sum(w.sampling.left_out.values()) == 12
     assert [w.version for w in final.warmup_rounds] == [1, 2]
     assert [s.version for s in final.history] == ["v2"] and final.version == 3
     assert [e.version for e in final.evals] == ["base", "v1", "v2", "v3"]
@@ -339,25 +342,33 @@ async def test_warm_up_rounds_sample_from_the_last_rounds_version_and_rehearse_o
     assert (v1.update_id, v2.update_id) == (warmup_id(wid, 0), warmup_id(wid, 1))
 
     samples = await trace_store.batch_traces(warmup_batch(name))
-    assert len(samples) == 16
-    forced = 0
+    assert len(samples) == 24
+    forced = forced_agents = 0
     for t in samples:
         k, i = divmod(t.task.sampling.sample - WARMUP_SAMPLES_FROM, 1_000)
         assert t.workflow_id.endswith(warmup_sample_workflow_id(name, "x", k, t.task.id, i)
                                       .split("/x/", 1)[1])
         assert t.policy.version == ("base" if k == 0 else "v1")
         assert t.task.id in {x.id for x in train} and t.task.sampling.explore == warm.explore
-        want = warmup_forced_shape(t.task.options.max_steps, i, 4, 2)
+        want = warmup_forced_shape(t.task.options.max_steps, i, 6, 2)
         assert t.task.sampling.force_shape == (None if want is None else ",".join(want))
+        asked = {2: agents[0], 3: agents[1]}.get(i)
+        assert t.task.sampling.force_agent == asked
         attempt = t.rounds[0].attempts[0]
+        if asked is not None:
+            assert t.rounds[0].plan is not None and t.rounds[0].plan.steps[0].agent == asked
+            assert attempt.forced_agent == asked and attempt.json_schema is not None
+            forced_agents += 1
         if want is not None:
             assert shape_of(attempt.raw_text or "") == want
             # kept so that the warm-up can learn the shape (trainer/reconstruct.py `unshape`)
             assert attempt.forced_shape == ",".join(want) and attempt.json_schema is not None
             forced += 1
-        else:
+        elif asked is None:
             assert attempt.forced_shape is None and attempt.json_schema is None
-    assert forced == 8, "2 of each task's 4 samples in each round"
+    assert forced == 8, "2 of each task's 6 samples in each round"
+    assert forced_agents == 8 and sum(w.sampling.forced_agents for w in final.warmup_rounds
+                                      if w.sampling) == 8
 
     rehearsed = await trace_store.batch_traces(rehearsal_batch(name))
     by_round: dict[int, set[tuple[str, object]]] = {0: set(), 1: set()}

@@ -76,3 +76,17 @@ def test_an_exploring_recipe_is_refused_for_a_served_conductor_and_kept_for_a_lo
         plan_training(TrainingOptions(name="r", base="org/m", recipe=recipe), served, [])
     plan = plan_training(TrainingOptions(name="r", recipe=recipe), _pool("local"), [])
     assert plan.recipe.rollouts.explore == 0.25
+
+
+def test_a_warm_up_forcing_agents_is_refused_for_a_served_conductor_and_kept_for_a_local_one(
+) -> None:
+    """A served conductor's sampler cannot be made to ask an agent: a warm-up that believes
+    its samples covered every agent would rank plans it never ran. Refused, saying what to do."""
+    recipe = Recipe()
+    recipe.warmup.enabled, recipe.warmup.samples, recipe.warmup.force_agents = True, 8, 0.5
+    served = _pool("openai-compatible", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"force_agents = 0.5 needs a local conductor.*set "
+                       "force_agents = 0"):
+        plan_training(TrainingOptions(name="r", base="org/m", recipe=recipe), served, [])
+    plan = plan_training(TrainingOptions(name="r", recipe=recipe), _pool("local"), [])
+    assert plan.recipe.warmup.force_agents == 0.5
