@@ -550,8 +550,17 @@ def warmup_samples(plans: Sequence[Trace], tokenizer: Any, cfg: WarmupConfig
         for attempt in deciding_attempts(trace):
             sample = attempt_sample(attempt, tokenizer, weight, behaviour_logprobs=False)
             if sample is not None:
-                out.append(sample)
+                out.append(decisions_only(sample) if cfg.learn == "decisions" else sample)
     return out
+
+
+def decisions_only(sample: Sample) -> Sample:
+    """The sample with every token but its choices (`learn = "decisions"`) out of the loss,
+    read as context as forced tokens are; unchanged when it records no choice."""
+    if not sample.choices:
+        return sample
+    sample.forced = [k not in sample.choices for k in range(len(sample.completion_ids))]
+    return sample
 
 
 def sft_loss_config(recipe: Recipe) -> LossConfig:

@@ -387,6 +387,13 @@ class WarmupConfig(Strict):
                                 "last step of an epoch takes what is left)")
     learning_rate: float = Field(default=1e-4, gt=0, description="AdamW's during the warm-up "
                                  "(the recipe's [loss] learning_rate is GRPO's)")
+    learn: Literal["plan", "decisions"] = Field(
+        default="plan", description="what of a selected plan's tokens the fine-tuning learns: "
+        "'plan', all the model wrote (the subtasks' words too); 'decisions', only the plan "
+        "grammar's choices (the first token of each agent's name, each access list, the `,` "
+        "or `]` that adds or ends a step), the rest read as context: for agents that never "
+        "read the words (a sim pool's), whose sampled words only add noise to what is learned. "
+        "A plan with no recorded choices (an API conductor's) is learned whole")
     reward_weighted: bool = Field(default=False, description="weigh each plan's cross-entropy by "
                                   "its run's reward; false: every selected plan weighs 1 "
                                   "(rejection sampling)")

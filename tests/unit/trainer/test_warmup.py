@@ -455,3 +455,22 @@ def test_the_warm_up_raises_the_log_prob_of_the_selected_plans_on_their_chosen_t
     assert tuned.step.steps == recipe.warmup.epochs and tuned.step.tokens == sum(
         s.trained_tokens for s in samples)
     assert tuned.step.loss == -tuned.logprob_after
+
+
+def test_learning_decisions_only_keeps_a_plans_choices_in_the_loss_and_reads_its_words() -> None:
+    """`learn = "decisions"`: of a plan with recorded choices only those positions are trained
+    (the agent's name, the access, the `,` or `]`), its subtask's words and the grammar's
+    forced text read as context; a plan without any (an API conductor's) is learned whole,
+    and the default learns every token the grammar did not force."""
+    from conductor_engine.trainer.grpo import Sample
+    from conductor_engine.trainer.warmup import decisions_only
+
+    ids = list(range(10, 22))
+    chosen = Sample(prompt_ids=[1], completion_ids=ids, advantage=1.0,
+                    forced=[k < 3 for k in range(12)], choices={4: [14, 40], 9: [19, 41]})
+    assert decisions_only(chosen).trained_tokens == 2
+    assert [k for k, f in enumerate(chosen.forced or []) if not f] == [4, 9]
+    api = Sample(prompt_ids=[1], completion_ids=ids, advantage=1.0)
+    assert decisions_only(api).trained_tokens == 12
+    assert WarmupConfig().learn == "plan"
+    assert WarmupConfig.model_validate({"learn": "decisions"}).learn == "decisions"
