@@ -10,6 +10,7 @@ import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,28 @@ async def test_a_forced_rollout_writes_its_shape_and_samples_what_fills_it(
     assert all(free), free
 
 
+def _assert_scored_as_sampled(model: Any, tok: Any, request: CompletionRequest,
+                              c: Any) -> set[int]:
+    """Every token in the loss has the behaviour log-prob the trainer scores (the importance
+    ratio exact for what was sampled); returns the forced positions, which are out of it."""
+    import torch
+
+    from conductor_engine.engine.providers.local.chat import prompt_ids
+    from conductor_engine.trainer.grpo import Sample, collate, per_token_logprobs
+
+    assert c.token_ids is not None and c.logprobs is not None
+    forced = set(c.forced_positions or ())
+    sample = Sample(prompt_ids=prompt_ids(tok, request), completion_ids=c.token_ids,
+                    advantage=1.0, forced=[k in forced for k in range(len(c.token_ids))],
+                    choices=c.choice_tokens or None)
+    with torch.no_grad():
+        scored = per_token_logprobs(model, collate([sample], tok.pad_token_id))[0]
+    for k in range(len(c.token_ids)):
+        if k not in forced:
+            assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
+    return forced
+
+
 @needs_local_extra
 async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
     tiny_policy_dir: Path,
@@ -105,11 +128,8 @@ async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
     """The behaviour log-prob of every token in the loss (sampled, or chosen among a narrowed
     set) equals the trainer's score of it, and the tokens the shape forced are out of the loss:
     the importance ratio of a forced rollout is 1 on-policy."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from conductor_engine.engine.providers.local.chat import prompt_ids
-    from conductor_engine.trainer.grpo import Sample, collate, per_token_logprobs
 
     spec = AgentSpec(id="tiny", provider="local", model=str(tiny_policy_dir))
     tok = AutoTokenizer.from_pretrained(str(tiny_policy_dir))
@@ -118,8 +138,7 @@ async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
     for s, shape in enumerate(shapes(2)):
         request = _request(s, ",".join(shape))
         c = await local.complete(spec, request)
-        assert c.token_ids is not None and c.logprobs is not None
-        forced = set(c.forced_positions or ())
+        forced = _assert_scored_as_sampled(model, tok, request, c)
         decided_by_shape = [k for k, t in enumerate(c.token_ids)
                             if str(tok.decode([t]))[:1] in ",]" and k in forced]
         assert decided_by_shape, c.text  # the `,` / `]` after the first step was forced
@@ -127,14 +146,6 @@ async def test_a_forced_rollouts_log_probs_are_what_the_trainer_scores(
             texts = [str(tok.decode([t])) for t in a]
             narrowed += all(t[:1] in '"[' for t in texts) and '"' in "".join(texts) \
                 and not any(t.startswith("[]") for t in texts)
-        sample = Sample(prompt_ids=prompt_ids(tok, request), completion_ids=c.token_ids,
-                        advantage=1.0, forced=[k in forced for k in range(len(c.token_ids))],
-                        choices=c.choice_tokens or None)
-        with torch.no_grad():
-            scored = per_token_logprobs(model, collate([sample], tok.pad_token_id))[0]
-        for k in range(len(c.token_ids)):
-            if k not in forced:
-                assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
     assert narrowed, "no narrowed access choice was drawn: the test checks nothing there"
 
 
@@ -240,14 +251,11 @@ async def test_a_sample_forced_to_an_agent_asks_it_first_and_is_scored_as_sample
     length and later agents are still sampled; every token in the loss has the behaviour
     log-prob the trainer scores (the importance ratio exact for what was sampled); and the
     warm-up's `unshape` rebuild makes the forced name a choice it learns."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from conductor_engine.engine.contracts.records import PlanAttempt
     from conductor_engine.engine.contracts.strict import revised
-    from conductor_engine.engine.providers.local.chat import prompt_ids
     from conductor_engine.engine.providers.local.reconstruct import Vocabulary
-    from conductor_engine.trainer.grpo import Sample, collate, per_token_logprobs
     from conductor_engine.trainer.reconstruct import needs_reconstruction, reconstruct_trace
     from tests.traces import make_trace
 
@@ -263,16 +271,8 @@ async def test_a_sample_forced_to_an_agent_asks_it_first_and_is_scored_as_sample
             steps = json.loads(c.text, strict=False)["steps"]
             assert steps[0]["agent"] == agent, (agent, c.text)
             others += sum(s["agent"] != agent for s in steps[1:])
+            _assert_scored_as_sampled(model, tok, request, c)
             assert c.token_ids is not None and c.logprobs is not None
-            forced = set(c.forced_positions or ())
-            sample = Sample(prompt_ids=prompt_ids(tok, request), completion_ids=c.token_ids,
-                            advantage=1.0, forced=[k in forced for k in range(len(c.token_ids))],
-                            choices=c.choice_tokens or None)
-            with torch.no_grad():
-                scored = per_token_logprobs(model, collate([sample], tok.pad_token_id))[0]
-            for k in range(len(c.token_ids)):
-                if k not in forced:
-                    assert scored[k].item() == pytest.approx(c.logprobs[k], abs=1e-4), k
             attempt = PlanAttempt(attempt=1, raw_text=c.text, prompt=request.messages,
                                   token_ids=c.token_ids, logprobs=c.logprobs,
                                   forced_positions=c.forced_positions,
