@@ -28,12 +28,17 @@ served token ids, runtime LoRA routes). Rollouts then take the API path (structu
 served ids -> forced tokens and choice sets reconstructed by the trainer -> behaviour log-probs
 recomputed), and each published version is loaded through `/v1/load_lora_adapter`; the pools,
 seeds and figures are the local path's, so the two runs compare line for line.
+
+--pool FILE --tasks FILE trains on a pool and task file of your own instead of a generated one
+(a hand-written routing pool, tests/benchmarks/pools/, or one nobody on the team has seen): any
+sim pool works, its competent agent per tag read off the agents' `sim` skills.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import time
@@ -102,6 +107,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tags", type=int, default=4)
     p.add_argument("--tasks-per-tag", type=int, default=8)
     p.add_argument("--holdout", type=float, default=0.25)
+    p.add_argument("--pool", type=Path, default=None,
+                   help="a sim pool file to train on instead of generated ones (with --tasks)")
+    p.add_argument("--tasks", type=Path, default=None, help="the task file for --pool")
     p.add_argument("--group-size", type=int, default=None, help="override the recipe's G")
     p.add_argument("--tasks-per-iteration", type=int, default=None)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
@@ -115,11 +123,24 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def skill_matrix(pool: Pool, tags: set[str]) -> dict[str, dict[str, float]]:
+    """agent -> tag -> skill, read off a sim pool's agents (a tag an agent does not list gets
+    its default_skill), for every tag the task file uses: what a hand-written pool says."""
+    matrix: dict[str, dict[str, float]] = {}
+    for a in pool.agents:
+        if a.sim is None:
+            raise SystemExit(f"agent {a.id!r} is not a sim agent: the bench needs every agent's "
+                             "skills to say which one is competent")
+        skills = {k.lower(): v for k, v in a.sim.skills.items()}
+        matrix[a.id] = {t: skills.get(t.lower(), a.sim.default_skill) for t in sorted(tags)}
+    return matrix
+
+
 class Judge:
     """Routing and oracle reward of held-out runs, from the pool's skill matrix."""
 
-    def __init__(self, spec: SimPoolSpec, pool: Pool) -> None:
-        self.matrix = spec.skill_matrix()
+    def __init__(self, matrix: dict[str, dict[str, float]], pool: Pool) -> None:
+        self.matrix = matrix
         self.pool = pool
 
     def oracle(self, run_task_id: str, tags: list[str], reference: str | None) -> float:
@@ -155,30 +176,33 @@ class Judge:
 async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
                    store: TraceStore, workdir: Path, served: LocalVllm | None
                    ) -> dict[str, object]:
-    spec = SimPoolSpec(agents=args.agents, tags=args.tags, seed=seed,
-                       tasks_per_tag=args.tasks_per_tag)
-    pool_file = workdir / f"pool-{seed}.toml"
-    pool_file.write_text(pool_toml(spec, conductor=args.model))
-    task_file = workdir / f"tasks-{seed}.jsonl"
-    import json
-
-    task_file.write_text("".join(json.dumps(r) + "\n" for r in tasks(spec)))
+    if args.pool is not None:
+        pool_file, task_file = args.pool, args.tasks
+        label, name = f"pool {args.pool}", f"pool-{args.pool.parent.name}-{args.pool.stem}"
+    else:
+        spec = SimPoolSpec(agents=args.agents, tags=args.tags, seed=seed,
+                           tasks_per_tag=args.tasks_per_tag)
+        pool_file = workdir / f"pool-{seed}.toml"
+        pool_file.write_text(pool_toml(spec, conductor=args.model))
+        task_file = workdir / f"tasks-{seed}.jsonl"
+        task_file.write_text("".join(json.dumps(r) + "\n" for r in tasks(spec)))
+        # a fixed name: every run has a fresh stack, and the recipe's pool draws are keyed on
+        # the training's name, so a random one would give every run its own curve
+        label, name = f"pool seed {seed}", f"sim-pool-{seed}"
     loaded: list[Task] = load_tasks(str(task_file)).tasks
     train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
     train = interleave_tags(train, 0)  # as `conductor train start --seed 0` orders them
     pool = Pool.load(pool_file)
-    # a fixed name: every run has a fresh stack, and the recipe's pool draws are keyed on the
-    # training's name, so a random one would give every run its own curve
-    name = f"sim-pool-{seed}"
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
         update={"id": f"conductor-{name}"})})
     if served is not None:  # the same conductor, behind the wire
         pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(update={
             "provider": "openai-compatible", "base_url": served.openai_base_url})})
-    judge = Judge(spec, pool)
+    matrix = skill_matrix(pool, {t for task in loaded for t in task.tags})
+    judge = Judge(matrix, pool)
     settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
     client = await s.client()
-    print(f"\npool seed {seed}: {', '.join(f'{a}: {t}' for a, t in _experts(spec).items())}; "
+    print(f"\n{label}: {', '.join(f'{a}: {t}' for a, t in _experts(matrix).items())}; "
           f"{len(train)} training tasks, {len(held)} held out", flush=True)
     inp = TrainInput(name=name, policy=pool.conductor.id, tasks=train, heldout_tasks=held,
                      iterations=args.iterations, recipe=recipe,
@@ -230,8 +254,9 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
             except Exception as e:  # the training figures above still stand
                 print(f"eval table failed: {type(e).__name__}: {e}", flush=True)
     iterations = max(len(p.history), 1)
-    return {"seed": seed, "crossed": crossed, "held": kept, "curve": curve,
-            "iterations": len(p.history),
+    return {"seed": seed if args.pool is None else args.pool.parent.name,
+            "crossed": crossed, "held": kept, "curve": curve,
+            "iterations": len(p.history), "agents": len(pool.agents),
             "seconds_per_iteration": seconds / iterations,
             "update_seconds": statistics.fmean(h.update_seconds for h in p.history)
             if p.history else 0.0}
@@ -260,9 +285,10 @@ async def eval_table(conductor: ConductorClient, store: TraceStore, pool: Pool,
         print("| " + " | ".join(cells(r)) + " |")
 
 
-def _experts(spec: SimPoolSpec) -> dict[str, str]:
-    return {a: ",".join(t for t, v in row.items() if v == spec.high) or "-"
-            for a, row in spec.skill_matrix().items()}
+def _experts(matrix: dict[str, dict[str, float]]) -> dict[str, str]:
+    """agent -> the tags it is competent at (the best skill of the tag)."""
+    return {a: ",".join(t for t in row if a in competent(matrix, [t])) or "-"
+            for a, row in matrix.items()}
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -272,6 +298,10 @@ async def main(args: argparse.Namespace) -> int:
     if args.tasks_per_iteration:
         recipe.rollouts.groups_per_update = args.tasks_per_iteration
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if (args.pool is None) != (args.tasks is None):
+        raise SystemExit("--pool and --tasks go together: a pool file and its task file")
+    if args.pool is not None:
+        seeds = seeds[:1]  # the file is the pool; the seed only labels the run
     if args.via_api and recipe.rollouts.explore:  # a served conductor samples without it
         print(f"--via-api: the recipe's explore = {recipe.rollouts.explore} needs the local "
               "conductor; these rollouts do not explore", flush=True)
@@ -306,7 +336,7 @@ async def main(args: argparse.Namespace) -> int:
         rows.append([r["seed"], reached,
                      f"{first[2]:.2f} → {last[2]:.2f}",
                      f"{last[2] / first[2]:.2f}x" if first[2] else "none routed at v0",
-                     f"{last[2] * args.agents:.2f}x", f"{last[3]:.2f}",
+                     f"{last[2] * int(r['agents']):.2f}x", f"{last[3]:.2f}",
                      f"{r['seconds_per_iteration']:.0f}s"])
         print(f"seed {r['seed']} curve (iteration: routed, reward/oracle): "
               + ", ".join(f"{i}: {ro:.2f}/{ra:.2f}" for i, _, ro, ra in curve))
