@@ -31,7 +31,9 @@ seeds and figures are the local path's, so the two runs compare line for line.
 
 --pool FILE --tasks FILE trains on a pool and task file of your own instead of a generated one
 (a hand-written routing pool, tests/benchmarks/pools/, or one nobody on the team has seen): any
-sim pool works, its competent agent per tag read off the agents' `sim` skills.
+sim pool works, its competent agent per tag read off the agents' `sim` skills. With
+--on-training --temperature 1.0 it trains on every task and checks the same tasks, one seeded
+sample each at T=1: the measure of the issue's independent routing pool ("all 24 tasks at T=1").
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pool", type=Path, default=None,
                    help="a sim pool file to train on instead of generated ones (with --tasks)")
     p.add_argument("--tasks", type=Path, default=None, help="the task file for --pool")
+    p.add_argument("--on-training", action="store_true",
+                   help="train on every task and evaluate on the same tasks (no held-out "
+                   "split): how the independent routing pool is measured")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the evaluation's temperature (the recipe's [heldout] temperature, "
+                   "greedy by default); 1.0 with --on-training samples as that pool's check")
     p.add_argument("--group-size", type=int, default=None, help="override the recipe's G")
     p.add_argument("--tasks-per-iteration", type=int, default=None)
     p.add_argument("--full", action="store_true", help="run every iteration, not up to the bar")
@@ -190,7 +198,10 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
         # the training's name, so a random one would give every run its own curve
         label, name = f"pool seed {seed}", f"sim-pool-{seed}"
     loaded: list[Task] = load_tasks(str(task_file)).tasks
-    train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
+    if args.on_training:  # the evaluation's runs are `heldout~ID`: never in a training group
+        train, held = list(loaded), list(loaded)
+    else:
+        train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
     train = interleave_tags(train, 0)  # as `conductor train start --seed 0` orders them
     pool = Pool.load(pool_file)
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
@@ -203,7 +214,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
     settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
     client = await s.client()
     print(f"\n{label}: {', '.join(f'{a}: {t}' for a, t in _experts(matrix).items())}; "
-          f"{len(train)} training tasks, {len(held)} held out", flush=True)
+          f"{len(train)} training tasks, "
+          f"{'all of them checked' if args.on_training else f'{len(held)} held out'}", flush=True)
     inp = TrainInput(name=name, policy=pool.conductor.id, tasks=train, heldout_tasks=held,
                      iterations=args.iterations, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue,
@@ -229,7 +241,8 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe
                 routed, reward, oracle, picks = await judge.judge(store, e)
                 ratio = reward / oracle if oracle else 0.0
                 curve.append((e.iteration, e.version, routed, ratio))
-                print(f"  held out {e.version}: routed {routed:.2f} · reward {reward:.3f} / "
+                seen = "checked" if args.on_training else "held out"
+                print(f"  {seen} {e.version}: routed {routed:.2f} · reward {reward:.3f} / "
                       f"oracle {oracle:.3f} = {ratio:.2f}\n    picks (* competent): {picks}",
                       flush=True)
                 if crossed is None and routed >= ROUTED_BAR and ratio >= REWARD_BAR:
@@ -293,6 +306,8 @@ def _experts(matrix: dict[str, dict[str, float]]) -> dict[str, str]:
 
 async def main(args: argparse.Namespace) -> int:
     recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
+    if args.temperature is not None:
+        recipe.heldout.temperature = args.temperature
     if args.group_size:
         recipe.rollouts.group_size = args.group_size
     if args.tasks_per_iteration:
