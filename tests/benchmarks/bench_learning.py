@@ -343,15 +343,15 @@ async def main(args: argparse.Namespace) -> int:
               f"trained version; {len(loads)} adapters loaded through /v1/load_lora_adapter")
     rows = []
     for r in results:
-        curve = r["curve"]
-        assert isinstance(curve, list)
+        curve, agents = r["curve"], r["agents"]
+        assert isinstance(curve, list) and isinstance(agents, int)
         first, last = curve[0], curve[-1]
         reached = "not reached" if r["crossed"] is None else f"{r['crossed']}" + (
             {True: ", held", False: ", not held", None: ""}[r["held"]])  # type: ignore[index]
         rows.append([r["seed"], reached,
                      f"{first[2]:.2f} → {last[2]:.2f}",
                      f"{last[2] / first[2]:.2f}x" if first[2] else "none routed at v0",
-                     f"{last[2] * int(r['agents']):.2f}x", f"{last[3]:.2f}",
+                     f"{last[2] * agents:.2f}x", f"{last[3]:.2f}",
                      f"{r['seconds_per_iteration']:.0f}s"])
         print(f"seed {r['seed']} curve (iteration: routed, reward/oracle): "
               + ", ".join(f"{i}: {ro:.2f}/{ra:.2f}" for i, _, ro, ra in curve))
