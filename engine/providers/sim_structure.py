@@ -28,7 +28,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from conductor_engine.engine.contracts.agents import AgentSpec
 from conductor_engine.engine.contracts.strict import revised
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.providers.sim import SEPARATOR
 from conductor_engine.engine.providers.sim_pool import (
     _BANK,
@@ -45,11 +47,13 @@ MAX_TASKS_PER_KIND = 8  # the one and split kinds share tag A's and B's 16 bank 
 
 
 class AgentRole(BaseModel):
-    """One generated agent: skills and review rates per tag, and what a call of it costs."""
+    """One agent as the oracle sees it: skills and review rates per tag, and what a call of it
+    costs (generated here, or read off any sim pool's file by `roles_of`)."""
 
     skills: dict[str, float]
     review: dict[str, float] = Field(default_factory=dict)
     default_skill: float
+    default_review: float = 0.0
     output_tokens: int
     price_output_per_mtok: float
 
@@ -67,7 +71,8 @@ class Oracle(BaseModel):
     """The best plan of one task and what it is worth (a row of oracle.jsonl)."""
 
     id: str
-    kind: Kind
+    kind: str = Field(description="one, review, split or generalist in a generated pool; the "
+                      "task's tag (its parts joined by +) in a pool read from files")
     shape: Shape
     plan: list[PlanStep]
     p_right: float
@@ -150,7 +155,7 @@ def p_right(plan: Sequence[PlanStep], agents: dict[str, AgentRole],
             p = _rate(agents[a].skills, parts[k], agents[a].default_skill)
             weight *= p if b else 1 - p
         for (a, k), b in keep.items():
-            p = _rate(agents[a].review, parts[k], 0.0)
+            p = _rate(agents[a].review, parts[k], agents[a].default_review)
             weight *= p if b else 1 - p
         if weight == 0.0:
             continue
@@ -199,19 +204,75 @@ def shape(plan: Sequence[PlanStep], parts: Sequence[str]) -> Shape:
     return "split" if len(parts) > 1 else "draft + review"
 
 
-def oracle(task_id: str, kind: Kind, parts: Sequence[str], spec: StructuredPoolSpec) -> Oracle:
-    """The best plan of a task (ties: fewer steps, then cheaper, then the first in order)."""
-    agents = spec.agents()
+def oracle(task_id: str, kind: str, parts: Sequence[str], spec: StructuredPoolSpec) -> Oracle:
+    """The best plan of a generated task."""
+    return best_plan(task_id, kind, parts, spec.agents(), spec.wrong, spec.cost_penalty_per_usd)
+
+
+def best_plan(task_id: str, kind: str, parts: Sequence[str], agents: dict[str, AgentRole],
+              wrong: float, penalty: float, correct: float = 1.0) -> Oracle:
+    """The best plan of a task among every plan of up to two steps (ties: fewer steps, then
+    cheaper, then the first in order)."""
     best: tuple[float, list[PlanStep], float, float] | None = None
     for plan in plans(sorted(agents)):
-        value, p, cost = expected_reward(plan, agents, parts, spec.wrong,
-                                         spec.cost_penalty_per_usd)
+        value, p, cost = expected_reward(plan, agents, parts, wrong, penalty, correct)
         if best is None or value > best[0] + 1e-12:
             best = (value, plan, p, cost)
     assert best is not None
     value, plan, p, cost = best
     return Oracle(id=task_id, kind=kind, shape=shape(plan, parts), plan=plan,
                   p_right=round(p, 6), cost_usd=round(cost, 6), expected_reward=round(value, 6))
+
+
+# --- any sim pool's oracle, read off its files --------------------------------------------------
+
+
+def roles_of(agents: Sequence[AgentSpec]) -> dict[str, AgentRole]:
+    """The oracle's view of a sim pool written by hand (or by anyone): each agent's `sim`
+    skills, review rates and output tokens, and its price. The oracle is exact only where a
+    call's cost does not depend on the prompt, so an agent priced per input token, or one that
+    is not a sim agent, is refused with what to change. Tags are folded to lower case, as the
+    sim matches them."""
+    roles: dict[str, AgentRole] = {}
+    for a in agents:
+        if a.sim is None:
+            raise ValueError(f"agent {a.id!r} has no `sim` settings: the oracle scores sim "
+                             "agents only")
+        if a.price_input_per_mtok:
+            raise ValueError(f"agent {a.id!r} charges for input tokens: the oracle's costs are "
+                             "exact only with price_input_per_mtok = 0")
+        roles[a.id] = AgentRole(
+            skills={t.casefold(): p for t, p in a.sim.skills.items()},
+            review={t.casefold(): p for t, p in a.sim.review.items()},
+            default_skill=a.sim.default_skill, default_review=a.sim.default_review,
+            output_tokens=a.sim.output_tokens,
+            price_output_per_mtok=a.price_output_per_mtok or 0.0)
+    return roles
+
+
+def task_parts(task: Task) -> list[str]:
+    """The tag of each part the sim answers apart: a composite task's parts, else its one tag
+    (a one-part task with several tags takes the best of them in the sim, which `p_right`'s
+    one tag per part cannot say, so it is refused)."""
+    if task.parts:
+        return [p.casefold() for p in task.parts]
+    if len(task.tags) != 1:
+        raise ValueError(f"task {task.id!r} has {len(task.tags)} tags: the oracle needs one tag "
+                         "per task (or `parts` for a composite task)")
+    return [task.tags[0].casefold()]
+
+
+def pool_oracles(agents: Sequence[AgentSpec], tasks: Sequence[Task]) -> dict[str, Oracle]:
+    """Each task's best plan and its exact expected reward under the task's own reward
+    weights, for a sim pool and task file from anywhere: what `bench_plans --pool` judges a
+    hand-written (or hidden) structured pool by. A task's kind is its tag, parts joined by +."""
+    roles = roles_of(agents)
+    out: dict[str, Oracle] = {}
+    for t in tasks:
+        parts, weights = task_parts(t), t.options.reward
+        out[t.id] = best_plan(t.id, "+".join(parts), parts, roles, weights.wrong,
+                              weights.cost_penalty_per_usd, weights.correct)
+    return out
 
 
 # --- the files -----------------------------------------------------------------------------

@@ -65,13 +65,17 @@ from conductor_engine.engine.eval.systems import (
 from conductor_engine.engine.plan.language import Plan, Step
 from conductor_engine.engine.providers.pool import Pool
 from conductor_engine.engine.providers.sim_structure import (
+    AgentRole,
     Oracle,
     PlanStep,
     StructuredPoolSpec,
     expected_reward,
+    pool_oracles,
+    roles_of,
     shape,
     structured_pool_toml,
     structured_tasks,
+    task_parts,
 )
 from conductor_engine.engine.storage.shared_store import close_shared_stores, shared_store
 from conductor_engine.engine.storage.trace_store import TraceFilter, TraceStore
@@ -125,6 +129,11 @@ def parse_args() -> argparse.Namespace:
                    help="no training: only the single-agent and MoA rows on the held-out tasks "
                    "(and the base conductor's with --eval-repeats above 1)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the conductor's model")
+    p.add_argument("--pool", type=Path, default=None,
+                   help="a structured sim pool file of your own instead of generated ones (with "
+                   "--tasks): each task's oracle is computed from the agents' `sim` settings "
+                   "and the task's reward weights; a task's kind is its tag")
+    p.add_argument("--tasks", type=Path, default=None, help="the task file for --pool")
     p.add_argument("--warmup-samples", type=int, default=0, metavar="K",
                    help="before training, K scored runs of each training task by the base "
                    "conductor, exploring as the recipe's rollouts do: the stored runs a recipe's "
@@ -135,10 +144,11 @@ def parse_args() -> argparse.Namespace:
 class Judge:
     """The expected reward and shape of the plans a version wrote, against the oracle's."""
 
-    def __init__(self, spec: StructuredPoolSpec, oracles: dict[str, Oracle],
-                 parts: dict[str, list[str]]) -> None:
-        self.spec, self.oracles, self.parts = spec, oracles, parts
-        self.agents = spec.agents()
+    def __init__(self, agents: dict[str, AgentRole], oracles: dict[str, Oracle],
+                 tasks: list[Task]) -> None:
+        self.agents, self.oracles = agents, oracles
+        self.parts = {t.id: task_parts(t) for t in tasks}
+        self.weights = {t.id: t.options.reward for t in tasks}
         self.tokens = 0.0  # per task, at the last evaluation judged (conductor and agents)
 
     def written(self, t: Trace) -> tuple[list[PlanStep] | None, float]:
@@ -149,9 +159,10 @@ class Judge:
         plan = [PlanStep(agent=s.agent, sees=list(s.sees)) for s in steps]
         if len(plan) > 2:  # the tasks allow two steps; a longer plan would be refused
             return plan, 0.0
-        parts = self.parts[_plain(t.task.id)]
-        value, _, _ = expected_reward(plan, self.agents, parts, self.spec.wrong,
-                                      self.spec.cost_penalty_per_usd)
+        task = _plain(t.task.id)
+        w = self.weights[task]
+        value, _, _ = expected_reward(plan, self.agents, self.parts[task], w.wrong,
+                                      w.cost_penalty_per_usd, w.correct)
         return plan, value
 
     async def judge(self, store: TraceStore, e: HeldOutEval
@@ -208,28 +219,42 @@ def _shapes_line(shapes: dict[str, Counter[str]], exact: Counter[str],
         for kind, c in sorted(shapes.items()))
 
 
-async def one_pool(s: Stack, args: argparse.Namespace, seed: int, recipe: Recipe,
-                   store: TraceStore, workdir: Path) -> dict[str, object]:
+def generated(seed: int, args: argparse.Namespace, workdir: Path
+              ) -> tuple[Path, Path, dict[str, Oracle], str]:
+    """`conductor sim pool --structure --seed S`'s files, its oracles and a line on its roles."""
     spec = StructuredPoolSpec(seed=seed, tasks_per_kind=args.tasks_per_kind)
     pool_file = workdir / f"structure-{seed}.toml"
     pool_file.write_text(structured_pool_toml(spec, conductor=args.model))
     rows = structured_tasks(spec)
     task_file = workdir / f"structure-{seed}.jsonl"
     task_file.write_text("".join(json.dumps(r) + "\n" for r, _ in rows))
-    oracles = {o.id: o for _, o in rows}
+    return (pool_file, task_file, {o.id: o for _, o in rows},
+            f"structured pool seed {seed}: roles {spec.roles()}, tags {spec.tags()}")
+
+
+async def one_pool(s: Stack, args: argparse.Namespace, seed: int | str, recipe: Recipe,
+                   store: TraceStore, workdir: Path) -> dict[str, object]:
+    if isinstance(seed, int):
+        pool_file, task_file, oracles, about = generated(seed, args, workdir)
+        name = f"sim-structure-{seed}"  # fixed: the recipe's pool draws are keyed on it
+    else:  # a pool written by anyone: its oracle computed from its own files
+        pool_file, task_file, about = args.pool, args.tasks, f"pool {args.pool}"
+        name = f"pool-{args.pool.parent.name}"
     loaded: list[Task] = load_tasks(str(task_file)).tasks
-    parts = {t.id: t.parts or t.tags for t in loaded}
+    pool = Pool.load(pool_file)
+    if not isinstance(seed, int):
+        oracles = pool_oracles(pool.available(), loaded)
+        about += ", oracle plans: " + "; ".join(sorted({
+            f"{o.kind} {' -> '.join(st.agent for st in o.plan)} ({o.shape})"
+            for o in oracles.values()}))
     train, held = split_heldout(loaded, args.holdout, recipe.heldout.seed)
     train = interleave_tags(train, 0)
-    pool = Pool.load(pool_file)
-    name = f"sim-structure-{seed}"  # fixed: the recipe's pool draws are keyed on it
     pool = pool.model_copy(update={"conductor": pool.conductor.model_copy(
         update={"id": f"conductor-{name}"})})
-    judge = Judge(spec, oracles, parts)
+    judge = Judge(roles_of(pool.available()), oracles, loaded)
     settings = s.queue(name).model_copy(update={"trainer_task_queue": f"trainer-{name}"})
     client = await s.client()
-    print(f"\nstructured pool seed {seed}: roles {spec.roles()}, tags {spec.tags()}; "
-          f"{len(train)} training tasks, {len(held)} held out", flush=True)
+    print(f"\n{about}; {len(train)} training tasks, {len(held)} held out", flush=True)
     inp = TrainInput(name=name, policy=pool.conductor.id, tasks=train, heldout_tasks=held,
                      iterations=args.iterations, recipe=recipe,
                      trainer_task_queue=settings.trainer_task_queue,
@@ -371,7 +396,7 @@ def _oracle_run(task: Task, best: Oracle) -> Task:
 
 
 async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
-                    held: list[Task], trained: HeldOutEval | None, seed: int,
+                    held: list[Task], trained: HeldOutEval | None, seed: int | str,
                     oracles: dict[str, Oracle], repeats: int = 1) -> None:
     """`conductor eval`'s rows on the held-out tasks: the trained conductor, every single
     agent, MoA and the oracle's plans, run now as one batch. With one repeat the conductor's
@@ -414,7 +439,10 @@ async def eval_rows(conductor: ConductorClient, store: TraceStore, pool: Pool,
 
 async def main(args: argparse.Namespace) -> int:
     recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if (args.pool is None) != (args.tasks is None):
+        raise SystemExit("--pool and --tasks go together: a pool file and its task file")
+    seeds: list[int | str] = ([int(x) for x in args.seeds.split(",") if x.strip()]
+                              if args.pool is None else [args.pool.parent.name])
     print(recipe_line(args.recipe, recipe), flush=True)
     results = []
     with stack() as s:

@@ -20,8 +20,11 @@ from conductor_engine.engine.providers.sim_structure import (
     expected_reward,
     p_right,
     plans,
+    pool_oracles,
+    roles_of,
     structured_pool_toml,
     structured_tasks,
+    task_parts,
 )
 from conductor_engine.engine.rewards import score_run
 from conductor_engine.engine.tasks.files import load_tasks
@@ -88,6 +91,56 @@ def test_the_oracle_matches_the_share_the_sim_agents_get_right(tmp_path: Path) -
             n = 800
             share = sum(run_plan(pool, plan, row, s) == row["answer"] for s in range(n)) / n
             assert share == pytest.approx(p_right(plan, agents, parts), abs=0.05), (row, plan)
+
+
+HANDMADE = Path(__file__).resolve().parents[4] / "tests" / "benchmarks" / "pools" / \
+    "handmade-structure"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_oracle_read_off_a_pool_file_is_the_generators_own(tmp_path: Path, seed: int) -> None:
+    spec = StructuredPoolSpec(seed=seed)
+    (tmp_path / "pool.toml").write_text(structured_pool_toml(spec))
+    rows = structured_tasks(spec)
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r, _ in rows))
+    read = pool_oracles(Pool.load(tmp_path / "pool.toml").available(),
+                        load_tasks(str(tmp_path / "tasks.jsonl")).tasks)
+    for _, best in rows:
+        mine = read[best.id]
+        assert (mine.plan, mine.shape, mine.expected_reward, mine.p_right, mine.cost_usd) == (
+            best.plan, best.shape, best.expected_reward, best.p_right, best.cost_usd)
+
+
+def test_the_hand_written_structured_pool_needs_every_shape_and_the_sim_agrees() -> None:
+    pool = Pool.load(HANDMADE / "pool.toml")
+    tasks = load_tasks(str(HANDMADE / "tasks.jsonl")).tasks
+    oracles = pool_oracles(pool.available(), tasks)
+    by_kind = {o.kind: ([s.agent for s in o.plan], o.shape) for o in oracles.values()}
+    assert by_kind == {"sports": (["lynx"], "1 step"), "music": (["heron"], "1 step"),
+                       "sports+music": (["heron", "lynx"], "split"),
+                       "literature": (["lynx", "sable"], "draft + review"),
+                       "physics": (["tarn"], "1 step")}
+    roles = roles_of(pool.available())
+    seen: set[str] = set()
+    for t in tasks:  # the oracle's probabilities are the sim's, on one task of each kind
+        if oracles[t.id].kind in seen:
+            continue
+        seen.add(oracles[t.id].kind)
+        row = {"id": t.id, "tags": t.tags, "answer": t.reference, "parts": t.parts}
+        for plan in [oracles[t.id].plan, *plans(sorted(roles))[::9]]:
+            n = 800
+            share = sum(run_plan(pool, plan, row, s) == t.reference for s in range(n)) / n
+            assert share == pytest.approx(p_right(plan, roles, task_parts(t)), abs=0.05)
+
+
+def test_a_pool_the_oracle_cannot_score_exactly_is_refused_with_what_to_change() -> None:
+    pool = Pool.load(HANDMADE / "pool.toml")
+    task = load_tasks(str(HANDMADE / "tasks.jsonl")).tasks[0]
+    priced = [a.model_copy(update={"price_input_per_mtok": 1.0}) for a in pool.available()]
+    with pytest.raises(ValueError, match="price_input_per_mtok = 0"):
+        roles_of(priced)
+    with pytest.raises(ValueError, match="one tag per task"):
+        task_parts(task.model_copy(update={"tags": ["sports", "music"]}))
 
 
 def test_the_oracle_plan_of_each_kind_has_the_shape_the_kind_is_for() -> None:
