@@ -239,7 +239,7 @@ async def one_pool(s: Stack, args: argparse.Namespace, seed: int | str, recipe: 
         name = f"sim-structure-{seed}"  # fixed: the recipe's pool draws are keyed on it
     else:  # a pool written by anyone: its oracle computed from its own files
         pool_file, task_file, about = args.pool, args.tasks, f"pool {args.pool}"
-        name = f"pool-{args.pool.parent.name}"
+        name = f"pool-{args.pool.parent.name}-{args.pool.stem}"
     loaded: list[Task] = load_tasks(str(task_file)).tasks
     pool = Pool.load(pool_file)
     if not isinstance(seed, int):
