@@ -441,8 +441,9 @@ async def main(args: argparse.Namespace) -> int:
     recipe = Recipe.model_validate(tomllib.loads(args.recipe.read_text()))
     if (args.pool is None) != (args.tasks is None):
         raise SystemExit("--pool and --tasks go together: a pool file and its task file")
-    seeds: list[int | str] = ([int(x) for x in args.seeds.split(",") if x.strip()]
-                              if args.pool is None else [args.pool.parent.name])
+    seeds: list[int | str] = (  # a pool of one's own is labelled by its folder and file
+        [int(x) for x in args.seeds.split(",") if x.strip()] if args.pool is None
+        else [f"{args.pool.parent.name}-{args.pool.stem}"])
     print(recipe_line(args.recipe, recipe), flush=True)
     results = []
     with stack() as s:
