@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks.bench_warmup_ranking [--seeds 1,2,3] [--samples 8]
         [--two-step 0.21] [--rehearse 8] [--rehearse-plans 4] [--margin 0] [--repeats 20]
+        [--draws exact|sim|sim-fresh]
 
 For each structured pool (`conductor sim pool --structure --seed S`, 32 tasks of four kinds) it
 draws `--samples` scored runs of every task from a model of the base conductor exploring: a
@@ -25,6 +26,12 @@ It prints, per way, the selected plans' expected reward over the oracle's (summe
 with a selection), how many are the oracle's plan per kind, the selected plans' cost over the
 oracle plans', and the runs executed, averaged over `--repeats` draws per pool; then the ratio
 of each way's figure to the best run's.
+`--draws sim` replaces the independent draws with the sim provider's own (SHA-256 of task,
+agent, sample; a step answering with what it sees): the samples under the warm-up's sample
+numbers, and a rehearsal's repeat r of every plan of a task under one number,
+REHEARSAL_SAMPLES_FROM + r, as TrainingWorkflow runs it, so a task's plans share each agent's
+draws; `--draws sim-fresh` gives each rehearsed plan numbers of its own. The two measure what
+sharing the draws costs the ranking (one round: docs/results/warmup-ranking-draws.log).
 Seconds, no model, no services: the ranking in isolation from what SFT and GRPO make of it
 (bench_plans.py measures those, with SmolLM2 writing the samples).
 """
@@ -33,25 +40,32 @@ from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 from conductor_engine.engine.contracts.names import BASELINE_POLICY
 from conductor_engine.engine.contracts.plans import Plan, Step
 from conductor_engine.engine.contracts.strict import revised
 from conductor_engine.engine.contracts.traces import PolicyRef, Trace
 from conductor_engine.engine.contracts.training import WarmupConfig
+from conductor_engine.engine.providers.pool import Pool as AgentPool
 from conductor_engine.engine.providers.sim_structure import (
     Oracle,
     PlanStep,
     StructuredPoolSpec,
     expected_reward,
+    structured_pool_toml,
     structured_tasks,
 )
 from conductor_engine.trainer.warmup import candidate_plans, select_plans
+from conductor_engine.workflows.train import REHEARSAL_SAMPLES_FROM, WARMUP_SAMPLES_FROM
+from tests.unit.engine.providers.test_sim_structure import run_plan
 from tests.unit.trainer.test_warmup import scored
 
 BATCH = "rehearse-bench"
+DRAWS = ("exact", "sim", "sim-fresh")
 WAYS = ("best run by reward", "plan mean, samples only", "plan mean, rehearsed",
         "plan mean by tag, rehearsed", "by tag, cheaper of ties")
 
@@ -67,6 +81,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--margin", type=float, default=0.0,
                    help="more_steps_margin of the rehearsed way (the plans recipe ships 0.1)")
     p.add_argument("--repeats", type=int, default=20, help="independent draws per pool")
+    p.add_argument("--draws", choices=DRAWS, default="exact",
+                   help="exact: each run right with its plan's exact probability, on its own; "
+                   "sim: the sim provider's own draws, a rehearsal's repeat r of every plan of a "
+                   "task under one sample number as TrainingWorkflow runs it (plans of a task "
+                   "share an agent's draws); sim-fresh: the same, each rehearsed plan under "
+                   "sample numbers of its own")
     p.add_argument("--ties", type=float, default=0.5,
                    help="ties_within_se of the last way (the by-tag way with near ties to the "
                    "cheaper)")
@@ -86,17 +106,28 @@ class Pool:
             for r, _ in rows}
         self.tags: dict[str, list[str]] = {
             str(r["id"]): list(r["tags"]) for r, _ in rows}  # type: ignore[call-overload]
+        self.rows = {str(r["id"]): r for r, _ in rows}
+        with tempfile.TemporaryDirectory() as tmp:  # the sim agents as a pool file loads them
+            (Path(tmp) / "pool.toml").write_text(structured_pool_toml(self.spec))
+            self.sim_pool = AgentPool.load(Path(tmp) / "pool.toml")
+
+    def sim_right(self, task_id: str, plan: list[PlanStep], sample: int) -> bool:
+        """Whether the sim provider's own draws, under `sample`, make the plan's answer right:
+        each step answers with the outputs of the steps it sees, as the workflow chains them."""
+        row = self.rows[task_id]
+        return run_plan(self.sim_pool, plan, row, sample) == row["answer"]
 
     def value(self, task_id: str, plan: list[PlanStep]) -> tuple[float, float, float]:
         return expected_reward(plan, self.agents, self.parts[task_id], self.spec.wrong,
                                self.spec.cost_penalty_per_usd)
 
     def run(self, rng: random.Random, task_id: str, plan: list[PlanStep], minute: int,
-            fixed: bool = False) -> Trace:
-        """One scored run of `plan`, right with its exact probability; a conductor's, or a
-        fixed plan's in the rehearsal batch."""
+            fixed: bool = False, sample: int | None = None) -> Trace:
+        """One scored run of `plan`, right with its exact probability (or, given a `sample`,
+        as the sim's draws under it make it); a conductor's, or a fixed plan's in the
+        rehearsal batch."""
         _, p, cost = self.value(task_id, plan)
-        right = rng.random() < p
+        right = rng.random() < p if sample is None else self.sim_right(task_id, plan, sample)
         base = 1.0 if right else self.spec.wrong
         reward = max(0.0, base - self.spec.cost_penalty_per_usd * cost)
         trace = scored(task_id, reward, cost=cost, minute=minute, correct=right,
@@ -128,22 +159,34 @@ def steps_of(trace: Trace) -> list[PlanStep]:
     return steps_of_plan(plan)
 
 
-def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random
+def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random, rep: int = 0
              ) -> dict[str, tuple[float, float, float, float, Counter[str], Counter[str], int]]:
     """Per way: (expected, oracle, cost, oracle's cost) summed over the tasks with a selection,
     oracle plans and selections per kind, runs executed."""
     ids = sorted(pool.oracles)
-    samples = [pool.run(rng, t, pool.sample(rng, args.two_step), k)
+    sim = args.draws != "exact"
+    # a sample's own number, as the warm-up's rounds number theirs (workflows/train.py)
+    samples = [pool.run(rng, t, pool.sample(rng, args.two_step), k,
+                        sample=WARMUP_SAMPLES_FROM + 1000 * rep + k if sim else None)
                for t in ids for k in range(args.samples)]
     cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans,
                        more_steps_margin=args.margin)
     by_tag = revised(cfg, plan_means_by="tag")
     cheaper = revised(by_tag, ties_within_se=args.ties)
 
+    def number(plan_no: int, r: int) -> int | None:
+        """Repeat r's sample: none (exact), the workflow's shared REHEARSAL_SAMPLES_FROM + r
+        (sim), or one of the plan's own (sim-fresh)."""
+        if not sim:
+            return None
+        return REHEARSAL_SAMPLES_FROM + r + (1000 * (plan_no + 1) if args.draws == "sim-fresh"
+                                             else 0)
+
     def rehearsal(c: WarmupConfig) -> list[Trace]:
-        return [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True)
+        return [pool.run(rng, t, steps_of_plan(plan), 100 + r, fixed=True,
+                         sample=number(plan_no, r))
                 for t, plans in candidate_plans(samples, ids, c, BATCH).items()
-                for plan in plans for r in range(args.rehearse)]
+                for plan_no, plan in enumerate(plans) for r in range(args.rehearse)]
 
     rehearsed = {WAYS[2]: rehearsal(cfg), WAYS[3]: rehearsal(by_tag)}
     rehearsed[WAYS[4]] = rehearsed[WAYS[3]]  # the same candidates: ties order what is learned
@@ -178,7 +221,8 @@ def main() -> None:
     args = parse_args()
     started = time.monotonic()
     print(f"{args.samples} samples a task ({args.two_step:.2f} two-step), rehearsal "
-          f"{args.rehearse} x {args.rehearse_plans} plans, {args.repeats} draws a pool")
+          f"{args.rehearse} x {args.rehearse_plans} plans, {args.repeats} draws a pool, "
+          f"{args.draws} draws")
     totals: dict[str, list[float]] = {w: [0.0] * 5 for w in WAYS}
     for seed in [int(s) for s in args.seeds.split(",")]:
         pool = Pool(seed)
@@ -187,26 +231,26 @@ def main() -> None:
         kinds: dict[str, Counter[str]] = {w: Counter() for w in WAYS}
         for rep in range(args.repeats):
             for way, (e, o, c, oc, x, k, runs) in one_draw(pool, args, random.Random(
-                    f"{seed}/{rep}")).items():
+                    f"{seed}/{rep}"), rep).items():
                 for i, v in enumerate((e, o, c, oc, runs / args.repeats)):
                     per[way][i] += v
                 exact[way].update(x)
                 kinds[way].update(k)
         print(f"\npool seed {seed}:")
         for way in WAYS:
-            e, o, c, oc, runs = per[way]
+            e, o, c, oc, ran = per[way]
             hits = " · ".join(f"{k} {exact[way][k] / args.repeats:.1f}/"
                               f"{kinds[way][k] / args.repeats:.1f}" for k in sorted(kinds[way]))
             print(f"  {way:<27} expected / oracle {e / o:.3f} · cost / oracle's {c / oc:.2f} "
-                  f"· oracle plans per kind: {hits} · {runs:.0f} runs")
+                  f"· oracle plans per kind: {hits} · {ran:.0f} runs")
             for i, v in enumerate(per[way]):
                 totals[way][i] += v
     base = totals[WAYS[0]][0] / totals[WAYS[0]][1]
     print("\nall pools:")
     for way in WAYS:
-        e, o, c, oc, runs = totals[way]
+        e, o, c, oc, ran = totals[way]
         print(f"  {way:<27} expected / oracle {e / o:.3f} ({e / o / base:.3f}x the best run) "
-              f"· cost / oracle's {c / oc:.2f} · {runs / totals[WAYS[0]][4]:.1f}x its runs")
+              f"· cost / oracle's {c / oc:.2f} · {ran / totals[WAYS[0]][4]:.1f}x its runs")
     print(f"\n{time.monotonic() - started:.1f}s")
 
 

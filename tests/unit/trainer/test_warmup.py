@@ -233,7 +233,7 @@ def test_a_later_rounds_candidates_are_the_best_plans_not_rehearsed_yet() -> Non
     Another run's rehearsal batch does not count as this run's."""
     from conductor_engine.trainer.warmup import candidate_plans
 
-    apart = (("drafter", []), ("reviewer", []))
+    apart: tuple[tuple[str, Access], ...] = (("drafter", []), ("reviewer", []))
     review = planned("a", REVIEW, 1.0, cost=0.05)
     rehearsed = [planned("a", REVIEW, 1.0, fixed_in="rehearse-me", minute=i) for i in range(3)]
     sampled = [planned("a", apart, 1.0, minute=4), planned("a", SOLO, 0.95, minute=5)]
