@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.bench_plans [--seeds 1,2,3] [--recipe examples/sim/recipe-plans.toml]
         [--iterations 40] [--tasks-per-kind 8] [--holdout 0.25] [--full] [--no-eval]
-        [--eval-repeats R]
+        [--eval-repeats R] [--pool FILE --tasks FILE]
 
 For each seed, `conductor sim pool --structure` (engine/providers/sim_structure.py) makes four
 look-alike sim agents and four task kinds whose best plans differ: one step to a cheap
@@ -18,6 +18,10 @@ evaluated version answers the held-out quarter greedily. Per evaluation it print
   the realised ratio is printed beside it;
 - shapes per kind: the plans written (1 step / draft + review / split / 2 apart) against the
   oracle's, and how many were the oracle's plan exactly.
+
+`--pool FILE --tasks FILE` trains on a structured pool of one's own instead (a hidden one, or
+tests/benchmarks/pools/handmade-structure/): each task's oracle computed from the pool file's
+sim settings and the task's reward weights (`sim_structure.pool_oracles`), a task's kind its tag.
 
 It stops a pool at the first version with expected/oracle >= 0.9 unless --full, then (unless
 --no-eval) runs `conductor eval`'s conductor, single-agent and MoA rows on the held-out tasks:
