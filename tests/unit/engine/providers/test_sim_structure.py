@@ -202,3 +202,19 @@ def test_conductor_sim_pool_structure_writes_pool_tasks_and_oracle(tmp_path: Pat
     bad = run_conductor("sim", "pool", "--structure", "--tasks-per-tag", "9",
                         "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "at most 8" in bad.stderr
+
+
+def test_an_agents_default_review_counts_in_the_oracle_read_off_its_file() -> None:
+    pool = Pool.load(HANDMADE / "pool.toml")
+    sable = pool.get("sable")
+    assert sable.sim is not None
+    kind = sable.model_copy(update={"sim": sable.sim.model_copy(update={"default_review": 0.8})})
+    pool = pool.model_copy(update={"agents": [kind if a.id == "sable" else a
+                                              for a in pool.agents]})
+    roles = roles_of(pool.available())
+    task = next(t for t in load_tasks(str(HANDMADE / "tasks.jsonl")).tasks if t.tags == ["music"])
+    plan = [PlanStep(agent="heron"), PlanStep(agent="sable", sees=[0])]  # sable keeps music now
+    assert p_right(plan, roles, task_parts(task)) > 0.75  # heron's 0.9 kept at 0.8, or sable's own
+    row = {"id": task.id, "tags": task.tags, "answer": task.reference, "parts": task.parts}
+    share = sum(run_plan(pool, plan, row, s) == task.reference for s in range(800)) / 800
+    assert share == pytest.approx(p_right(plan, roles, task_parts(task)), abs=0.05)
