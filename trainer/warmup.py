@@ -162,7 +162,8 @@ def why_not(trace: Trace, task_ids: frozenset[str], cfg: WarmupConfig) -> str | 
 
 def why_not_trained(trace: Trace, cfg: WarmupConfig) -> str | None:
     """Why a counted run is not one to train on (a wrong answer, too low a reward, no
-    conductor prompt: a fixed plan's), or None."""
+    conductor prompt: a fixed plan's; with `dead_steps` "skip", a plan with a step whose output
+    cannot reach the answer), or None."""
     verdict = trace.reward.verdict if trace.reward else None
     if cfg.correct_only and not (verdict is not None and verdict.correct):
         return "not_correct"
@@ -170,7 +171,24 @@ def why_not_trained(trace: Trace, cfg: WarmupConfig) -> str | None:
         return "below_min_reward"
     if not any(a.prompt for a in deciding_attempts(trace)):
         return "no_prompt"
+    if cfg.dead_steps == "skip" and has_dead_steps(trace):
+        return "dead_step"
     return None
+
+
+def has_dead_steps(trace: Trace) -> bool:
+    """Whether a plan of the run has a step whose output cannot reach the answer
+    (Plan.dead_steps: a draft its last step never sees).
+
+    Why the warm-up skips such a plan: it answers as the plan without that step does, and pays
+    for the step, so it is never better; but its mean is measured on other draws than the
+    plain plan's and, after rounds of sampling, often rests on more runs, so it can rank first
+    while the plain plan was never rehearsed. The five-agent hand-written pool learned "wren,
+    then heron apart" for sports in rounds 1 to 3 that way, with heron alone written twice and
+    never rehearsed (docs/results/learning.md). Skipped, the run still counts towards its
+    plan's mean; the plan is neither learned nor rehearsed, so the rehearsal's places go to
+    plans whose every step can matter."""
+    return any(r.plan.dead_steps() for r in trace.rounds if r.plan is not None)
 
 
 def signature_shape(signature: Signature) -> str:

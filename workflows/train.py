@@ -445,7 +445,8 @@ class TrainingWorkflow:
         left_out: list[LeftOutReason] = []
 
         async def one(task: Task, i: int) -> None:
-            shape = warmup_forced_shape(task.options.max_steps, i, n, n_forced)
+            shape = warmup_forced_shape(task.options.max_steps, i, n, n_forced,
+                                        live_only=cfg.dead_steps == "skip")
             agent = cfg.forced_agent(pools[task.id], i) if pools else None
             options = revised(task.options, temperature=inp.temperature,
                               policy_version=p.version, result="summary", max_plan_attempts=1,

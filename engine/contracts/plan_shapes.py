@@ -165,11 +165,14 @@ def forced_shape(max_steps: int, sample: int, group_size: int, forced: int) -> S
     return every[(sample - first) % len(every)]
 
 
-def warmup_forced_shape(max_steps: int, sample: int, samples: int, forced: int) -> Shape | None:
+def warmup_forced_shape(max_steps: int, sample: int, samples: int, forced: int, *,
+                        live_only: bool = False) -> Shape | None:
     """The shape a warm-up sample is forced to when a task's last `forced` of `samples` are:
     every multi-step shape `max_steps` allows in turn (a one-step plan the policy writes by
-    itself), None for an unforced sample or where a plan has one step at most."""
-    longer = shapes(max_steps)[1:]
+    itself), None for an unforced sample or where a plan has one step at most. With
+    `live_only` ([warmup] dead_steps = "skip"), not a shape whose last step sees nothing: every
+    earlier step of it is dead, and the warm-up would never learn it."""
+    longer = [s for s in shapes(max_steps)[1:] if not (live_only and s[-2] == "apart")]
     first = samples - forced
     if sample < first or not longer:
         return None

@@ -33,6 +33,18 @@ def sees_label(sees: Sequence[int], access: Access | None = None) -> str:
     return ",".join(str(i + 1) for i in sees) or "none"
 
 
+def dead_steps(sees: Sequence[Sequence[int]]) -> list[int]:
+    """The steps (by index) whose output cannot reach the answer: the last step's output is the
+    answer, a step's output reaches it only through a later step that sees it, so a step that
+    no step on a path to the last one sees only costs. `sees` is each step's earlier steps
+    (Step.sees), in order. A plan without them answers the same, drawn the same way."""
+    live = {len(sees) - 1} if sees else set()
+    for i in range(len(sees) - 1, -1, -1):
+        if i in live:
+            live.update(sees[i])
+    return [i for i in range(len(sees)) if i not in live]
+
+
 class Step(BaseModel):
     agent: str
     subtask: str
@@ -52,6 +64,11 @@ class Plan(BaseModel):
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def dead_steps(self) -> list[int]:
+        """Its steps no step on a path to the answer sees (`dead_steps`): a draft that the last
+        step, given no access to it, never reads."""
+        return dead_steps([s.sees(i) for i, s in enumerate(self.steps)])
 
     def to_paper_form(self) -> str:
         """The plan written back in the paper's list form (shown to the conductor in refinement)."""

@@ -340,6 +340,13 @@ class WarmupConfig(Strict):
         "then learned under the task's own prompt): a "
         "task's own handful of runs is mostly luck, and a kind whose tasks learned different "
         "near-tied plans teaches held-out tasks of that kind whichever one they resemble")
+    dead_steps: Literal["learn", "skip"] = Field(
+        default="learn", description="'skip': a plan with a step whose output cannot reach the "
+        "answer (a draft its last step does not see: engine/contracts/plans.py `dead_steps`) is "
+        "neither learned nor rehearsed, though its runs count towards its mean; the plan "
+        "without that step answers the same for less, and is learned where a conductor wrote "
+        "it. 'learn': such a plan is ranked like any other, and its mean, on other draws than "
+        "the plain plan's, can rank it first when the plain plan was never rehearsed")
     per_task: int = Field(default=1, ge=1, le=64, description="the best N of each training "
                           "task trained on: distinct plans (one run each) with rank plan_mean, "
                           "runs with rank run (best by reward, ties by the run's cost, cheaper "
