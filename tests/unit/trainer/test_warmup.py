@@ -348,6 +348,40 @@ def test_a_task_that_never_wrote_its_tags_first_plan_rehearses_and_learns_a_sibl
                .rounds[0].plan.steps) == 1  # type: ignore[union-attr]
 
 
+def test_a_plan_whose_last_step_never_sees_its_draft_is_neither_learned_nor_rehearsed() -> None:
+    """The five-agent hand pool's sports kind: a plan that drafts with one agent and has
+    another answer blind to the draft was right 7 of 8 (luck: it answers as the second agent
+    alone), the second agent alone was written twice and right once. Ranked like any plan, the
+    blind plan is learned and rehearsed first; with dead_steps "skip" the plan without the dead
+    step is, and the blind plan's runs still count."""
+    from conductor_engine.trainer.warmup import candidate_plans, has_dead_steps, select_plans
+
+    blind: tuple[tuple[str, Access], ...] = (("wren", []), ("heron", []))
+    alone: tuple[tuple[str, Access], ...] = (("heron", []),)
+    drafted = [tagged(planned(task, blind, 1.0 if i else 0.25, minute=i), "sports")
+               for task in "ab" for i in range(4)]
+    _wrong(drafted[0])
+    solo = [tagged(planned("a", alone, 1.0 if i else 0.25, minute=10 + i), "sports")
+            for i in range(2)]
+    _wrong(solo[0])
+    traces = [*drafted, *solo]
+    assert has_dead_steps(drafted[0]) and not has_dead_steps(solo[0])
+    cfg = WarmupConfig(rehearse=8, rehearse_plans=1, plan_means_by="tag")
+    learn = select_plans(traces, ["a", "b"], cfg)
+    assert learn.shapes() == {"2 steps (apart)": 2}
+    assert [[s.agent for s in p.steps] for p in candidate_plans(traces, ["a"], cfg)["a"]
+            ] == [["wren", "heron"]]
+    skip = revised(cfg, dead_steps="skip")
+    chosen = select_plans(traces, ["a", "b"], skip)
+    assert [t.workflow_id for t in chosen.plans] == [solo[1].workflow_id]
+    assert chosen.counted_runs == 10 and chosen.ranked_plans == 3  # a: 2 plans, b: 1
+    assert [[s.agent for s in p.steps] for p in candidate_plans(traces, ["a"], skip)["a"]
+            ] == [["heron"]]
+    by_run = select_plans(traces, ["a", "b"], WarmupConfig(rank="run", dead_steps="skip"))
+    assert [t.workflow_id for t in by_run.plans] == [solo[1].workflow_id]
+    assert by_run.left_out == {"dead_step": 6, "not_correct": 3}
+
+
 def test_of_two_plans_whose_means_differ_by_less_than_their_error_the_cheaper_is_learned(
         ) -> None:
     """Task a's review drafted by a costly generalist is right 9 times in 10 ($0.025 a run);

@@ -68,6 +68,12 @@ def test_a_warm_up_rounds_last_samples_are_forced_to_each_multi_step_shape_in_tu
     assert {warmup_forced_shape(1, s, 8, forced) for s in range(8)} == {None}
     assert {warmup_forced_shape(2, s, 8, 0) for s in range(8)} == {None}
     assert len({warmup_forced_shape(3, s, 6, 6) for s in range(6)}) == 6
+    # dead_steps = "skip": no shape whose last step sees nothing (its earlier steps are dead)
+    assert [warmup_forced_shape(2, s, 8, forced, live_only=True) for s in range(8)] == [
+        None] * 4 + [("more", "sees", "end")] * 4
+    assert {warmup_forced_shape(3, s, 6, 6, live_only=True) for s in range(6)} == {
+        ("more", "sees", "end"), ("more", "sees", "more", "sees", "end"),
+        ("more", "apart", "more", "sees", "end")}
 
 
 @needs_local_extra
