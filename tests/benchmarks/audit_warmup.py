@@ -1,19 +1,21 @@
 """What did a warm-up's selection miss, and why? Kept traces of a structured pool, exact values.
 
     python -m tests.benchmarks.audit_warmup TRACES --seed S [--recipe R]
+    python -m tests.benchmarks.audit_warmup TRACES --pool POOL --tasks TASKS [--recipe R]
 
-TRACES is what `bench_plans --keep-traces FILE` wrote (every stored run of the training run, a
-JSON line each). For each warm-up round it replays the selection the trainer made
-(trainer/warmup.py `select_plans`, with the recipe's `[warmup]`) on the runs stored by the end
-of that round's rehearsal, scores every chosen plan exactly
-(engine/providers/sim_structure.py `expected_reward`), and prints the chosen plans' expected
-reward over the oracle's. Each task whose choice is worth less than its oracle's is named with
-the cause: no oracle plan (the oracle's, or one worth as much: a review's two drafters swapped)
-ran on it (exploration), or one ran and its mean fell below the chosen plan's (a lucky mean
-won: the chosen plan's mean above its exact value says so), or above it by less than the
+TRACES is what `bench_plans --keep-traces FILE` wrote (every stored run of the training run, a JSON
+line each), on generated pool S or on a pool and task file from anywhere (`bench_plans --pool
+--tasks`: the oracle computed from their own settings, `sim_structure.pool_oracles`). For each
+warm-up round it replays the selection the trainer made (trainer/warmup.py `select_plans`, with the
+recipe's `[warmup]`) on the runs stored by the end of that round's rehearsal, scores every chosen
+plan exactly (engine/providers/sim_structure.py `expected_reward`), and prints the chosen plans'
+expected reward over the oracle's. Each task whose choice is worth less than its oracle's is named
+with the cause: no oracle plan (the oracle's, or one worth as much: a review's two drafters
+swapped) ran on it (exploration), or one ran and its mean fell below the chosen plan's (a lucky
+mean won: the chosen plan's mean above its exact value says so), or above it by less than the
 recipe's `more_steps_margin` when it has more steps. Rehearsal runs count as the trainer counts
-them (the rehearsal batch is the one the kept rehearsals name): whoever ran them.
-Last, the plans whose stored runs' mean is furthest from their exact value.
+them (the rehearsal batch is the one the kept rehearsals name): whoever ran them. Last, the plans
+whose stored runs' mean is furthest from their exact value.
 """
 
 from __future__ import annotations
@@ -25,10 +27,25 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from conductor_engine.engine.contracts.tasks import Task
 from conductor_engine.engine.contracts.traces import Trace
 from conductor_engine.engine.contracts.training import Recipe, WarmupConfig
-from conductor_engine.engine.providers.sim_structure import PlanStep
-from conductor_engine.trainer.warmup import rank_plans, select_plans
+from conductor_engine.engine.providers.pool import Pool as AgentPool
+from conductor_engine.engine.providers.sim_structure import (
+    Oracle,
+    PlanStep,
+    expected_reward,
+    pool_oracles,
+    roles_of,
+    task_parts,
+)
+from conductor_engine.engine.tasks.files import load_tasks
+from conductor_engine.trainer.warmup import (
+    has_dead_steps,
+    plan_signature,
+    rank_plans,
+    select_plans,
+)
 from tests.benchmarks.bench_warmup_ranking import Pool, steps_of
 
 GAP = 0.05
@@ -39,9 +56,30 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("traces", type=Path,
                    help="JSON lines of kept traces (bench_plans --keep-traces)")
-    p.add_argument("--seed", type=int, required=True, help="the structured pool's seed")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seed", type=int, help="the generated structured pool's seed")
+    which.add_argument("--pool", type=Path, help="a structured pool file (with --tasks)")
+    p.add_argument("--tasks", type=Path, help="the task file for --pool")
     p.add_argument("--recipe", type=Path, default=Path("examples/sim/recipe-plans-warmup.toml"))
     return p.parse_args()
+
+
+class FilePool:
+    """A pool and task file from anywhere, as `audit` reads a pool: each task's oracle and a
+    plan's exact value under the task's own reward weights."""
+
+    def __init__(self, pool: Path, tasks: Path) -> None:
+        loaded: list[Task] = load_tasks(str(tasks)).tasks
+        agents = AgentPool.load(pool).available()
+        self.roles = roles_of(agents)
+        self.oracles: dict[str, Oracle] = pool_oracles(agents, loaded)
+        self.tasks = {t.id: t for t in loaded}
+
+    def value(self, task_id: str, plan: list[PlanStep]) -> tuple[float, float, float]:
+        task = self.tasks[task_id]
+        w = task.options.reward
+        return expected_reward(plan, self.roles, task_parts(task), w.wrong,
+                               w.cost_penalty_per_usd, w.correct)
 
 
 def phase(workflow_id: str) -> str:
@@ -69,7 +107,8 @@ def label(trace: Trace) -> str:
     return steps_label(steps_of(trace))
 
 
-def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[str]:
+def audit(rows: list[tuple[str, Trace]], pool: Pool | FilePool, cfg: WarmupConfig
+          ) -> list[str]:
     """The report's lines for `rows` (each stored run with its workflow id's phase)."""
     rounds = [(r, t) for name, t in rows if (r := warmup_round(name)) is not None]
     ids = sorted({t.task.id for _, t in rounds})
@@ -81,14 +120,16 @@ def audit(rows: list[tuple[str, Trace]], pool: Pool, cfg: WarmupConfig) -> list[
         chosen = select_plans(runs, ids, cfg, batch).plans
         value = sum(pool.value(t.task.id, steps_of(t))[0] for t in chosen)
         oracle = sum(pool.oracles[t.task.id].expected_reward for t in chosen)
+        dead = sum(has_dead_steps(t) for t in chosen)
         out.append(f"round {last + 1}: {len(chosen)} tasks, chosen / oracle "
-                   f"{value / oracle:.3f}")
+                   f"{value / oracle:.3f}, {dead} with a dead step")
         for trace in chosen:
             best = pool.oracles[trace.task.id]
             worth = pool.value(trace.task.id, steps_of(trace))[0]
             if worth >= best.expected_reward - GAP:
                 continue
-            plan = next(p for p in ranked[trace.task.id] if trace in p.runs)
+            plan = next(p for p in ranked[trace.task.id]  # a borrowed run is a copy
+                        if p.signature == plan_signature(trace))
             ran = [p for p in ranked[trace.task.id]  # best first: the oracle's, or as good
                    if pool.value(trace.task.id, steps_of(p.runs[0]))[0]
                    >= best.expected_reward - 1e-5]  # the oracle rounds to 6 places
@@ -126,7 +167,10 @@ def main() -> None:
     for line in args.traces.open():
         row = json.loads(line)
         rows.append((phase(row["workflow_id"]), Trace.model_validate(row)))
-    print("\n".join(audit(rows, Pool(args.seed), cfg)))
+    if args.pool is not None and args.tasks is None:
+        raise SystemExit("--pool needs --tasks: the task file the pool was trained on")
+    pool = Pool(args.seed) if args.seed is not None else FilePool(args.pool, args.tasks)
+    print("\n".join(audit(rows, pool, cfg)))
 
 
 if __name__ == "__main__":
