@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.bench_warmup_ranking [--seeds 1,2,3] [--samples 8]
         [--two-step 0.21] [--rehearse 8] [--rehearse-plans 4] [--margin 0] [--repeats 20]
-        [--draws exact|sim|sim-fresh]
+        [--draws exact|sim|sim-fresh] [--dead-steps learn|skip]
 
 For each structured pool (`conductor sim pool --structure --seed S`, 32 tasks of four kinds) it
 draws `--samples` scored runs of every task from a model of the base conductor exploring: a
@@ -32,6 +32,8 @@ numbers, and a rehearsal's repeat r of every plan of a task under one number,
 REHEARSAL_SAMPLES_FROM + r, as TrainingWorkflow runs it, so a task's plans share each agent's
 draws; `--draws sim-fresh` gives each rehearsed plan numbers of its own. The two measure what
 sharing the draws costs the ranking (one round: docs/results/warmup-ranking-draws.log).
+`--dead-steps skip` ranks every way but the best run with `[warmup] dead_steps = "skip"` (a plan
+whose second step does not see its first is neither learned nor rehearsed).
 Seconds, no model, no services: the ranking in isolation from what SFT and GRPO make of it
 (bench_plans.py measures those, with SmolLM2 writing the samples).
 """
@@ -87,6 +89,8 @@ def parse_args() -> argparse.Namespace:
                    "task under one sample number as TrainingWorkflow runs it (plans of a task "
                    "share an agent's draws); sim-fresh: the same, each rehearsed plan under "
                    "sample numbers of its own")
+    p.add_argument("--dead-steps", choices=("learn", "skip"), default="learn",
+                   help="[warmup] dead_steps for every way ranked by plan mean")
     p.add_argument("--ties", type=float, default=0.5,
                    help="ties_within_se of the last way (the by-tag way with near ties to the "
                    "cheaper)")
@@ -170,7 +174,7 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random, rep: int 
                         sample=WARMUP_SAMPLES_FROM + 1000 * rep + k if sim else None)
                for t in ids for k in range(args.samples)]
     cfg = WarmupConfig(enabled=True, rehearse=args.rehearse, rehearse_plans=args.rehearse_plans,
-                       more_steps_margin=args.margin)
+                       more_steps_margin=args.margin, dead_steps=args.dead_steps)
     by_tag = revised(cfg, plan_means_by="tag")
     cheaper = revised(by_tag, ties_within_se=args.ties)
 
@@ -192,7 +196,7 @@ def one_draw(pool: Pool, args: argparse.Namespace, rng: random.Random, rep: int 
     rehearsed[WAYS[4]] = rehearsed[WAYS[3]]  # the same candidates: ties order what is learned
     chosen = {
         WAYS[0]: select_plans(samples, ids, WarmupConfig(rank="run")),
-        WAYS[1]: select_plans(samples, ids, WarmupConfig()),
+        WAYS[1]: select_plans(samples, ids, WarmupConfig(dead_steps=args.dead_steps)),
         WAYS[2]: select_plans(samples + rehearsed[WAYS[2]], ids, cfg, BATCH),
         WAYS[3]: select_plans(samples + rehearsed[WAYS[3]], ids, by_tag, BATCH),
         WAYS[4]: select_plans(samples + rehearsed[WAYS[3]], ids, cheaper, BATCH),
@@ -222,7 +226,7 @@ def main() -> None:
     started = time.monotonic()
     print(f"{args.samples} samples a task ({args.two_step:.2f} two-step), rehearsal "
           f"{args.rehearse} x {args.rehearse_plans} plans, {args.repeats} draws a pool, "
-          f"{args.draws} draws")
+          f"{args.draws} draws, dead steps {args.dead_steps}")
     totals: dict[str, list[float]] = {w: [0.0] * 5 for w in WAYS}
     for seed in [int(s) for s in args.seeds.split(",")]:
         pool = Pool(seed)
