@@ -37,7 +37,7 @@ def dead_steps(sees: Sequence[Sequence[int]]) -> list[int]:
     """The steps (by index) whose output cannot reach the answer: the last step's output is the
     answer, a step's output reaches it only through a later step that sees it, so a step that
     no step on a path to the last one sees only costs. `sees` is each step's earlier steps
-    (Step.sees), in order. A plan without them answers the same, drawn the same way."""
+    (Step.sees), in order. A plan without them is right as often, for less."""
     live = {len(sees) - 1} if sees else set()
     for i in range(len(sees) - 1, -1, -1):
         if i in live:

@@ -61,7 +61,10 @@ def parse_args() -> argparse.Namespace:
     which.add_argument("--pool", type=Path, help="a structured pool file (with --tasks)")
     p.add_argument("--tasks", type=Path, help="the task file for --pool")
     p.add_argument("--recipe", type=Path, default=Path("examples/sim/recipe-plans-warmup.toml"))
-    return p.parse_args()
+    args = p.parse_args()
+    if args.pool is not None and args.tasks is None:
+        p.error("--pool needs --tasks: the task file the pool was trained on")
+    return args
 
 
 class FilePool:
@@ -167,8 +170,6 @@ def main() -> None:
     for line in args.traces.open():
         row = json.loads(line)
         rows.append((phase(row["workflow_id"]), Trace.model_validate(row)))
-    if args.pool is not None and args.tasks is None:
-        raise SystemExit("--pool needs --tasks: the task file the pool was trained on")
     pool = Pool(args.seed) if args.seed is not None else FilePool(args.pool, args.tasks)
     print("\n".join(audit(rows, pool, cfg)))
 
